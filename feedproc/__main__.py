@@ -1,0 +1,3 @@
+from feedproc.cli import main
+
+main()

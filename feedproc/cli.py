@@ -1,0 +1,316 @@
+"""The `feedproc` command line (also `python -m feedproc`).
+
+Errors are one line on stderr; exit 2 for malformed input, 1 for a refused or failed operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from typer.exceptions import Abort, TyperException
+
+from . import __version__
+from .errors import FeedprocError, InvalidInput
+from .models import NewItem, check_gate
+
+DEFAULT_DB = "sqlite:///feedproc.db"
+
+app = typer.Typer(
+    name="feedproc", add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+    help="Partitioned fan-out/fan-in workflows on SQLite or PostgreSQL.",
+)
+_global: dict[str, str | None] = {"db": None}
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."),
+]
+ItemsOption = Annotated[
+    str | None,
+    typer.Option("--items", metavar="FILE|-", help="JSON Lines: one {\"gate\": int, \"data\": ...} per line."),
+]
+
+
+def database_url(db: str | None) -> str:
+    return db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL") or DEFAULT_DB
+
+
+def _feed(db: str | None) -> Any:
+    from .feed import Feed
+
+    return Feed(database_url(db))
+
+
+@app.callback()
+def _main(
+    db: DbOption = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        typer.echo(f"feedproc {__version__}")
+        raise typer.Exit(0)
+    _global["db"] = db
+
+
+# ---------------------------------------------------------------- input
+
+
+def read_items(source: str | None) -> Iterator[NewItem]:
+    """Items from a JSON Lines file (or `-` for standard input); errors name the line."""
+    if source is None:
+        return
+    if source == "-":
+        lines: Any = sys.stdin
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InvalidInput(f"--items {source}: no such file")
+        lines = path.open(encoding="utf-8")
+    with lines if source != "-" else _nullcontext(lines):
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
+            if not isinstance(row, dict):
+                raise InvalidInput(f"line {number}: expected an object like {{\"gate\": 0, \"data\": ...}}")
+            unknown = set(row) - {"gate", "data"}
+            if unknown:
+                raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
+            gate = check_gate(row.get("gate", 0), where=f"line {number}: ")
+            yield NewItem(gate, json.dumps(row.get("data"), separators=(",", ":"), ensure_ascii=False).encode())
+
+
+class _nullcontext:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __enter__(self) -> Any:
+        return self.value
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """ISO 8601; a time without a zone is UTC."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidInput(f"--not-before {value!r} is not an ISO 8601 time") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+# ---------------------------------------------------------------- commands
+
+
+@app.command()
+def migrate(db: DbOption = None) -> None:
+    """Create or upgrade the schema (idempotent)."""
+    with _feed(db) as feed:
+        feed.migrate()
+    typer.echo("schema is up to date")
+
+
+@app.command()
+def add(
+    key: str,
+    items: ItemsOption = None,
+    queue: Annotated[str, typer.Option(help="Queue of the partition.")] = "default",
+    priority: Annotated[int, typer.Option(help="Higher is leased first.")] = 0,
+    open_: Annotated[bool, typer.Option("--open", help="Leave unsealed: more items may be added.")] = False,
+    manual_checkpoint: Annotated[
+        bool, typer.Option(help="Hold each drained gate until `feedproc checkpoint`.")
+    ] = False,
+    not_before: Annotated[str | None, typer.Option(help="ISO 8601 time before which nothing is dispatched.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Create partition KEY with its items, in one transaction."""
+    when = parse_time(not_before)
+    with _feed(db) as feed:
+        count = feed.add_partition(key, read_items(items), queue=queue, priority=priority, sealed=not open_,
+                                   manual_checkpoint=manual_checkpoint, not_before=when)
+    typer.echo(f"added partition {key} with {count} items")
+
+
+@app.command("add-items")
+def add_items(key: str, items: ItemsOption = None, db: DbOption = None) -> None:
+    """Add items to an open partition."""
+    if items is None:
+        raise InvalidInput("add-items needs --items FILE (or - for standard input)")
+    with _feed(db) as feed:
+        count = feed.add_items(key, read_items(items))
+    typer.echo(f"added {count} items to {key}")
+
+
+@app.command()
+def seal(key: str, db: DbOption = None) -> None:
+    """Mark that no more items will be added to KEY."""
+    with _feed(db) as feed:
+        feed.seal(key)
+    typer.echo(f"sealed {key}")
+
+
+@app.command()
+def retry(key: str, db: DbOption = None) -> None:
+    """Put a failed partition and its failed items back to work."""
+    with _feed(db) as feed:
+        count = feed.retry(key)
+    typer.echo(f"retrying {key}: {count} failed items are available again")
+
+
+@app.command()
+def cancel(key: str, db: DbOption = None) -> None:
+    """Cancel KEY and its available items."""
+    with _feed(db) as feed:
+        feed.cancel(key)
+    typer.echo(f"cancelled {key}")
+
+
+@app.command()
+def checkpoint(key: str, db: DbOption = None) -> None:
+    """Advance a manual-checkpoint partition whose gate has drained."""
+    with _feed(db) as feed:
+        gate = feed.checkpoint(key)
+    typer.echo(f"{key} moved to gate {gate}")
+
+
+@app.command()
+def status(
+    key: Annotated[str | None, typer.Argument(help="A partition; omit for a summary of all.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    history: Annotated[int, typer.Option("--history", help="Also show the last N history events.")] = 0,
+    db: DbOption = None,
+) -> None:
+    """Show one partition, or a summary of all."""
+    from .report import print_partition, print_summary
+
+    with _feed(db) as feed:
+        if key is None:
+            summary = feed.store.summary(recent=0 if as_json else 20)
+            if as_json:
+                typer.echo(json.dumps(summary))
+            else:
+                print_summary(summary)
+            return
+        result = feed.status(key, history=history)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_partition(result)
+
+
+@app.command()
+def watch(
+    queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
+    handler: Annotated[str | None, typer.Option(metavar="URL", envvar="FEEDPROC_HANDLER_URL",
+                                                help="HTTP handler service (env FEEDPROC_HANDLER_URL).")] = None,
+    processor: Annotated[str | None, typer.Option(metavar="MODULE:ATTR",
+                                                  help="A Python Processor to use instead of HTTP.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Items processed at once.")] = 10,
+    lease_seconds: Annotated[float, typer.Option(min=0.5, help="Lease length; renewed every third of it.")] = 30.0,
+    poll_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between polls when idle.")] = 1.0,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Deliveries per gate before an item fails.")] = 5,
+    retry_delay: Annotated[float, typer.Option(min=0.0, help="First backoff delay; doubles each retry.")] = 1.0,
+    max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Longest backoff delay.")] = 600.0,
+    max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
+    shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="HTTP request timeout in seconds.")] = 30.0,
+    header: Annotated[list[str] | None, typer.Option(metavar="'NAME: VALUE'",
+                                                     help="Extra HTTP header for the handler (repeatable).")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    db: DbOption = None,
+) -> None:
+    """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
+    from .processors import HTTPProcessor, load_processor
+    from .store import Store
+    from .watcher import Watcher, WatcherConfig
+
+    if (handler is None) == (processor is None):
+        raise InvalidInput("watch needs exactly one of --handler URL or --processor module:attr")
+    headers = parse_headers(header or [])
+    if logging.getLevelName(log_level.upper()) not in (10, 20, 30, 40):
+        raise InvalidInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    try:
+        config = WatcherConfig(
+            queue=queue, concurrency=concurrency, capacity=max_partitions, lease_seconds=lease_seconds,
+            poll_interval=poll_interval, max_attempts=max_attempts, retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay, shutdown_grace=shutdown_grace,
+        )
+    except ValueError as error:
+        raise InvalidInput(str(error)) from None
+    if processor is not None:
+        sys.path.insert(0, os.getcwd())
+        target = load_processor(processor)
+    else:
+        assert handler is not None
+        if not handler.startswith(("http://", "https://")):
+            raise InvalidInput(f"--handler {handler!r} is not an http:// or https:// URL")
+        target = HTTPProcessor(handler, timeout=timeout, headers=headers, max_connections=max(concurrency, 10))
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    store = Store(database_url(db), pool_size=3)
+    try:
+        store.check_schema()
+        asyncio.run(_run_watcher(Watcher(store, target, config)))
+    finally:
+        store.close()
+
+
+async def _run_watcher(watcher: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, watcher.stop)
+    await watcher.run()
+
+
+def parse_headers(values: list[str]) -> dict[str, str]:
+    headers = {}
+    for value in values:
+        name, sep, content = value.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise InvalidInput(f"--header {value!r}: expected 'Name: value'")
+        headers[name.strip()] = content.strip()
+    return headers
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    print(f"feedproc: error: {first}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `feedproc` console script."""
+    try:
+        code = app(args=argv, prog_name="feedproc", standalone_mode=False)
+    except FeedprocError as error:
+        _fail(str(error), error.exit_code)
+    except TyperException as error:  # usage errors: unknown option, bad value, missing argument
+        if type(error).__name__ == "NoArgsIsHelpError":
+            raise SystemExit(2) from None
+        _fail(error.format_message(), error.exit_code or 2)
+    except Abort:
+        _fail("aborted", 1)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)

@@ -1,0 +1,154 @@
+"""Everything that differs between SQLite and PostgreSQL lives here.
+
+The rest of feedproc writes dialect-neutral SQLAlchemy Core; this module supplies
+
+* `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on both engines;
+* `db_now()` and `db_now_plus(seconds)`, SQL expressions for the *database's* clock (lease
+  deadlines, retry times and `not_before` are never judged on a watcher host's clock);
+* `make_engine(url)`, which normalises the URL and configures each engine for concurrent use
+  (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
+  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+from sqlalchemy.types import TypeDecorator
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
+WRITE_OPTION = "feedproc_write"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC; always returned as an aware `datetime` in UTC.
+
+    PostgreSQL stores `timestamptz`. SQLite stores the text `YYYY-MM-DD HH:MM:SS.ffffff`, the same
+    shape `db_now()` produces there, so comparisons in SQL are plain string comparisons.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # a raw SQLite value read through a textual/aggregate column
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class db_now(FunctionElement[datetime]):
+    """The database server's current time (UTC)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+class db_now_plus(FunctionElement[datetime]):
+    """The database server's current time plus a number of seconds (a float expression)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+_SQLITE_NOW_FORMAT = "'%Y-%m-%d %H:%M:%f000'"  # %f is SS.SSS; the zeros make microseconds
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "now()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    return f"strftime({_SQLITE_NOW_FORMAT}, 'now')"
+
+
+@compiles(db_now_plus, "postgresql")
+def _pg_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    return f"(now() + CAST({compiler.process(seconds, **kw)} AS DOUBLE PRECISION) * interval '1 second')"
+
+
+@compiles(db_now_plus, "sqlite")
+def _sqlite_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    modifier = f"printf('%+.6f seconds', {compiler.process(seconds, **kw)})"
+    return f"strftime({_SQLITE_NOW_FORMAT}, 'now', {modifier})"
+
+
+def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datetime]:
+    """`now() + seconds` on the database clock; `seconds` may be a Python number or SQL."""
+    from sqlalchemy import Float, literal
+
+    if not isinstance(seconds, ColumnElement):
+        seconds = literal(float(seconds), Float)
+    return db_now_plus(seconds)
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs; leave others as given."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def make_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
+    """Create an engine configured for feedproc's concurrency model on either database."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(
+            parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size, future=True,
+            connect_args={"connect_timeout": 10, "application_name": "feedproc"},
+        )
+    raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql://")
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    if sqlite3.sqlite_version_info < (3, 35):
+        raise RuntimeError(f"SQLite {sqlite3.sqlite_version} is too old; feedproc needs 3.35 or newer")
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves (below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # A deferred BEGIN that later upgrades to a write fails with "database is locked" at once,
+        # whatever busy_timeout says; BEGIN IMMEDIATE waits for the write lock up front.
+        immediate = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def is_postgres(engine: Engine | Connection) -> bool:
+    return engine.dialect.name == "postgresql"

@@ -1,0 +1,81 @@
+"""`Feed`: the producer API (add partitions and items, seal, retry, cancel, checkpoint, status)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from .models import NewItem
+from .store import Store
+
+ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
+
+
+class Feed:
+    """A handle on one feedproc database.
+
+    >>> feed = Feed("sqlite:///feedproc.db")
+    >>> feed.migrate()
+    >>> feed.add_partition("upload-42", items=[(0, b'{"file": "a.pdf"}')], priority=5)
+    """
+
+    def __init__(self, url: str = "sqlite:///feedproc.db") -> None:
+        self.store = Store(url)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.store.close()
+
+    def __enter__(self) -> Feed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema (idempotent)."""
+        self.store.migrate()
+
+    def add_partition(self, key: str, items: Iterable[ItemLike] = (), *, queue: str = "default", priority: int = 0,
+                      sealed: bool = True, manual_checkpoint: bool = False,
+                      not_before: datetime | None = None) -> int:
+        """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
+
+        Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
+        input; nothing is written then. Returns the number of items added.
+        """
+        return self.store.add_partition(key, items, queue=queue, priority=priority, sealed=sealed,
+                                        manual_checkpoint=manual_checkpoint, not_before=not_before)
+
+    def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
+        """Add items to an open partition; refused if it is sealed or finished, or a gate is too low."""
+        return self.store.add_items(key, items)
+
+    def seal(self, key: str) -> None:
+        """Declare that no more items will be added to `key`."""
+        self.store.seal(key)
+
+    def retry(self, key: str) -> int:
+        """Put a failed partition and its failed items (attempts reset) back to work."""
+        return self.store.retry(key)
+
+    def cancel(self, key: str) -> None:
+        """Cancel `key` and its available items; refused for a complete partition."""
+        self.store.cancel(key)
+
+    def checkpoint(self, key: str) -> int:
+        """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
+        return self.store.checkpoint(key)
+
+    def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
+        """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
+        return self.store.status(key, history=history)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of partitions and items by status (the `status --json` object)."""
+        return self.store.summary()
+
+    def watchers(self) -> list[dict[str, Any]]:
+        """The registered watchers, alive or not, with their lease counts."""
+        return self.store.watchers()

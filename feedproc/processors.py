@@ -1,0 +1,219 @@
+"""Processors: what a watcher hands each item to.
+
+A Processor turns an `Item` into a `Response`, or raises: `PermanentError` fails the item at once,
+`RetryLater` / `InvalidAnswer` / any other exception is a transient failure (retried with backoff).
+`HTTPProcessor` is the default, speaking the HTTP handler contract; `load_processor` resolves
+`--processor module:attr`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import importlib
+import inspect
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from . import __version__
+from .errors import InvalidInput, PermanentError, RetryLater
+from .models import Item, NewItem, Response, encode_json
+
+BODY_KEPT = 500  # characters of a failed answer's body kept in last_error
+
+
+class InvalidAnswer(Exception):
+    """A processor's answer does not follow the contract (a transient failure)."""
+
+    def __str__(self) -> str:
+        return f"invalid answer: {self.args[0] if self.args else ''}"
+
+
+class Processor:
+    """Base class for in-process processors. Override `process` (async or plain `def`)."""
+
+    async def start(self) -> None:
+        """Called once before the first item (open clients, pools...)."""
+
+    async def close(self) -> None:
+        """Called once when the watcher stops."""
+
+    def process(self, item: Item) -> Response | Any:
+        raise NotImplementedError
+
+
+async def call_processor(processor: Any, item: Item) -> Response:
+    """Run `processor.process(item)`: awaited if async, in a worker thread if a plain function."""
+    method = processor.process
+    if inspect.iscoroutinefunction(method):
+        result = await method(item)
+    else:
+        result = await asyncio.to_thread(method, item)
+        if inspect.isawaitable(result):
+            result = await result
+    if not isinstance(result, Response):
+        raise InvalidAnswer(f"process() returned {type(result).__name__}, not a feedproc.Response")
+    return result
+
+
+def load_processor(path: str) -> Any:
+    """Resolve `module:attr` to a processor: a class (instantiated), a factory (called) or an instance."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise InvalidInput(f"bad --processor {path!r}: expected module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise InvalidInput(f"bad --processor {path!r}: cannot import {module_name!r} ({error})") from error
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidInput(f"bad --processor {path!r}: {module_name!r} has no attribute {attr!r}") from None
+    if hasattr(target, "process") and not inspect.isclass(target):
+        return target
+    if callable(target):
+        try:
+            instance = target()
+        except TypeError as error:
+            raise InvalidInput(f"bad --processor {path!r}: cannot create it without arguments ({error})") from error
+        if hasattr(instance, "process"):
+            return instance
+    raise InvalidInput(f"bad --processor {path!r}: not a Processor class, factory or instance")
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+class HTTPProcessor(Processor):
+    """Sends each item to an HTTP handler service (`POST url`) and reads its answer.
+
+    One pooled, keep-alive `httpx.AsyncClient` per watcher. `timeout` bounds each request;
+    `headers` are added to every request (e.g. an Authorization header for the handler).
+    """
+
+    def __init__(self, url: str, *, timeout: float = 30.0, headers: Mapping[str, str] | None = None,
+                 max_connections: int = 100) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.headers = {"User-Agent": f"feedproc/{__version__}", **(headers or {})}
+        self.max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.max_connections,
+                                  max_keepalive_connections=self.max_connections)
+            transport = httpx.AsyncHTTPTransport(retries=1, limits=limits)  # one reconnect on a stale socket
+            self._client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers, transport=transport)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def process(self, item: Item) -> Response:
+        await self.start()
+        assert self._client is not None
+        try:
+            answer = await self._client.post(self.url, content=request_body(item),
+                                             headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException as error:
+            raise RetryLater(f"handler timed out after {self.timeout:g}s ({type(error).__name__})") from error
+        except httpx.HTTPError as error:
+            raise RetryLater(f"handler unreachable: {type(error).__name__}: {error}") from error
+        return read_answer(answer.status_code, answer.content, answer.headers.get("Retry-After"))
+
+
+def request_body(item: Item) -> bytes:
+    """The JSON body of the contract; data that is not JSON travels as `data_base64`."""
+    body: dict[str, Any] = {"id": item.id, "partition": item.partition, "queue": item.queue, "gate": item.gate,
+                            "attempt": item.attempt}
+    try:
+        body["data"] = json.loads(item.data)
+    except (ValueError, UnicodeDecodeError):
+        body["data_base64"] = base64.b64encode(item.data).decode()
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def read_answer(status: int, content: bytes, retry_after_header: str | None) -> Response:
+    """Turn an HTTP answer into a Response, or raise the failure the contract says it is."""
+    retry_after = parse_retry_after(retry_after_header)
+    parsed: Any = None
+    try:
+        parsed = json.loads(content) if content else None
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    go_error = parsed.get("error") if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict) else None
+    if not 200 <= status < 300:
+        text = content[:BODY_KEPT].decode("utf-8", "replace")
+        message = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+        permanent = (400 <= status < 500 and status not in (408, 429)) or bool(go_error and go_error.get("no_retry"))
+        if permanent:
+            raise PermanentError(message)
+        raise RetryLater(message, after=retry_after)
+    if not isinstance(parsed, dict):
+        shown = content[:100].decode("utf-8", "replace")
+        raise InvalidAnswer(f"expected a JSON object, got {shown!r}")
+    if go_error is not None:
+        message = str(go_error.get("message") or "handler reported an error")
+        if go_error.get("no_retry"):
+            raise PermanentError(message)
+        raise RetryLater(message, after=retry_after)
+    return response_from_json(parsed, retry_after)
+
+
+def response_from_json(answer: dict[str, Any], retry_after: float | None = None) -> Response:
+    """Read an answer object (ours, or Go Feed's `complete` / `response` spelling)."""
+    done = answer.get("done", answer.get("complete", False))
+    data_value = answer["data"] if "data" in answer else answer.get("response", _MISSING)
+    data = None if data_value is _MISSING else encode_json(data_value)
+    field_retry = answer.get("retry_after")
+    if field_retry is not None:
+        if isinstance(field_retry, bool) or not isinstance(field_retry, int | float) or field_retry < 0:
+            raise InvalidAnswer(f"retry_after must be a number of seconds >= 0, got {field_retry!r}")
+        retry_after = max(float(field_retry), retry_after or 0.0)
+    children_value = answer.get("items") or []
+    if not isinstance(children_value, list):
+        raise InvalidAnswer("items must be a list of {\"gate\": G, \"data\": ...}")
+    children = []
+    for n, child in enumerate(children_value, start=1):
+        if not isinstance(child, dict):
+            raise InvalidAnswer(f"child {n} is not an object")
+        gate = child.get("gate", 0)
+        if isinstance(gate, bool) or not isinstance(gate, int):
+            raise InvalidAnswer(f"child {n} has gate {gate!r}, not an integer")
+        children.append(NewItem(gate, encode_json(child.get("data"))))
+    if done is True:
+        return Response(done=True, data=data, items=children, retry_after=retry_after)
+    gate = answer.get("gate")
+    if gate is None:
+        raise InvalidAnswer("the answer has neither \"done\": true nor a \"gate\"")
+    if isinstance(gate, bool) or not isinstance(gate, int):
+        raise InvalidAnswer(f"gate must be an integer, got {gate!r}")
+    return Response(gate=gate, data=data, items=children, retry_after=retry_after)
+
+
+_MISSING = object()
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

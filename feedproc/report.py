@@ -1,0 +1,64 @@
+"""Human-readable `feedproc status` output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+STATUSES = ("available", "complete", "failed", "cancelled")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> None:
+    cells = [headers] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        typer.echo("  ".join(value.ljust(widths[i]) for i, value in enumerate(row)).rstrip())
+        if n == 0:
+            typer.echo("  ".join("-" * w for w in widths))
+
+
+def print_partition(status: dict[str, Any]) -> None:
+    flags = [name for name in ("sealed", "manual_checkpoint") if status.get(name)]
+    typer.echo(f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
+               f"gate {status['gate']}  priority {status['priority']}  {' '.join(flags)}".rstrip())
+    if status.get("not_before"):
+        typer.echo(f"not before {status['not_before']}")
+    lease = status.get("lease")
+    if lease:
+        wanted = f" (wanted by {lease['wanted_by']})" if lease.get("wanted_by") else ""
+        typer.echo(f"leased by {lease['owner']} until {lease['expires_at']}{wanted}")
+    totals = status["items"]
+    typer.echo(f"items: {totals['total']} total, " + ", ".join(f"{totals[s]} {s}" for s in STATUSES))
+    if status["gates"]:
+        rows = []
+        for gate, counts in sorted(status["gates"].items(), key=lambda kv: int(kv[0])):
+            total = sum(counts.values())
+            done = counts["complete"] + counts["cancelled"] + counts["failed"]
+            marker = "<" if int(gate) == status["gate"] else ""
+            rows.append([gate, *(counts[s] for s in STATUSES), f"{100 * done // max(total, 1)}%", marker])
+        _table(["gate", *STATUSES, "done", ""], rows)
+    if status["failed_items"]:
+        typer.echo("failed items:")
+        _table(["id", "gate", "attempts", "last error"],
+               [[f["id"], f["gate"], f["attempts"], (f["last_error"] or "")[:100]] for f in status["failed_items"]])
+    if status.get("history"):
+        typer.echo("history:")
+        _table(["at", "event", "item", "watcher", "detail"],
+               [[h["at"], h["kind"], h["item"], h["watcher"], h["detail"]] for h in status["history"]])
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    parts, items = summary["partitions"], summary["items"]
+    typer.echo("partitions: " + ", ".join(f"{parts[s]} {s}" for s in STATUSES))
+    typer.echo(f"items: {items['total']} total, " + ", ".join(f"{items[s]} {s}" for s in STATUSES))
+    if summary.get("recent"):
+        typer.echo("\nrecently updated partitions:")
+        _table(["key", "queue", "status", "gate", "priority", "leased by", "updated"],
+               [[r["key"], r["queue"], r["status"], r["gate"], r["priority"], r["owner"], r["updated_at"]]
+                for r in summary["recent"]])
+    live = [w for w in summary.get("watchers", []) if w["alive"]]
+    if live:
+        typer.echo("\nwatchers:")
+        _table(["id", "queue", "concurrency", "leases", "heartbeat"],
+               [[w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"]] for w in live])

@@ -1,0 +1,131 @@
+"""The database schema as SQLAlchemy Core tables.
+
+The alembic revisions in `migrations/` create exactly this (a test compares the two). Indexes are
+partial where that keeps finished work out of the watcher's paths: the item index a watcher reads
+covers only `available` items, the partition index it leases from covers only partitions that have
+work ready, so their cost does not grow with the history kept in the tables.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+
+from .dialects import UTCDateTime
+
+metadata = MetaData()
+
+#: An auto-incrementing 64-bit key (SQLite only auto-increments INTEGER PRIMARY KEY).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+partitions = Table(
+    "feedproc_partitions",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("key", String(200), nullable=False, unique=True),
+    Column("queue", String(100), nullable=False),
+    Column("status", String(16), nullable=False),  # available | complete | failed | cancelled
+    Column("gate", Integer, nullable=False),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("sealed", Boolean, nullable=False),
+    Column("manual_checkpoint", Boolean, nullable=False),
+    Column("not_before", UTCDateTime(), nullable=True),
+    # Earliest next_attempt_at of the available items at the current gate; NULL when that gate
+    # has no available item (the partition is waiting, finished, or about to move on).
+    Column("ready_at", UTCDateTime(), nullable=True),
+    Column("lease_owner", String(120), nullable=True),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),  # fencing token
+    Column("lease_expires_at", UTCDateTime(), nullable=True),
+    Column("wanted_by", String(120), nullable=True),  # a watcher asking for the lease (steal)
+    Column("version", BigInteger, nullable=False, server_default=text("0")),  # optimistic concurrency
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(
+        "feedproc_partitions_leasable",
+        "queue", text("priority DESC"), "created_at", "id",
+        postgresql_where=text("status = 'available' AND ready_at IS NOT NULL"),
+        sqlite_where=text("status = 'available' AND ready_at IS NOT NULL"),
+    ),
+    Index(
+        "feedproc_partitions_owner", "lease_owner",
+        postgresql_where=text("lease_owner IS NOT NULL"),
+        sqlite_where=text("lease_owner IS NOT NULL"),
+    ),
+    Index("feedproc_partitions_status", "status", "updated_at"),
+)
+
+items = Table(
+    "feedproc_items",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
+    Column("gate", Integer, nullable=False),
+    Column("status", String(16), nullable=False),  # available | complete | failed | cancelled
+    Column("data", LargeBinary, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text, nullable=True),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("version", BigInteger, nullable=False, server_default=text("0")),
+    # Fan-out identity: a child is (parent, the parent's gate when it answered, position).
+    Column("parent_id", BigId, nullable=True),
+    Column("parent_gate", Integer, nullable=True),
+    Column("seq", Integer, nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(
+        "feedproc_items_ready", "partition_id", "gate", "next_attempt_at",
+        postgresql_where=text("status = 'available'"),
+        sqlite_where=text("status = 'available'"),
+    ),
+    Index(
+        "feedproc_items_failed", "partition_id", "gate",
+        postgresql_where=text("status = 'failed'"),
+        sqlite_where=text("status = 'failed'"),
+    ),
+    Index("feedproc_items_partition_gate_status", "partition_id", "gate", "status"),
+    Index(
+        "feedproc_items_child", "parent_id", "parent_gate", "seq", unique=True,
+        postgresql_where=text("parent_id IS NOT NULL"),
+        sqlite_where=text("parent_id IS NOT NULL"),
+    ),
+)
+
+watchers = Table(
+    "feedproc_watchers",
+    metadata,
+    Column("id", String(120), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queue", String(100), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("capacity", Integer, nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("heartbeat_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=False),  # heartbeat + lease length: alive until then
+    Index("feedproc_watchers_queue", "queue", "expires_at"),
+)
+
+events = Table(
+    "feedproc_events",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
+    Column("item_id", BigId, nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("watcher", String(120), nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Index("feedproc_events_partition", "partition_id", "id"),
+)

@@ -1,0 +1,877 @@
+"""All of feedproc's SQL, behind one small interface.
+
+Two kinds of caller use the store:
+
+* producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status;
+* watchers: register and heartbeat, lease / renew / steal / hand over / release partitions, fetch
+  ready items, and apply a batch of answers.
+
+Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
+`FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
+it under the same lease epoch, in the same transaction as the write. Producers lock the partition
+row too, so an item added at the current gate can never race a gate advance.
+
+Dialect differences are confined to `dialects.py` (time on the database clock, engine set-up) and
+to `_fetch_ready_pg` / `_fetch_ready_sqlite` below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Row,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy import delete as sa_delete
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+
+from . import gates
+from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now
+from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
+from .gates import GateFacts, Move
+from .models import NewItem, Status, check_key, check_queue, truncate_error
+from .schema import events, items, partitions, watchers
+
+P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
+AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
+INSERT_CHUNK = 500  # rows per multi-row INSERT
+FAILED_ITEMS_SHOWN = 100
+
+
+class StaleWrite(Exception):
+    """A guarded write matched fewer rows than it must have; the transaction was rolled back."""
+
+
+# ---------------------------------------------------------------- values exchanged with watchers
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A partition leased to a watcher under a lease epoch (the fencing token)."""
+
+    partition_id: int
+    key: str
+    epoch: int
+    wanted_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyItem:
+    """An item at its partition's current gate, ready to dispatch."""
+
+    id: int
+    version: int
+    partition_id: int
+    partition: str
+    queue: str
+    epoch: int
+    gate: int
+    attempts: int
+    data: bytes
+
+
+class Kind:
+    """What an outcome does to its item."""
+
+    DONE = "done"  # complete
+    MOVE = "move"  # to a higher gate
+    LATER = "later"  # "not yet": same gate, ask again after a delay
+    RETRY = "retry"  # transient failure, another attempt after a backoff
+    FAIL = "fail"  # permanent failure, or attempts ran out
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result of one delivery, ready to be written by `Store.apply`."""
+
+    item_id: int
+    version: int
+    partition_id: int
+    epoch: int
+    gate: int  # the item's gate when it was dispatched
+    kind: str
+    new_gate: int | None = None
+    data: bytes | None = None
+    children: tuple[NewItem, ...] = ()
+    delay: float = 0.0
+    attempts: int = 0  # the item's attempts after this outcome
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Applied:
+    """What `Store.apply` did: outcomes written and dropped, and what became of each partition."""
+
+    written: list[int] = field(default_factory=list)  # item ids
+    lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
+    released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+
+
+# ---------------------------------------------------------------- the store
+
+
+class Store:
+    """feedproc's database access. Thread-safe: each call takes its own pooled connection."""
+
+    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size=pool_size)
+        self.postgres = is_postgres(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------ transactions and errors
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                if write:
+                    conn = conn.execution_options(**{WRITE_OPTION: True})
+                with conn.begin():
+                    yield conn
+        except (OperationalError, ProgrammingError) as error:
+            translated = _translate(error)
+            if translated is None:
+                raise
+            raise translated from error
+
+    def write(self) -> Any:
+        """A write transaction (SQLite: BEGIN IMMEDIATE)."""
+        return self._tx(write=True)
+
+    def read(self) -> Any:
+        """A read-only transaction."""
+        return self._tx(write=False)
+
+    # ------------------------------------------------------------ schema
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema to the newest revision (idempotent)."""
+        from alembic import command
+
+        config = _alembic_config(self.url)
+        try:
+            with self.engine.begin() as conn:
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+        except (OperationalError, ProgrammingError) as error:
+            translated = _translate(error)
+            if translated is None:
+                raise
+            raise translated from error
+
+    def schema_revision(self) -> str | None:
+        """The schema revision in the database, or None when it has no feedproc schema."""
+        from sqlalchemy import text
+
+        try:
+            with self.read() as conn:
+                return conn.execute(text("SELECT version_num FROM feedproc_version")).scalar()
+        except SchemaMissing:
+            return None
+
+    def check_schema(self) -> None:
+        """Raise SchemaMissing unless the database is at the newest schema revision."""
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(_alembic_config(self.url)).get_current_head()
+        current = self.schema_revision()
+        if current != head:
+            state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
+            raise SchemaMissing(f"the database {state}: run `feedproc migrate`")
+
+    # ------------------------------------------------------------ producers
+
+    def add_partition(
+        self,
+        key: str,
+        new_items: Iterable[NewItem | tuple[int, bytes] | dict[str, Any]] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+    ) -> int:
+        """Create a partition with its items in one transaction; returns the number of items."""
+        check_key(key)
+        check_queue(queue)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(f"priority must be an integer, got {priority!r}")
+        try:
+            with self.write() as conn:
+                pid = conn.execute(
+                    insert(partitions).values(
+                        key=key, queue=queue, status=AVAILABLE, gate=0, priority=priority, sealed=sealed,
+                        manual_checkpoint=manual_checkpoint, not_before=not_before, created_at=db_now(),
+                        updated_at=db_now(),
+                    ).returning(P.id)
+                ).scalar_one()
+                count, lowest = self._insert_items(conn, pid, new_items, partition_gate=None)
+                if count:
+                    conn.execute(update(partitions).where(P.id == pid).values(gate=lowest))
+                self._event(conn, pid, "created", detail={"items": count, "gate": lowest if count else 0})
+                self._settle(conn, pid)
+                return count
+        except IntegrityError as error:
+            if _is_unique_violation(error):
+                raise DuplicateKey(f"partition {key!r} exists already") from error
+            raise
+
+    def add_items(self, key: str, new_items: Iterable[NewItem | tuple[int, bytes] | dict[str, Any]]) -> int:
+        """Add items to an open partition (not sealed, not finished); returns how many."""
+        with self.write() as conn:
+            row = self._lock(conn, key)
+            if row.status != AVAILABLE:
+                raise Refused(f"partition {key!r} is {row.status}: no items can be added")
+            if row.sealed:
+                raise Refused(f"partition {key!r} is sealed: no items can be added")
+            count, _ = self._insert_items(conn, row.id, new_items, partition_gate=row.gate)
+            self._event(conn, row.id, "items_added", detail={"items": count})
+            self._settle(conn, row.id)
+            return count
+
+    def seal(self, key: str) -> None:
+        """Mark that no more items will be added; a drained, sealed partition completes."""
+        with self.write() as conn:
+            row = self._lock(conn, key)
+            if row.sealed:
+                return
+            if row.status == CANCELLED:
+                raise Refused(f"partition {key!r} is cancelled")
+            self._touch(conn, row.id, sealed=True)
+            self._event(conn, row.id, "sealed")
+            if row.status == AVAILABLE:
+                self._settle(conn, row.id)
+
+    def retry(self, key: str) -> int:
+        """Put a failed partition and its failed items back to work; returns the items retried."""
+        with self.write() as conn:
+            row = self._lock(conn, key)
+            if row.status != FAILED:
+                raise Refused(f"partition {key!r} is {row.status}, not failed: nothing to retry")
+            count = conn.execute(
+                update(items)
+                .where(I.partition_id == row.id, I.status == FAILED)
+                .values(status=AVAILABLE, attempts=0, next_attempt_at=db_now(), version=I.version + 1,
+                        updated_at=db_now())
+            ).rowcount
+            self._touch(conn, row.id, status=AVAILABLE)
+            self._event(conn, row.id, "retried", detail={"items": count})
+            self._settle(conn, row.id)
+            return count
+
+    def cancel(self, key: str) -> None:
+        """Cancel a partition and its available items (failed items stay failed). Terminal."""
+        with self.write() as conn:
+            row = self._lock(conn, key)
+            if row.status == CANCELLED:
+                return
+            if row.status == COMPLETE:
+                raise Refused(f"partition {key!r} is complete and cannot be cancelled")
+            count = conn.execute(
+                update(items)
+                .where(I.partition_id == row.id, I.status == AVAILABLE)
+                .values(status=CANCELLED, version=I.version + 1, updated_at=db_now())
+            ).rowcount
+            self._touch(conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None,
+                        wanted_by=None)
+            self._event(conn, row.id, "cancelled", detail={"items": count})
+
+    def checkpoint(self, key: str) -> int:
+        """Advance a manual-checkpoint partition whose gate has drained; returns the new gate."""
+        with self.write() as conn:
+            row = self._lock(conn, key)
+            if not row.manual_checkpoint:
+                raise Refused(f"partition {key!r} has no manual checkpoint")
+            if row.status != AVAILABLE:
+                raise Refused(f"partition {key!r} is {row.status}")
+            facts = self._facts(conn, row)
+            outcome = gates.settle(facts, checkpoint=True)
+            if outcome.move is not Move.ADVANCE:
+                reason = {
+                    Move.STAY: f"gate {row.gate} still has available items",
+                    Move.FAIL: f"gate {row.gate} has failed items",
+                }.get(outcome.move, f"no gate above {row.gate} holds work")
+                raise Refused(f"partition {key!r} cannot be checkpointed: {reason}")
+            self._settle(conn, row.id, checkpoint=True)
+            return outcome.gate
+
+    # ------------------------------------------------------------ reading
+
+    def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
+        """One partition as the `status KEY --json` object; NotFound if unknown."""
+        with self.read() as conn:
+            row = conn.execute(select(partitions).where(P.key == key)).one_or_none()
+            if row is None:
+                raise NotFound(f"no partition {key!r}")
+            totals = {s: 0 for s in ("total", *(st.value for st in Status))}
+            per_gate: dict[str, dict[str, int]] = {}
+            counts = conn.execute(
+                select(I.gate, I.status, func.count()).where(I.partition_id == row.id)
+                .group_by(I.gate, I.status).order_by(I.gate)
+            )
+            for gate, status, n in counts:
+                per_gate.setdefault(str(gate), {st.value: 0 for st in Status})[status] = n
+                totals[status] += n
+                totals["total"] += n
+            failed = conn.execute(
+                select(I.id, I.gate, I.attempts, I.last_error)
+                .where(I.partition_id == row.id, I.status == FAILED).order_by(I.id).limit(FAILED_ITEMS_SHOWN)
+            ).all()
+            result = {
+                "key": row.key,
+                "queue": row.queue,
+                "status": row.status,
+                "gate": row.gate,
+                "priority": row.priority,
+                "sealed": bool(row.sealed),
+                "manual_checkpoint": bool(row.manual_checkpoint),
+                "not_before": _iso(row.not_before),
+                "created_at": _iso(row.created_at),
+                "updated_at": _iso(row.updated_at),
+                "lease": {"owner": row.lease_owner, "expires_at": _iso(row.lease_expires_at),
+                          "wanted_by": row.wanted_by} if row.lease_owner else None,
+                "items": totals,
+                "gates": per_gate,
+                "failed_items": [
+                    {"id": f.id, "gate": f.gate, "attempts": f.attempts, "last_error": f.last_error} for f in failed
+                ],
+            }
+            if history:
+                result["history"] = self._history(conn, row.id, history)
+            return result
+
+    def summary(self, *, recent: int = 0) -> dict[str, Any]:
+        """Counts of partitions and items by status (the `status --json` object)."""
+        with self.read() as conn:
+            parts = {s.value: 0 for s in Status}
+            for status, n in conn.execute(select(P.status, func.count()).group_by(P.status)):
+                parts[status] = n
+            totals = {"total": 0, **{s.value: 0 for s in Status}}
+            for status, n in conn.execute(select(I.status, func.count()).group_by(I.status)):
+                totals[status] = n
+                totals["total"] += n
+            result: dict[str, Any] = {"partitions": parts, "items": totals}
+            if recent:
+                rows = conn.execute(
+                    select(P.key, P.queue, P.status, P.gate, P.priority, P.lease_owner, P.updated_at)
+                    .order_by(P.updated_at.desc(), P.id.desc()).limit(recent)
+                ).all()
+                result["recent"] = [
+                    {"key": r.key, "queue": r.queue, "status": r.status, "gate": r.gate, "priority": r.priority,
+                     "owner": r.lease_owner, "updated_at": _iso(r.updated_at)} for r in rows
+                ]
+                result["watchers"] = self._watchers(conn)
+            return result
+
+    def watchers(self) -> list[dict[str, Any]]:
+        """Registered watchers with their liveness and lease counts."""
+        with self.read() as conn:
+            return self._watchers(conn)
+
+    def _watchers(self, conn: Connection) -> list[dict[str, Any]]:
+        held = (
+            select(func.count()).where(P.lease_owner == W.id, P.status == AVAILABLE).scalar_subquery()
+        )
+        rows = conn.execute(
+            select(W.id, W.host, W.pid, W.queue, W.concurrency, W.started_at, W.heartbeat_at,
+                   (W.expires_at > db_now()).label("alive"), held.label("leases"))
+            .order_by(W.started_at).limit(1000)
+        ).all()
+        return [
+            {"id": r.id, "host": r.host, "pid": r.pid, "queue": r.queue, "concurrency": r.concurrency,
+             "started_at": _iso(r.started_at), "heartbeat_at": _iso(r.heartbeat_at), "alive": bool(r.alive),
+             "leases": r.leases} for r in rows
+        ]
+
+    def _history(self, conn: Connection, pid: int, limit: int) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            select(E.id, E.kind, E.item_id, E.watcher, E.detail, E.at)
+            .where(E.partition_id == pid).order_by(E.id.desc()).limit(limit)
+        ).all()
+        return [
+            {"at": _iso(r.at), "kind": r.kind, "item": r.item_id, "watcher": r.watcher,
+             "detail": json.loads(r.detail) if r.detail else None}
+            for r in reversed(rows)
+        ]
+
+    # ------------------------------------------------------------ watchers: membership
+
+    def register_watcher(self, watcher_id: str, *, host: str, pid: int, queue: str, concurrency: int,
+                         capacity: int, lease_seconds: float) -> None:
+        with self.write() as conn:
+            conn.execute(insert(watchers).values(
+                id=watcher_id, host=host[:255], pid=pid, queue=queue, concurrency=concurrency, capacity=capacity,
+                started_at=db_now(), heartbeat_at=db_now(), expires_at=seconds_from_now(lease_seconds),
+            ))
+
+    def unregister_watcher(self, watcher_id: str) -> None:
+        with self.write() as conn:
+            conn.execute(sa_delete(watchers).where(W.id == watcher_id))
+
+    def heartbeat(self, watcher_id: str, lease_seconds: float) -> list[Lease]:
+        """Renew the watcher and all its leases; returns the leases it still holds."""
+        with self.write() as conn:
+            alive = conn.execute(
+                update(watchers).where(W.id == watcher_id)
+                .values(heartbeat_at=db_now(), expires_at=seconds_from_now(lease_seconds))
+            ).rowcount
+            if not alive:  # reaped while we were stalled: come back
+                raise WatcherGone(watcher_id)
+            conn.execute(
+                update(partitions).where(P.lease_owner == watcher_id, P.status == AVAILABLE)
+                .values(lease_expires_at=seconds_from_now(lease_seconds))
+            )
+            # Forget watchers that have been dead for a while (their leases expire on their own).
+            conn.execute(sa_delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
+            return self._owned(conn, watcher_id)
+
+    def owned(self, watcher_id: str) -> list[Lease]:
+        """The partitions currently leased to a watcher (with any steal request on them)."""
+        with self.read() as conn:
+            return self._owned(conn, watcher_id)
+
+    def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
+        rows = conn.execute(
+            select(P.id, P.key, P.lease_epoch, P.wanted_by)
+            .where(P.lease_owner == watcher_id, P.status == AVAILABLE).order_by(P.id)
+        )
+        return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by) for r in rows]
+
+    # ------------------------------------------------------------ watchers: leasing
+
+    def acquire(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        """Lease up to `limit` partitions of `queue` that have work ready: highest priority, then
+        oldest, first; unleased ones and ones whose lease expired (a takeover)."""
+        if limit <= 0:
+            return []
+        with self.write() as conn:
+            now = db_now()
+            candidates = conn.execute(
+                select(P.id, P.lease_owner)
+                .where(
+                    P.queue == queue, P.status == AVAILABLE, P.ready_at.is_not(None), P.ready_at <= now,
+                    or_(P.not_before.is_(None), P.not_before <= now),
+                    or_(P.lease_owner.is_(None), P.lease_expires_at < now),
+                )
+                .order_by(P.priority.desc(), P.created_at, P.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if not candidates:
+                return []
+            ids = [c.id for c in candidates]
+            conn.execute(
+                update(partitions).where(P.id.in_(ids)).values(
+                    lease_owner=watcher_id, lease_epoch=P.lease_epoch + 1,
+                    lease_expires_at=seconds_from_now(lease_seconds), wanted_by=None, version=P.version + 1,
+                    updated_at=db_now(),
+                )
+            )
+            self._events(conn, [
+                {"partition_id": c.id, "kind": "expired" if c.lease_owner else "leased", "watcher": watcher_id,
+                 "detail": json.dumps({"previous": c.lease_owner}) if c.lease_owner else None}
+                for c in candidates
+            ])
+            rows = conn.execute(select(P.id, P.key, P.lease_epoch).where(P.id.in_(ids)).order_by(P.id))
+            return [Lease(r.id, r.key, r.lease_epoch) for r in rows]
+
+    def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
+        """Ask overloaded watchers to hand over partitions, toward a fair share for this one.
+
+        Fair share = ceil(partitions with work in the queue / live watchers of the queue). A
+        watcher below it marks at most `most` partitions of the busiest watcher above it as wanted;
+        the owner hands them over once their in-flight items have finished. Returns how many
+        partitions were marked.
+        """
+        with self.write() as conn:
+            now = db_now()
+            live = conn.execute(
+                select(func.count()).where(W.queue == queue, W.expires_at > now)
+            ).scalar_one()
+            active = conn.execute(
+                select(func.count()).where(P.queue == queue, P.status == AVAILABLE, P.ready_at.is_not(None))
+            ).scalar_one()
+            if live < 2 or active == 0:
+                return 0
+            share = math.ceil(active / live)
+            held = dict(conn.execute(
+                select(P.lease_owner, func.count())
+                .where(P.queue == queue, P.status == AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now)
+                .group_by(P.lease_owner)
+            ).all())
+            pending = conn.execute(
+                select(func.count()).where(P.wanted_by == watcher_id, P.status == AVAILABLE)
+            ).scalar_one()
+            mine = held.pop(watcher_id, 0) + pending
+            room = min(share, capacity) - mine
+            if room <= 0 or not held:
+                return 0
+            victim, victim_count = max(held.items(), key=lambda kv: kv[1])
+            # Only from a watcher above its share, and never so far that the two would swap roles.
+            take = min(most, room, victim_count - share, (victim_count - mine) // 2)
+            if take <= 0:
+                return 0
+            chosen = select(P.id).where(
+                P.lease_owner == victim, P.status == AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None)
+            ).order_by(P.priority, P.created_at.desc()).limit(take)
+            if self.postgres:
+                chosen = chosen.with_for_update(skip_locked=True)
+            ids = list(conn.execute(chosen).scalars())
+            if not ids:
+                return 0
+            return conn.execute(
+                update(partitions).where(P.id.in_(ids), P.wanted_by.is_(None), P.lease_owner == victim)
+                .values(wanted_by=watcher_id, version=P.version + 1)
+            ).rowcount
+
+    def hand_over(self, watcher_id: str, lease: Lease, lease_seconds: float) -> str | None:
+        """Give a wanted partition to the watcher that asked for it (if still alive).
+
+        Returns the new owner, or None when the request was void (the thief is gone: the request is
+        cleared and the partition stays with this watcher) or the lease was no longer ours.
+        """
+        with self.write() as conn:
+            row = conn.execute(
+                select(P.wanted_by, P.lease_epoch).where(P.id == lease.partition_id, P.lease_owner == watcher_id)
+                .with_for_update()
+            ).one_or_none()
+            if row is None or row.lease_epoch != lease.epoch or row.wanted_by is None:
+                return None
+            thief_alive = conn.execute(
+                select(func.count()).where(W.id == row.wanted_by, W.expires_at > db_now())
+            ).scalar_one()
+            if not thief_alive:
+                conn.execute(update(partitions).where(P.id == lease.partition_id).values(wanted_by=None))
+                return None
+            conn.execute(
+                update(partitions).where(P.id == lease.partition_id).values(
+                    lease_owner=row.wanted_by, lease_epoch=P.lease_epoch + 1, wanted_by=None,
+                    lease_expires_at=seconds_from_now(lease_seconds), version=P.version + 1, updated_at=db_now(),
+                )
+            )
+            self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
+            return row.wanted_by
+
+    def release(self, watcher_id: str, leases: Sequence[Lease], *, kind: str = "yielded") -> int:
+        """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry."""
+        if not leases:
+            return 0
+        with self.write() as conn:
+            pairs = [(lease.partition_id, lease.epoch) for lease in leases]
+            ids = list(conn.execute(
+                select(P.id).where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
+                .with_for_update()
+            ).scalars())
+            if not ids:
+                return 0
+            conn.execute(
+                update(partitions).where(P.id.in_(ids))
+                .values(lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1,
+                        updated_at=db_now())
+            )
+            self._events(conn, [{"partition_id": pid, "kind": kind, "watcher": watcher_id} for pid in ids])
+            return len(ids)
+
+    # ------------------------------------------------------------ watchers: items
+
+    def fetch_ready(self, watcher_id: str, limit: int, exclude: Iterable[int] = ()) -> list[ReadyItem]:
+        """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
+        skipping `exclude` (items already in flight here): partitions by priority then age, items in
+        the order they became ready."""
+        if limit <= 0:
+            return []
+        excluded = sorted(set(exclude))
+        with self.read() as conn:
+            if self.postgres:
+                return self._fetch_ready_pg(conn, watcher_id, limit, excluded)
+            return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded)
+
+    def _leased_for_dispatch(self, watcher_id: str) -> Any:
+        return (
+            select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at)
+            .where(P.lease_owner == watcher_id, P.status == AVAILABLE, P.wanted_by.is_(None),
+                   P.lease_expires_at > db_now(), P.ready_at <= db_now())
+        )
+
+    def _ready_items_of(self, partition: Any, excluded: list[int]) -> Any:
+        query = select(I.id, I.version, I.gate, I.attempts, I.data, I.next_attempt_at).where(
+            I.partition_id == partition.c.id, I.gate == partition.c.gate, I.status == AVAILABLE,
+            I.next_attempt_at <= db_now(),
+        )
+        if excluded:
+            query = query.where(I.id.not_in(bindparam("excluded", excluded, expanding=True)))
+        return query
+
+    def _fetch_ready_pg(self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]) -> list[ReadyItem]:
+        # One statement: for each leased partition, its first `limit` ready items (LATERAL keeps
+        # each partition's scan bounded by the ready-items index), then the best `limit` overall.
+        owned = self._leased_for_dispatch(watcher_id).subquery("p")
+        per_partition = (
+            self._ready_items_of(owned, excluded).order_by(I.next_attempt_at, I.id).limit(limit).lateral("i")
+        )
+        rows = conn.execute(
+            select(per_partition.c.id, per_partition.c.version, per_partition.c.gate, per_partition.c.attempts,
+                   per_partition.c.data, owned.c.id.label("pid"), owned.c.key, owned.c.queue, owned.c.lease_epoch)
+            .select_from(owned.join(per_partition, literal(True)))
+            .order_by(owned.c.priority.desc(), owned.c.created_at, owned.c.id, per_partition.c.next_attempt_at,
+                      per_partition.c.id)
+            .limit(limit)
+        )
+        return [ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data)
+                for r in rows]
+
+    def _fetch_ready_sqlite(self, conn: Connection, watcher_id: str, limit: int,
+                            excluded: list[int]) -> list[ReadyItem]:
+        # SQLite has no LATERAL; it is in-process, so one short query per partition costs little.
+        owned = conn.execute(
+            self._leased_for_dispatch(watcher_id).order_by(P.priority.desc(), P.created_at, P.id)
+        ).all()
+        found: list[ReadyItem] = []
+        for p in owned:
+            alias = partitions.alias("p")
+            query = (
+                self._ready_items_of(alias, excluded).where(alias.c.id == p.id)
+                .order_by(I.next_attempt_at, I.id).limit(limit - len(found))
+            )
+            found += [ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data)
+                      for r in conn.execute(query)]
+            if len(found) >= limit:
+                break
+        return found
+
+    def apply(self, watcher_id: str, outcomes: Sequence[Outcome]) -> Applied:
+        """Write a batch of outcomes in one fenced transaction (a group commit).
+
+        Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
+        dispatched with are dropped (reported in `Applied.lost`). Then each touched partition is
+        settled by the gate rules; partitions that finish or go idle are released.
+        """
+        applied = Applied()
+        if not outcomes:
+            return applied
+        with self.write() as conn:
+            pids = sorted({o.partition_id for o in outcomes})
+            held = dict(conn.execute(
+                select(P.id, P.lease_epoch).where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == AVAILABLE)
+                .order_by(P.id).with_for_update()
+            ).all())
+            kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
+            applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
+            if kept:
+                self._write_outcomes(conn, kept, watcher_id)
+                for pid in sorted({o.partition_id for o in kept}):
+                    move = self._settle(conn, pid, watcher=watcher_id)
+                    if move in (Move.COMPLETE, Move.FAIL, Move.WAIT):
+                        applied.released.add(pid)
+            applied.written = [o.item_id for o in kept]
+        return applied
+
+    def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
+        guard = and_(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == AVAILABLE)
+        common = {"version": I.version + 1, "updated_at": db_now()}
+        answered = update(items).where(guard).values(
+            status=bindparam("b_status"), gate=bindparam("b_gate"),
+            data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
+            attempts=bindparam("b_attempts"), next_attempt_at=seconds_from_now(bindparam("b_delay")),
+            last_error=case((bindparam("b_clear", type_=items.c.attempts.type) == 1, None), else_=I.last_error),
+            **common,
+        )
+        failed = update(items).where(guard).values(
+            status=bindparam("b_status"), attempts=bindparam("b_attempts"), last_error=bindparam("b_error"),
+            next_attempt_at=seconds_from_now(bindparam("b_delay")), **common,
+        )
+        answers, failures, children, history = [], [], [], []
+        for o in kept:
+            base = {"b_id": o.item_id, "b_version": o.version, "b_attempts": o.attempts, "b_delay": o.delay}
+            if o.kind in (Kind.DONE, Kind.MOVE, Kind.LATER):
+                answers.append({
+                    **base, "b_status": COMPLETE if o.kind == Kind.DONE else AVAILABLE,
+                    "b_gate": o.new_gate if o.kind == Kind.MOVE else o.gate, "b_data": o.data,
+                    "b_clear": 1 if o.kind != Kind.LATER else 0,
+                })
+                children += [
+                    {"partition_id": o.partition_id, "gate": c.gate, "status": AVAILABLE, "data": c.data,
+                     "parent_id": o.item_id, "parent_gate": o.gate, "seq": n}
+                    for n, c in enumerate(o.children)
+                ]
+            else:
+                error = truncate_error(o.error or "failed")
+                failures.append({**base, "b_status": FAILED if o.kind == Kind.FAIL else AVAILABLE, "b_error": error})
+                history.append({
+                    "partition_id": o.partition_id, "item_id": o.item_id, "watcher": watcher_id,
+                    "kind": "item_failed" if o.kind == Kind.FAIL else "item_retried",
+                    "detail": json.dumps({"gate": o.gate, "attempts": o.attempts, "error": error[:500],
+                                          **({"retry_in": round(o.delay, 3)} if o.kind == Kind.RETRY else {})}),
+                })
+        for statement, rows in ((answered, answers), (failed, failures)):
+            if rows and conn.execute(statement, rows).rowcount != len(rows):
+                raise StaleWrite(f"{len(rows)} item updates did not all match their expected version")
+        if children:
+            self._insert_rows(conn, children)
+        self._events(conn, history)
+
+    # ------------------------------------------------------------ the gate rules, applied
+
+    def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
+        here = and_(I.partition_id == row.id, I.gate == row.gate)
+        facts = conn.execute(select(
+            exists().where(here, I.status == AVAILABLE).label("available_here"),
+            exists().where(here, I.status == FAILED).label("failed_here"),
+            select(func.min(I.gate)).where(I.partition_id == row.id, I.gate > row.gate, I.status == AVAILABLE)
+            .scalar_subquery().label("next_gate"),
+        )).one()
+        return GateFacts(row.gate, bool(facts.available_here), bool(facts.failed_here), facts.next_gate,
+                         bool(row.sealed), bool(row.manual_checkpoint))
+
+    def _settle(self, conn: Connection, pid: int, *, checkpoint: bool = False, watcher: str | None = None) -> Move:
+        """Apply the gate rules to a (locked) available partition and record what happened.
+
+        Sets `ready_at` (earliest due item at the current gate), moves the gate past drained and
+        empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
+        lease when the partition finishes or has nothing to do.
+        """
+        row = conn.execute(
+            select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status).where(P.id == pid)
+        ).one()
+        outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
+        release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
+        if outcome.move is Move.ADVANCE:
+            self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
+            self._touch(conn, pid, gate=outcome.gate)
+            return self._settle(conn, pid, watcher=watcher)  # the new gate holds work: STAY
+        if outcome.move is Move.STAY:
+            ready = (
+                select(func.min(I.next_attempt_at))
+                .where(I.partition_id == pid, I.gate == row.gate, I.status == AVAILABLE).scalar_subquery()
+            )
+            conn.execute(update(partitions).where(P.id == pid).values(ready_at=ready))
+        elif outcome.move is Move.WAIT:
+            self._touch(conn, pid, ready_at=None, **(release if watcher else {}))
+            if watcher:
+                self._event(conn, pid, "released", watcher=watcher, detail={"gate": row.gate, "reason": "idle"})
+        elif outcome.move is Move.FAIL:
+            self._touch(conn, pid, status=FAILED, ready_at=None, **release)
+            self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
+        elif outcome.move is Move.COMPLETE:
+            self._touch(conn, pid, status=COMPLETE, ready_at=None, **release)
+            self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
+        return outcome.move
+
+    # ------------------------------------------------------------ helpers
+
+    def _lock(self, conn: Connection, key: str) -> Row[Any]:
+        row = conn.execute(select(partitions).where(P.key == key).with_for_update()).one_or_none()
+        if row is None:
+            raise NotFound(f"no partition {key!r}")
+        return row
+
+    def _touch(self, conn: Connection, pid: int, **values: Any) -> None:
+        conn.execute(
+            update(partitions).where(P.id == pid).values(version=P.version + 1, updated_at=db_now(), **values)
+        )
+
+    def _insert_items(self, conn: Connection, pid: int, new_items: Iterable[Any],
+                      partition_gate: int | None) -> tuple[int, int]:
+        """Insert items in multi-row chunks; returns (count, lowest gate)."""
+        count, lowest, chunk = 0, None, []
+        for n, value in enumerate(new_items, start=1):
+            item = NewItem.coerce(value, where=f"item {n}: ")
+            if partition_gate is not None and (reason := gates.check_not_below(item.gate, partition_gate)):
+                raise Refused(f"item {n}: {reason}")
+            lowest = item.gate if lowest is None else min(lowest, item.gate)
+            chunk.append({"partition_id": pid, "gate": item.gate, "status": AVAILABLE, "data": item.data})
+            count += 1
+            if len(chunk) >= INSERT_CHUNK:
+                self._insert_rows(conn, chunk)
+                chunk = []
+        if chunk:
+            self._insert_rows(conn, chunk)
+        return count, lowest if lowest is not None else 0
+
+    def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        for start in range(0, len(rows), INSERT_CHUNK):
+            part = rows[start : start + INSERT_CHUNK]
+            stamped = [{"parent_id": None, "parent_gate": None, "seq": None, **r, "next_attempt_at": db_now(),
+                        "created_at": db_now(), "updated_at": db_now()} for r in part]
+            conn.execute(insert(items).values(stamped))
+
+    def _event(self, conn: Connection, pid: int, kind: str, *, item_id: int | None = None,
+               watcher: str | None = None, detail: dict[str, Any] | None = None) -> None:
+        self._events(conn, [{"partition_id": pid, "kind": kind, "item_id": item_id, "watcher": watcher,
+                             "detail": json.dumps(detail) if detail is not None else None}])
+
+    def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            conn.execute(insert(events).values([
+                {"item_id": None, "watcher": None, "detail": None, **r, "at": db_now()} for r in rows
+            ]))
+
+
+class WatcherGone(Exception):
+    """The watcher's registration was removed (it was presumed dead)."""
+
+
+# ---------------------------------------------------------------- module helpers
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _is_unique_violation(error: IntegrityError) -> bool:
+    text = str(error.orig).lower()
+    return "unique" in text or "duplicate key" in text
+
+
+def _translate(error: DBAPIError) -> Exception | None:
+    """Map a driver error to what a user should hear; None for errors that are our own bugs."""
+    text = str(error.orig or error)
+    if "no such table" in text or type(error.orig).__name__ == "UndefinedTable":
+        return SchemaMissing("the database has no feedproc schema: run `feedproc migrate`")
+    if isinstance(error, OperationalError):
+        first_line = text.strip().splitlines()[0] if text.strip() else type(error.orig).__name__
+        return DatabaseUnavailable(f"database unavailable: {first_line}")
+    return None
+
+
+def migrations_path() -> Path:
+    """Where the alembic revisions are: inside the installed package, or beside it in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise RuntimeError("feedproc's migrations are missing from this installation")
+
+
+def _alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    config.set_main_option("sqlalchemy.url", str(url).replace("%", "%%"))
+    return config

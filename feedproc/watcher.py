@@ -1,0 +1,385 @@
+"""The watcher: leases partitions, dispatches their ready items to a Processor, writes the answers.
+
+Inside one asyncio loop:
+
+* a **heartbeat** task renews the watcher and its leases every `lease_seconds / 3` on its own
+  thread and connection, so renewal never waits behind dispatch or a slow handler;
+* a **poll** task (every `poll_interval`, or at once when woken) learns steal requests and lost
+  leases, hands wanted partitions over once their in-flight items are done, leases new partitions
+  up to `capacity`, asks for steals toward a fair share, and fetches ready items into a buffer;
+* `concurrency` **worker** tasks take items from the buffer and call the Processor;
+* a **flusher** task writes finished deliveries in group commits (`Store.apply`, one fenced
+  transaction per batch) and wakes the poller, so a drained gate advances at once.
+
+An item stays in `inflight` from the moment it is fetched until its outcome is committed (or
+dropped), and fetches exclude `inflight`: this watcher never dispatches an item twice at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from .errors import DatabaseUnavailable
+from .models import Item, check_queue
+from .policy import RetryPolicy, outcome_of
+from .processors import call_processor
+from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
+
+log = logging.getLogger("feedproc.watcher")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherConfig:
+    """Settings of one watcher (the `feedproc watch` options)."""
+
+    queue: str = "default"
+    concurrency: int = 10
+    capacity: int | None = None  # partitions leased at most; default 4 x concurrency (at least 8)
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    max_attempts: int = 5
+    retry_delay: float = 1.0
+    max_retry_delay: float = 600.0
+    shutdown_grace: float = 30.0
+    flush_batch: int = 500  # outcomes per group commit at most
+    steals_per_cycle: int = 2
+
+    def __post_init__(self) -> None:
+        check_queue(self.queue)
+        for name in ("concurrency", "max_attempts", "flush_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("lease_seconds", "poll_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.retry_delay < 0 or self.shutdown_grace < 0:
+            raise ValueError("retry_delay and shutdown_grace must be >= 0")
+
+    @property
+    def max_partitions(self) -> int:
+        return self.capacity if self.capacity is not None else max(8, 4 * self.concurrency)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval)
+
+
+class _Health:
+    """Logs a database outage once when it starts and once when it ends, not once per attempt."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+
+    def failed(self, what: str, error: Exception) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("database unavailable (%s): %s; retrying with backoff", what, error)
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            log.warning("database reachable again after %.1fs", time.monotonic() - self.down_since)
+            self.down_since = None
+
+
+class Watcher:
+    """One watcher process's engine. `await watcher.run()` until `watcher.stop()` is called."""
+
+    def __init__(self, store: Store, processor: Any, config: WatcherConfig | None = None) -> None:
+        self.store = store
+        self.processor = processor
+        self.config = config or WatcherConfig()
+        self.policy = self.config.retry_policy
+        self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owned: dict[int, Lease] = {}
+        self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
+        self.running: dict[int, asyncio.Task[Any]] = {}
+        self.results: list[Outcome] = []
+        self.processed = 0
+        self._buffer: asyncio.Queue[ReadyItem] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._results_ready = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._health = _Health()
+        self._last_renewal = time.monotonic()
+        self._last_steal = 0.0
+        # The heartbeat has a thread of its own; everything else is serialised on one DB thread so
+        # that a fetch never overlaps a flush (an item committed while a fetch ran can't come back).
+        self._db = ThreadPoolExecutor(1, thread_name_prefix="feedproc-db")
+        self._hb = ThreadPoolExecutor(1, thread_name_prefix="feedproc-heartbeat")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Ask the watcher to stop: no new leases or items; in-flight items get `shutdown_grace`."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
+        cfg = self.config
+        await self._db_call(self._db, self.store.register_watcher, self.id, host=socket.gethostname(),
+                            pid=os.getpid(), queue=cfg.queue, concurrency=cfg.concurrency,
+                            capacity=cfg.max_partitions, lease_seconds=cfg.lease_seconds)
+        log.info("watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs", self.id, cfg.queue,
+                 cfg.concurrency, cfg.max_partitions, cfg.lease_seconds)
+        # Plain-`def` processors run in the default executor: give it a thread per concurrent item.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process"))
+        start = getattr(self.processor, "start", None)
+        if start is not None:
+            await start()
+        workers = [asyncio.create_task(self._worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
+        helpers = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                   asyncio.create_task(self._poll_loop(), name="poll")]
+        flusher = asyncio.create_task(self._flush_loop(), name="flush")
+        try:
+            await self._stopping.wait()
+        finally:
+            await self._shutdown(workers, helpers, flusher)
+
+    async def _shutdown(self, workers: list[asyncio.Task[Any]], helpers: list[asyncio.Task[Any]],
+                        flusher: asyncio.Task[Any]) -> None:
+        self._stopping.set()
+        self._drop_buffered(lambda item: True)
+        if self.running:
+            log.info("stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace,
+                     len(self.running))
+            await asyncio.wait(list(self.running.values()), timeout=self.config.shutdown_grace)
+        for task in workers + helpers:
+            task.cancel()
+        await asyncio.gather(*workers, *helpers, return_exceptions=True)
+        abandoned = [task for task in self.running.values() if not task.done()]
+        if abandoned:
+            log.warning("abandoned %d items still running after the grace period; they will be redelivered",
+                        len(abandoned))
+            for task in abandoned:
+                task.cancel()
+        self._results_ready.set()
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._flush_all(final=True)
+        try:
+            released = await self._db_call(self._db, self.store.release, self.id, list(self.owned.values()))
+            await self._db_call(self._db, self.store.unregister_watcher, self.id)
+            log.info("stopped: released %d partitions", released)
+        except Exception as error:  # the leases will expire on their own
+            log.warning("could not release leases on stop (%s); they expire after %gs", error,
+                        self.config.lease_seconds)
+        close = getattr(self.processor, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+        self._db.shutdown(wait=False, cancel_futures=True)
+        self._hb.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ database calls
+
+    async def _db_call(self, executor: ThreadPoolExecutor, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+
+    # ------------------------------------------------------------ heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                leases = await self._db_call(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
+            except WatcherGone:
+                log.warning("this watcher's registration was reaped; registering again")
+                with contextlib.suppress(Exception):
+                    await self._db_call(self._hb, self.store.register_watcher, self.id, host=socket.gethostname(),
+                                        pid=os.getpid(), queue=self.config.queue,
+                                        concurrency=self.config.concurrency,
+                                        capacity=self.config.max_partitions,
+                                        lease_seconds=self.config.lease_seconds)
+                continue
+            except Exception as error:
+                self._health.failed("heartbeat", error)
+                if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:
+                    log.warning("could not renew leases for %gs: assuming all %d are lost",
+                                self.config.lease_seconds, len(self.owned))
+                    self._reconcile([])
+                continue
+            self._health.ok()
+            self._last_renewal = time.monotonic()
+            self._reconcile(leases)
+
+    def _reconcile(self, leases: list[Lease]) -> None:
+        """Bring `owned` in line with what the database says this watcher holds."""
+        current = {lease.partition_id: lease for lease in leases}
+        for pid, lease in list(self.owned.items()):
+            now = current.get(pid)
+            if now is None or now.epoch != lease.epoch:
+                log.warning("lost the lease on partition %s; no longer dispatching it", lease.key)
+                del self.owned[pid]
+                self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+        for pid, lease in current.items():
+            if pid not in self.owned and not self.stopping:
+                log.info("received partition %s", lease.key)
+            self.owned[pid] = lease
+            if lease.wanted_by:
+                self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+
+    def _drop_buffered(self, which: Any) -> None:
+        """Forget buffered (never dispatched) items that match `which`."""
+        kept: list[ReadyItem] = []
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if which(item):
+                self.inflight.pop(item.id, None)
+            else:
+                kept.append(item)
+        for item in kept:
+            self._buffer.put_nowait(item)
+
+    # ------------------------------------------------------------ polling
+
+    async def _poll_loop(self) -> None:
+        cfg = self.config
+        while not self.stopping:
+            try:
+                await self._poll_once()
+                self._health.ok()
+                delay = cfg.poll_interval
+            except Exception as error:
+                self._health.failed("poll", error)
+                delay = min(cfg.poll_interval * 4, 5.0)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+
+    async def _poll_once(self) -> None:
+        cfg = self.config
+        leases = await self._db_call(self._db, self.store.owned, self.id)
+        self._reconcile(leases)
+        await self._hand_over_wanted()
+        if self.stopping:
+            return
+        room = cfg.max_partitions - len(self.owned)
+        if room > 0:
+            gained = await self._db_call(self._db, self.store.acquire, self.id, cfg.queue, room, cfg.lease_seconds)
+            for lease in gained:
+                self.owned[lease.partition_id] = lease
+            if not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
+                self._last_steal = time.monotonic()
+                marked = await self._db_call(self._db, self.store.request_steals, self.id, cfg.queue,
+                                             capacity=cfg.max_partitions, most=cfg.steals_per_cycle)
+                if marked:
+                    log.info("asked for %d partitions toward a fair share", marked)
+        await self._fill_buffer()
+
+    async def _fill_buffer(self) -> None:
+        want = 2 * self.config.concurrency - self._buffer.qsize() - len(self.running)
+        if want <= 0 or not self.owned or self.stopping:
+            return
+        ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight))
+        for item in ready:
+            lease = self.owned.get(item.partition_id)
+            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                continue
+            self.inflight[item.id] = item
+            self._buffer.put_nowait(item)
+
+    async def _hand_over_wanted(self) -> None:
+        busy = Counter(item.partition_id for item in self.inflight.values())
+        for pid, lease in list(self.owned.items()):
+            if lease.wanted_by and not busy[pid]:
+                thief = await self._db_call(self._db, self.store.hand_over, self.id, lease, self.config.lease_seconds)
+                if thief:
+                    log.info("handed partition %s over to %s", lease.key, thief)
+                    self.owned.pop(pid, None)
+
+    # ------------------------------------------------------------ dispatch
+
+    async def _worker(self) -> None:
+        while True:
+            item = await self._buffer.get()
+            lease = self.owned.get(item.partition_id)
+            if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                self.inflight.pop(item.id, None)
+                continue
+            delivery = asyncio.create_task(self._deliver(item), name=f"item-{item.id}")
+            self.running[item.id] = delivery
+            try:
+                outcome = await asyncio.shield(delivery)  # stop() waits for it; cancelling us must not cut it
+            finally:
+                if delivery.done():
+                    self.running.pop(item.id, None)
+            self.results.append(outcome)
+            self._results_ready.set()
+            if self._buffer.qsize() < self.config.concurrency:
+                self._wake.set()
+
+    async def _deliver(self, ready: ReadyItem) -> Outcome:
+        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data)
+        try:
+            response = await call_processor(self.processor, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            return outcome_of(ready, self.policy, error=error)
+        return outcome_of(ready, self.policy, response=response)
+
+    # ------------------------------------------------------------ writing results
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._results_ready.wait()
+            self._results_ready.clear()
+            await self._flush_all()
+            self._wake.set()
+
+    async def _flush_all(self, *, final: bool = False) -> None:
+        while self.results:
+            batch, self.results = self.results[: self.config.flush_batch], self.results[self.config.flush_batch :]
+            await self._flush(batch, final=final)
+
+    async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(DatabaseUnavailable),
+            wait=wait_exponential(multiplier=0.1, max=5.0),
+            # Past a lease length another watcher may own the partitions; the fence would refuse.
+            stop=stop_after_delay(self.config.shutdown_grace if final else self.config.lease_seconds),
+            before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr,arg-type]
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    applied = await self._db_call(self._db, self.store.apply, self.id, batch)
+        except (StaleWrite, DatabaseUnavailable) as error:
+            log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
+            for outcome in batch:
+                self.inflight.pop(outcome.item_id, None)
+            return
+        self._health.ok()
+        for outcome in batch:
+            self.inflight.pop(outcome.item_id, None)
+        self.processed += len(applied.written)
+        for pid in applied.lost:
+            lease = self.owned.pop(pid, None)
+            if lease is not None:
+                log.warning("lost the lease on partition %s; its late results were discarded", lease.key)
+            self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+        for pid in applied.released:
+            self.owned.pop(pid, None)
