@@ -26,18 +26,23 @@ from .models import NewItem, check_gate
 DEFAULT_DB = "sqlite:///feedproc.db"
 
 app = typer.Typer(
-    name="feedproc", add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+    name="feedproc",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
     help="Partitioned fan-out/fan-in workflows on SQLite or PostgreSQL.",
 )
 _global: dict[str, str | None] = {"db": None}
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."),
+    typer.Option(
+        "--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."
+    ),
 ]
 ItemsOption = Annotated[
     str | None,
-    typer.Option("--items", metavar="FILE|-", help="JSON Lines: one {\"gate\": int, \"data\": ...} per line."),
+    typer.Option("--items", metavar="FILE|-", help='JSON Lines: one {"gate": int, "data": ...} per line.'),
 ]
 
 
@@ -85,7 +90,7 @@ def read_items(source: str | None) -> Iterator[NewItem]:
             except ValueError as error:
                 raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
             if not isinstance(row, dict):
-                raise InvalidInput(f"line {number}: expected an object like {{\"gate\": 0, \"data\": ...}}")
+                raise InvalidInput(f'line {number}: expected an object like {{"gate": 0, "data": ...}}')
             unknown = set(row) - {"gate", "data"}
             if unknown:
                 raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -142,8 +147,15 @@ def add(
     """Create partition KEY with its items, in one transaction."""
     when = parse_time(not_before)
     with _feed(db) as feed:
-        count = feed.add_partition(key, read_items(items), queue=queue, priority=priority, sealed=not open_,
-                                   manual_checkpoint=manual_checkpoint, not_before=when)
+        count = feed.add_partition(
+            key,
+            read_items(items),
+            queue=queue,
+            priority=priority,
+            sealed=not open_,
+            manual_checkpoint=manual_checkpoint,
+            not_before=when,
+        )
     typer.echo(f"added partition {key} with {count} items")
 
 
@@ -217,10 +229,15 @@ def status(
 @app.command()
 def watch(
     queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
-    handler: Annotated[str | None, typer.Option(metavar="URL", envvar="FEEDPROC_HANDLER_URL",
-                                                help="HTTP handler service (env FEEDPROC_HANDLER_URL).")] = None,
-    processor: Annotated[str | None, typer.Option(metavar="MODULE:ATTR",
-                                                  help="A Python Processor to use instead of HTTP.")] = None,
+    handler: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL", envvar="FEEDPROC_HANDLER_URL", help="HTTP handler service (env FEEDPROC_HANDLER_URL)."
+        ),
+    ] = None,
+    processor: Annotated[
+        str | None, typer.Option(metavar="MODULE:ATTR", help="A Python Processor to use instead of HTTP.")
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Items processed at once.")] = 10,
     lease_seconds: Annotated[float, typer.Option(min=0.5, help="Lease length; renewed every third of it.")] = 30.0,
     poll_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between polls when idle.")] = 1.0,
@@ -230,8 +247,9 @@ def watch(
     max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
     shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
     timeout: Annotated[float, typer.Option(min=0.1, help="HTTP request timeout in seconds.")] = 30.0,
-    header: Annotated[list[str] | None, typer.Option(metavar="'NAME: VALUE'",
-                                                     help="Extra HTTP header for the handler (repeatable).")] = None,
+    header: Annotated[
+        list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     db: DbOption = None,
 ) -> None:
@@ -247,9 +265,15 @@ def watch(
         raise InvalidInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
     try:
         config = WatcherConfig(
-            queue=queue, concurrency=concurrency, capacity=max_partitions, lease_seconds=lease_seconds,
-            poll_interval=poll_interval, max_attempts=max_attempts, retry_delay=retry_delay,
-            max_retry_delay=max_retry_delay, shutdown_grace=shutdown_grace,
+            queue=queue,
+            concurrency=concurrency,
+            capacity=max_partitions,
+            lease_seconds=lease_seconds,
+            poll_interval=poll_interval,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
+            shutdown_grace=shutdown_grace,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
@@ -261,8 +285,9 @@ def watch(
         if not handler.startswith(("http://", "https://")):
             raise InvalidInput(f"--handler {handler!r} is not an http:// or https:// URL")
         target = HTTPProcessor(handler, timeout=timeout, headers=headers, max_connections=max(concurrency, 10))
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     store = Store(database_url(db), pool_size=3)

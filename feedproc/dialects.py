@@ -119,7 +119,11 @@ def make_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
         return _sqlite_engine(parsed)
     if parsed.get_backend_name() == "postgresql":
         return create_engine(
-            parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size, future=True,
+            parsed,
+            pool_pre_ping=True,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            future=True,
             connect_args={"connect_timeout": 10, "application_name": "feedproc"},
         )
     raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql://")

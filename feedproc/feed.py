@@ -37,16 +37,31 @@ class Feed:
         """Create or upgrade the schema (idempotent)."""
         self.store.migrate()
 
-    def add_partition(self, key: str, items: Iterable[ItemLike] = (), *, queue: str = "default", priority: int = 0,
-                      sealed: bool = True, manual_checkpoint: bool = False,
-                      not_before: datetime | None = None) -> int:
+    def add_partition(
+        self,
+        key: str,
+        items: Iterable[ItemLike] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+    ) -> int:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
         Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
         input; nothing is written then. Returns the number of items added.
         """
-        return self.store.add_partition(key, items, queue=queue, priority=priority, sealed=sealed,
-                                        manual_checkpoint=manual_checkpoint, not_before=not_before)
+        return self.store.add_partition(
+            key,
+            items,
+            queue=queue,
+            priority=priority,
+            sealed=sealed,
+            manual_checkpoint=manual_checkpoint,
+            not_before=not_before,
+        )
 
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
         """Add items to an open partition; refused if it is sealed or finished, or a gate is too low."""

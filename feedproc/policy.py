@@ -37,17 +37,23 @@ def validate(item: ReadyItem, response: Response) -> None:
     if response.gate is not None and response.gate < item.gate:
         raise InvalidAnswer(f"gate {response.gate} is lower than the item's gate {item.gate}")
     if response.gate == item.gate and response.items:
-        raise InvalidAnswer("a \"not yet\" answer (gate equal to the item's) cannot add items")
+        raise InvalidAnswer('a "not yet" answer (gate equal to the item\'s) cannot add items')
     for n, child in enumerate(response.items, start=1):  # type: ignore[arg-type]
         if reason := check_not_below(child.gate, item.gate):
             raise InvalidAnswer(f"child {n}: {reason}")
 
 
-def outcome_of(item: ReadyItem, policy: RetryPolicy, *, response: Response | None = None,
-               error: BaseException | None = None) -> Outcome:
+def outcome_of(
+    item: ReadyItem, policy: RetryPolicy, *, response: Response | None = None, error: BaseException | None = None
+) -> Outcome:
     """The Outcome for one delivery of `item` that answered `response` or raised `error`."""
-    base = {"item_id": item.id, "version": item.version, "partition_id": item.partition_id,
-            "epoch": item.epoch, "gate": item.gate}
+    base = {
+        "item_id": item.id,
+        "version": item.version,
+        "partition_id": item.partition_id,
+        "epoch": item.epoch,
+        "gate": item.gate,
+    }
     if error is None and response is not None:
         try:
             validate(item, response)

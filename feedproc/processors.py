@@ -98,8 +98,9 @@ class HTTPProcessor(Processor):
     `headers` are added to every request (e.g. an Authorization header for the handler).
     """
 
-    def __init__(self, url: str, *, timeout: float = 30.0, headers: Mapping[str, str] | None = None,
-                 max_connections: int = 100) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 30.0, headers: Mapping[str, str] | None = None, max_connections: int = 100
+    ) -> None:
         self.url = url
         self.timeout = timeout
         self.headers = {"User-Agent": f"feedproc/{__version__}", **(headers or {})}
@@ -108,8 +109,7 @@ class HTTPProcessor(Processor):
 
     async def start(self) -> None:
         if self._client is None:
-            limits = httpx.Limits(max_connections=self.max_connections,
-                                  max_keepalive_connections=self.max_connections)
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
             transport = httpx.AsyncHTTPTransport(retries=1, limits=limits)  # one reconnect on a stale socket
             self._client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers, transport=transport)
 
@@ -122,8 +122,9 @@ class HTTPProcessor(Processor):
         await self.start()
         assert self._client is not None
         try:
-            answer = await self._client.post(self.url, content=request_body(item),
-                                             headers={"Content-Type": "application/json"})
+            answer = await self._client.post(
+                self.url, content=request_body(item), headers={"Content-Type": "application/json"}
+            )
         except httpx.TimeoutException as error:
             raise RetryLater(f"handler timed out after {self.timeout:g}s ({type(error).__name__})") from error
         except httpx.HTTPError as error:
@@ -133,8 +134,13 @@ class HTTPProcessor(Processor):
 
 def request_body(item: Item) -> bytes:
     """The JSON body of the contract; data that is not JSON travels as `data_base64`."""
-    body: dict[str, Any] = {"id": item.id, "partition": item.partition, "queue": item.queue, "gate": item.gate,
-                            "attempt": item.attempt}
+    body: dict[str, Any] = {
+        "id": item.id,
+        "partition": item.partition,
+        "queue": item.queue,
+        "gate": item.gate,
+        "attempt": item.attempt,
+    }
     try:
         body["data"] = json.loads(item.data)
     except (ValueError, UnicodeDecodeError):
@@ -181,7 +187,7 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
         retry_after = max(float(field_retry), retry_after or 0.0)
     children_value = answer.get("items") or []
     if not isinstance(children_value, list):
-        raise InvalidAnswer("items must be a list of {\"gate\": G, \"data\": ...}")
+        raise InvalidAnswer('items must be a list of {"gate": G, "data": ...}')
     children = []
     for n, child in enumerate(children_value, start=1):
         if not isinstance(child, dict):
@@ -194,7 +200,7 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
         return Response(done=True, data=data, items=children, retry_after=retry_after)
     gate = answer.get("gate")
     if gate is None:
-        raise InvalidAnswer("the answer has neither \"done\": true nor a \"gate\"")
+        raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
     if isinstance(gate, bool) or not isinstance(gate, int):
         raise InvalidAnswer(f"gate must be an integer, got {gate!r}")
     return Response(gate=gate, data=data, items=children, retry_after=retry_after)

@@ -20,8 +20,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> None:
 
 def print_partition(status: dict[str, Any]) -> None:
     flags = [name for name in ("sealed", "manual_checkpoint") if status.get(name)]
-    typer.echo(f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
-               f"gate {status['gate']}  priority {status['priority']}  {' '.join(flags)}".rstrip())
+    typer.echo(
+        f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
+        f"gate {status['gate']}  priority {status['priority']}  {' '.join(flags)}".rstrip()
+    )
     if status.get("not_before"):
         typer.echo(f"not before {status['not_before']}")
     lease = status.get("lease")
@@ -40,12 +42,16 @@ def print_partition(status: dict[str, Any]) -> None:
         _table(["gate", *STATUSES, "done", ""], rows)
     if status["failed_items"]:
         typer.echo("failed items:")
-        _table(["id", "gate", "attempts", "last error"],
-               [[f["id"], f["gate"], f["attempts"], (f["last_error"] or "")[:100]] for f in status["failed_items"]])
+        _table(
+            ["id", "gate", "attempts", "last error"],
+            [[f["id"], f["gate"], f["attempts"], (f["last_error"] or "")[:100]] for f in status["failed_items"]],
+        )
     if status.get("history"):
         typer.echo("history:")
-        _table(["at", "event", "item", "watcher", "detail"],
-               [[h["at"], h["kind"], h["item"], h["watcher"], h["detail"]] for h in status["history"]])
+        _table(
+            ["at", "event", "item", "watcher", "detail"],
+            [[h["at"], h["kind"], h["item"], h["watcher"], h["detail"]] for h in status["history"]],
+        )
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -54,11 +60,17 @@ def print_summary(summary: dict[str, Any]) -> None:
     typer.echo(f"items: {items['total']} total, " + ", ".join(f"{items[s]} {s}" for s in STATUSES))
     if summary.get("recent"):
         typer.echo("\nrecently updated partitions:")
-        _table(["key", "queue", "status", "gate", "priority", "leased by", "updated"],
-               [[r["key"], r["queue"], r["status"], r["gate"], r["priority"], r["owner"], r["updated_at"]]
-                for r in summary["recent"]])
+        _table(
+            ["key", "queue", "status", "gate", "priority", "leased by", "updated"],
+            [
+                [r["key"], r["queue"], r["status"], r["gate"], r["priority"], r["owner"], r["updated_at"]]
+                for r in summary["recent"]
+            ],
+        )
     live = [w for w in summary.get("watchers", []) if w["alive"]]
     if live:
         typer.echo("\nwatchers:")
-        _table(["id", "queue", "concurrency", "leases", "heartbeat"],
-               [[w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"]] for w in live])
+        _table(
+            ["id", "queue", "concurrency", "leases", "heartbeat"],
+            [[w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"]] for w in live],
+        )

@@ -222,11 +222,20 @@ class Store:
         try:
             with self.write() as conn:
                 pid = conn.execute(
-                    insert(partitions).values(
-                        key=key, queue=queue, status=AVAILABLE, gate=0, priority=priority, sealed=sealed,
-                        manual_checkpoint=manual_checkpoint, not_before=not_before, created_at=db_now(),
+                    insert(partitions)
+                    .values(
+                        key=key,
+                        queue=queue,
+                        status=AVAILABLE,
+                        gate=0,
+                        priority=priority,
+                        sealed=sealed,
+                        manual_checkpoint=manual_checkpoint,
+                        not_before=not_before,
+                        created_at=db_now(),
                         updated_at=db_now(),
-                    ).returning(P.id)
+                    )
+                    .returning(P.id)
                 ).scalar_one()
                 count, lowest = self._insert_items(conn, pid, new_items, partition_gate=None)
                 if count:
@@ -274,8 +283,9 @@ class Store:
             count = conn.execute(
                 update(items)
                 .where(I.partition_id == row.id, I.status == FAILED)
-                .values(status=AVAILABLE, attempts=0, next_attempt_at=db_now(), version=I.version + 1,
-                        updated_at=db_now())
+                .values(
+                    status=AVAILABLE, attempts=0, next_attempt_at=db_now(), version=I.version + 1, updated_at=db_now()
+                )
             ).rowcount
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
@@ -295,8 +305,9 @@ class Store:
                 .where(I.partition_id == row.id, I.status == AVAILABLE)
                 .values(status=CANCELLED, version=I.version + 1, updated_at=db_now())
             ).rowcount
-            self._touch(conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None,
-                        wanted_by=None)
+            self._touch(
+                conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None, wanted_by=None
+            )
             self._event(conn, row.id, "cancelled", detail={"items": count})
 
     def checkpoint(self, key: str) -> int:
@@ -329,8 +340,10 @@ class Store:
             totals = {s: 0 for s in ("total", *(st.value for st in Status))}
             per_gate: dict[str, dict[str, int]] = {}
             counts = conn.execute(
-                select(I.gate, I.status, func.count()).where(I.partition_id == row.id)
-                .group_by(I.gate, I.status).order_by(I.gate)
+                select(I.gate, I.status, func.count())
+                .where(I.partition_id == row.id)
+                .group_by(I.gate, I.status)
+                .order_by(I.gate)
             )
             for gate, status, n in counts:
                 per_gate.setdefault(str(gate), {st.value: 0 for st in Status})[status] = n
@@ -338,7 +351,9 @@ class Store:
                 totals["total"] += n
             failed = conn.execute(
                 select(I.id, I.gate, I.attempts, I.last_error)
-                .where(I.partition_id == row.id, I.status == FAILED).order_by(I.id).limit(FAILED_ITEMS_SHOWN)
+                .where(I.partition_id == row.id, I.status == FAILED)
+                .order_by(I.id)
+                .limit(FAILED_ITEMS_SHOWN)
             ).all()
             result = {
                 "key": row.key,
@@ -351,8 +366,13 @@ class Store:
                 "not_before": _iso(row.not_before),
                 "created_at": _iso(row.created_at),
                 "updated_at": _iso(row.updated_at),
-                "lease": {"owner": row.lease_owner, "expires_at": _iso(row.lease_expires_at),
-                          "wanted_by": row.wanted_by} if row.lease_owner else None,
+                "lease": {
+                    "owner": row.lease_owner,
+                    "expires_at": _iso(row.lease_expires_at),
+                    "wanted_by": row.wanted_by,
+                }
+                if row.lease_owner
+                else None,
                 "items": totals,
                 "gates": per_gate,
                 "failed_items": [
@@ -377,11 +397,20 @@ class Store:
             if recent:
                 rows = conn.execute(
                     select(P.key, P.queue, P.status, P.gate, P.priority, P.lease_owner, P.updated_at)
-                    .order_by(P.updated_at.desc(), P.id.desc()).limit(recent)
+                    .order_by(P.updated_at.desc(), P.id.desc())
+                    .limit(recent)
                 ).all()
                 result["recent"] = [
-                    {"key": r.key, "queue": r.queue, "status": r.status, "gate": r.gate, "priority": r.priority,
-                     "owner": r.lease_owner, "updated_at": _iso(r.updated_at)} for r in rows
+                    {
+                        "key": r.key,
+                        "queue": r.queue,
+                        "status": r.status,
+                        "gate": r.gate,
+                        "priority": r.priority,
+                        "owner": r.lease_owner,
+                        "updated_at": _iso(r.updated_at),
+                    }
+                    for r in rows
                 ]
                 result["watchers"] = self._watchers(conn)
             return result
@@ -392,40 +421,74 @@ class Store:
             return self._watchers(conn)
 
     def _watchers(self, conn: Connection) -> list[dict[str, Any]]:
-        held = (
-            select(func.count()).where(P.lease_owner == W.id, P.status == AVAILABLE).scalar_subquery()
-        )
+        held = select(func.count()).where(P.lease_owner == W.id, P.status == AVAILABLE).scalar_subquery()
         rows = conn.execute(
-            select(W.id, W.host, W.pid, W.queue, W.concurrency, W.started_at, W.heartbeat_at,
-                   (W.expires_at > db_now()).label("alive"), held.label("leases"))
-            .order_by(W.started_at).limit(1000)
+            select(
+                W.id,
+                W.host,
+                W.pid,
+                W.queue,
+                W.concurrency,
+                W.started_at,
+                W.heartbeat_at,
+                (W.expires_at > db_now()).label("alive"),
+                held.label("leases"),
+            )
+            .order_by(W.started_at)
+            .limit(1000)
         ).all()
         return [
-            {"id": r.id, "host": r.host, "pid": r.pid, "queue": r.queue, "concurrency": r.concurrency,
-             "started_at": _iso(r.started_at), "heartbeat_at": _iso(r.heartbeat_at), "alive": bool(r.alive),
-             "leases": r.leases} for r in rows
+            {
+                "id": r.id,
+                "host": r.host,
+                "pid": r.pid,
+                "queue": r.queue,
+                "concurrency": r.concurrency,
+                "started_at": _iso(r.started_at),
+                "heartbeat_at": _iso(r.heartbeat_at),
+                "alive": bool(r.alive),
+                "leases": r.leases,
+            }
+            for r in rows
         ]
 
     def _history(self, conn: Connection, pid: int, limit: int) -> list[dict[str, Any]]:
         rows = conn.execute(
             select(E.id, E.kind, E.item_id, E.watcher, E.detail, E.at)
-            .where(E.partition_id == pid).order_by(E.id.desc()).limit(limit)
+            .where(E.partition_id == pid)
+            .order_by(E.id.desc())
+            .limit(limit)
         ).all()
         return [
-            {"at": _iso(r.at), "kind": r.kind, "item": r.item_id, "watcher": r.watcher,
-             "detail": json.loads(r.detail) if r.detail else None}
+            {
+                "at": _iso(r.at),
+                "kind": r.kind,
+                "item": r.item_id,
+                "watcher": r.watcher,
+                "detail": json.loads(r.detail) if r.detail else None,
+            }
             for r in reversed(rows)
         ]
 
     # ------------------------------------------------------------ watchers: membership
 
-    def register_watcher(self, watcher_id: str, *, host: str, pid: int, queue: str, concurrency: int,
-                         capacity: int, lease_seconds: float) -> None:
+    def register_watcher(
+        self, watcher_id: str, *, host: str, pid: int, queue: str, concurrency: int, capacity: int, lease_seconds: float
+    ) -> None:
         with self.write() as conn:
-            conn.execute(insert(watchers).values(
-                id=watcher_id, host=host[:255], pid=pid, queue=queue, concurrency=concurrency, capacity=capacity,
-                started_at=db_now(), heartbeat_at=db_now(), expires_at=seconds_from_now(lease_seconds),
-            ))
+            conn.execute(
+                insert(watchers).values(
+                    id=watcher_id,
+                    host=host[:255],
+                    pid=pid,
+                    queue=queue,
+                    concurrency=concurrency,
+                    capacity=capacity,
+                    started_at=db_now(),
+                    heartbeat_at=db_now(),
+                    expires_at=seconds_from_now(lease_seconds),
+                )
+            )
 
     def unregister_watcher(self, watcher_id: str) -> None:
         with self.write() as conn:
@@ -435,13 +498,15 @@ class Store:
         """Renew the watcher and all its leases; returns the leases it still holds."""
         with self.write() as conn:
             alive = conn.execute(
-                update(watchers).where(W.id == watcher_id)
+                update(watchers)
+                .where(W.id == watcher_id)
                 .values(heartbeat_at=db_now(), expires_at=seconds_from_now(lease_seconds))
             ).rowcount
             if not alive:  # reaped while we were stalled: come back
                 raise WatcherGone(watcher_id)
             conn.execute(
-                update(partitions).where(P.lease_owner == watcher_id, P.status == AVAILABLE)
+                update(partitions)
+                .where(P.lease_owner == watcher_id, P.status == AVAILABLE)
                 .values(lease_expires_at=seconds_from_now(lease_seconds))
             )
             # Forget watchers that have been dead for a while (their leases expire on their own).
@@ -456,7 +521,8 @@ class Store:
     def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
         rows = conn.execute(
             select(P.id, P.key, P.lease_epoch, P.wanted_by)
-            .where(P.lease_owner == watcher_id, P.status == AVAILABLE).order_by(P.id)
+            .where(P.lease_owner == watcher_id, P.status == AVAILABLE)
+            .order_by(P.id)
         )
         return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by) for r in rows]
 
@@ -472,7 +538,10 @@ class Store:
             candidates = conn.execute(
                 select(P.id, P.lease_owner)
                 .where(
-                    P.queue == queue, P.status == AVAILABLE, P.ready_at.is_not(None), P.ready_at <= now,
+                    P.queue == queue,
+                    P.status == AVAILABLE,
+                    P.ready_at.is_not(None),
+                    P.ready_at <= now,
                     or_(P.not_before.is_(None), P.not_before <= now),
                     or_(P.lease_owner.is_(None), P.lease_expires_at < now),
                 )
@@ -484,17 +553,29 @@ class Store:
                 return []
             ids = [c.id for c in candidates]
             conn.execute(
-                update(partitions).where(P.id.in_(ids)).values(
-                    lease_owner=watcher_id, lease_epoch=P.lease_epoch + 1,
-                    lease_expires_at=seconds_from_now(lease_seconds), wanted_by=None, version=P.version + 1,
+                update(partitions)
+                .where(P.id.in_(ids))
+                .values(
+                    lease_owner=watcher_id,
+                    lease_epoch=P.lease_epoch + 1,
+                    lease_expires_at=seconds_from_now(lease_seconds),
+                    wanted_by=None,
+                    version=P.version + 1,
                     updated_at=db_now(),
                 )
             )
-            self._events(conn, [
-                {"partition_id": c.id, "kind": "expired" if c.lease_owner else "leased", "watcher": watcher_id,
-                 "detail": json.dumps({"previous": c.lease_owner}) if c.lease_owner else None}
-                for c in candidates
-            ])
+            self._events(
+                conn,
+                [
+                    {
+                        "partition_id": c.id,
+                        "kind": "expired" if c.lease_owner else "leased",
+                        "watcher": watcher_id,
+                        "detail": json.dumps({"previous": c.lease_owner}) if c.lease_owner else None,
+                    }
+                    for c in candidates
+                ],
+            )
             rows = conn.execute(select(P.id, P.key, P.lease_epoch).where(P.id.in_(ids)).order_by(P.id))
             return [Lease(r.id, r.key, r.lease_epoch) for r in rows]
 
@@ -508,20 +589,22 @@ class Store:
         """
         with self.write() as conn:
             now = db_now()
-            live = conn.execute(
-                select(func.count()).where(W.queue == queue, W.expires_at > now)
-            ).scalar_one()
+            live = conn.execute(select(func.count()).where(W.queue == queue, W.expires_at > now)).scalar_one()
             active = conn.execute(
                 select(func.count()).where(P.queue == queue, P.status == AVAILABLE, P.ready_at.is_not(None))
             ).scalar_one()
             if live < 2 or active == 0:
                 return 0
             share = math.ceil(active / live)
-            held = dict(conn.execute(
-                select(P.lease_owner, func.count())
-                .where(P.queue == queue, P.status == AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now)
-                .group_by(P.lease_owner)
-            ).all())
+            held = dict(
+                conn.execute(
+                    select(P.lease_owner, func.count())
+                    .where(
+                        P.queue == queue, P.status == AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now
+                    )
+                    .group_by(P.lease_owner)
+                ).all()
+            )
             pending = conn.execute(
                 select(func.count()).where(P.wanted_by == watcher_id, P.status == AVAILABLE)
             ).scalar_one()
@@ -534,16 +617,20 @@ class Store:
             take = min(most, room, victim_count - share, (victim_count - mine) // 2)
             if take <= 0:
                 return 0
-            chosen = select(P.id).where(
-                P.lease_owner == victim, P.status == AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None)
-            ).order_by(P.priority, P.created_at.desc()).limit(take)
+            chosen = (
+                select(P.id)
+                .where(P.lease_owner == victim, P.status == AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None))
+                .order_by(P.priority, P.created_at.desc())
+                .limit(take)
+            )
             if self.postgres:
                 chosen = chosen.with_for_update(skip_locked=True)
             ids = list(conn.execute(chosen).scalars())
             if not ids:
                 return 0
             return conn.execute(
-                update(partitions).where(P.id.in_(ids), P.wanted_by.is_(None), P.lease_owner == victim)
+                update(partitions)
+                .where(P.id.in_(ids), P.wanted_by.is_(None), P.lease_owner == victim)
                 .values(wanted_by=watcher_id, version=P.version + 1)
             ).rowcount
 
@@ -555,7 +642,8 @@ class Store:
         """
         with self.write() as conn:
             row = conn.execute(
-                select(P.wanted_by, P.lease_epoch).where(P.id == lease.partition_id, P.lease_owner == watcher_id)
+                select(P.wanted_by, P.lease_epoch)
+                .where(P.id == lease.partition_id, P.lease_owner == watcher_id)
                 .with_for_update()
             ).one_or_none()
             if row is None or row.lease_epoch != lease.epoch or row.wanted_by is None:
@@ -567,9 +655,15 @@ class Store:
                 conn.execute(update(partitions).where(P.id == lease.partition_id).values(wanted_by=None))
                 return None
             conn.execute(
-                update(partitions).where(P.id == lease.partition_id).values(
-                    lease_owner=row.wanted_by, lease_epoch=P.lease_epoch + 1, wanted_by=None,
-                    lease_expires_at=seconds_from_now(lease_seconds), version=P.version + 1, updated_at=db_now(),
+                update(partitions)
+                .where(P.id == lease.partition_id)
+                .values(
+                    lease_owner=row.wanted_by,
+                    lease_epoch=P.lease_epoch + 1,
+                    wanted_by=None,
+                    lease_expires_at=seconds_from_now(lease_seconds),
+                    version=P.version + 1,
+                    updated_at=db_now(),
                 )
             )
             self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
@@ -581,16 +675,21 @@ class Store:
             return 0
         with self.write() as conn:
             pairs = [(lease.partition_id, lease.epoch) for lease in leases]
-            ids = list(conn.execute(
-                select(P.id).where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
-                .with_for_update()
-            ).scalars())
+            ids = list(
+                conn.execute(
+                    select(P.id)
+                    .where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
+                    .with_for_update()
+                ).scalars()
+            )
             if not ids:
                 return 0
             conn.execute(
-                update(partitions).where(P.id.in_(ids))
-                .values(lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1,
-                        updated_at=db_now())
+                update(partitions)
+                .where(P.id.in_(ids))
+                .values(
+                    lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1, updated_at=db_now()
+                )
             )
             self._events(conn, [{"partition_id": pid, "kind": kind, "watcher": watcher_id} for pid in ids])
             return len(ids)
@@ -610,15 +709,19 @@ class Store:
             return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded)
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
-        return (
-            select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at)
-            .where(P.lease_owner == watcher_id, P.status == AVAILABLE, P.wanted_by.is_(None),
-                   P.lease_expires_at > db_now(), P.ready_at <= db_now())
+        return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at).where(
+            P.lease_owner == watcher_id,
+            P.status == AVAILABLE,
+            P.wanted_by.is_(None),
+            P.lease_expires_at > db_now(),
+            P.ready_at <= db_now(),
         )
 
     def _ready_items_of(self, partition: Any, excluded: list[int]) -> Any:
         query = select(I.id, I.version, I.gate, I.attempts, I.data, I.next_attempt_at).where(
-            I.partition_id == partition.c.id, I.gate == partition.c.gate, I.status == AVAILABLE,
+            I.partition_id == partition.c.id,
+            I.gate == partition.c.gate,
+            I.status == AVAILABLE,
             I.next_attempt_at <= db_now(),
         )
         if excluded:
@@ -633,18 +736,34 @@ class Store:
             self._ready_items_of(owned, excluded).order_by(I.next_attempt_at, I.id).limit(limit).lateral("i")
         )
         rows = conn.execute(
-            select(per_partition.c.id, per_partition.c.version, per_partition.c.gate, per_partition.c.attempts,
-                   per_partition.c.data, owned.c.id.label("pid"), owned.c.key, owned.c.queue, owned.c.lease_epoch)
+            select(
+                per_partition.c.id,
+                per_partition.c.version,
+                per_partition.c.gate,
+                per_partition.c.attempts,
+                per_partition.c.data,
+                owned.c.id.label("pid"),
+                owned.c.key,
+                owned.c.queue,
+                owned.c.lease_epoch,
+            )
             .select_from(owned.join(per_partition, literal(True)))
-            .order_by(owned.c.priority.desc(), owned.c.created_at, owned.c.id, per_partition.c.next_attempt_at,
-                      per_partition.c.id)
+            .order_by(
+                owned.c.priority.desc(),
+                owned.c.created_at,
+                owned.c.id,
+                per_partition.c.next_attempt_at,
+                per_partition.c.id,
+            )
             .limit(limit)
         )
-        return [ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data)
-                for r in rows]
+        return [
+            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data) for r in rows
+        ]
 
-    def _fetch_ready_sqlite(self, conn: Connection, watcher_id: str, limit: int,
-                            excluded: list[int]) -> list[ReadyItem]:
+    def _fetch_ready_sqlite(
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]
+    ) -> list[ReadyItem]:
         # SQLite has no LATERAL; it is in-process, so one short query per partition costs little.
         owned = conn.execute(
             self._leased_for_dispatch(watcher_id).order_by(P.priority.desc(), P.created_at, P.id)
@@ -653,11 +772,15 @@ class Store:
         for p in owned:
             alias = partitions.alias("p")
             query = (
-                self._ready_items_of(alias, excluded).where(alias.c.id == p.id)
-                .order_by(I.next_attempt_at, I.id).limit(limit - len(found))
+                self._ready_items_of(alias, excluded)
+                .where(alias.c.id == p.id)
+                .order_by(I.next_attempt_at, I.id)
+                .limit(limit - len(found))
             )
-            found += [ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data)
-                      for r in conn.execute(query)]
+            found += [
+                ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data)
+                for r in conn.execute(query)
+            ]
             if len(found) >= limit:
                 break
         return found
@@ -674,10 +797,14 @@ class Store:
             return applied
         with self.write() as conn:
             pids = sorted({o.partition_id for o in outcomes})
-            held = dict(conn.execute(
-                select(P.id, P.lease_epoch).where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == AVAILABLE)
-                .order_by(P.id).with_for_update()
-            ).all())
+            held = dict(
+                conn.execute(
+                    select(P.id, P.lease_epoch)
+                    .where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == AVAILABLE)
+                    .order_by(P.id)
+                    .with_for_update()
+                ).all()
+            )
             kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
@@ -692,40 +819,74 @@ class Store:
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         guard = and_(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == AVAILABLE)
         common = {"version": I.version + 1, "updated_at": db_now()}
-        answered = update(items).where(guard).values(
-            status=bindparam("b_status"), gate=bindparam("b_gate"),
-            data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
-            attempts=bindparam("b_attempts"), next_attempt_at=seconds_from_now(bindparam("b_delay")),
-            last_error=case((bindparam("b_clear", type_=items.c.attempts.type) == 1, None), else_=I.last_error),
-            **common,
+        answered = (
+            update(items)
+            .where(guard)
+            .values(
+                status=bindparam("b_status"),
+                gate=bindparam("b_gate"),
+                data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
+                attempts=bindparam("b_attempts"),
+                next_attempt_at=seconds_from_now(bindparam("b_delay")),
+                last_error=case((bindparam("b_clear", type_=items.c.attempts.type) == 1, None), else_=I.last_error),
+                **common,
+            )
         )
-        failed = update(items).where(guard).values(
-            status=bindparam("b_status"), attempts=bindparam("b_attempts"), last_error=bindparam("b_error"),
-            next_attempt_at=seconds_from_now(bindparam("b_delay")), **common,
+        failed = (
+            update(items)
+            .where(guard)
+            .values(
+                status=bindparam("b_status"),
+                attempts=bindparam("b_attempts"),
+                last_error=bindparam("b_error"),
+                next_attempt_at=seconds_from_now(bindparam("b_delay")),
+                **common,
+            )
         )
         answers, failures, children, history = [], [], [], []
         for o in kept:
             base = {"b_id": o.item_id, "b_version": o.version, "b_attempts": o.attempts, "b_delay": o.delay}
             if o.kind in (Kind.DONE, Kind.MOVE, Kind.LATER):
-                answers.append({
-                    **base, "b_status": COMPLETE if o.kind == Kind.DONE else AVAILABLE,
-                    "b_gate": o.new_gate if o.kind == Kind.MOVE else o.gate, "b_data": o.data,
-                    "b_clear": 1 if o.kind != Kind.LATER else 0,
-                })
+                answers.append(
+                    {
+                        **base,
+                        "b_status": COMPLETE if o.kind == Kind.DONE else AVAILABLE,
+                        "b_gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
+                        "b_data": o.data,
+                        "b_clear": 1 if o.kind != Kind.LATER else 0,
+                    }
+                )
                 children += [
-                    {"partition_id": o.partition_id, "gate": c.gate, "status": AVAILABLE, "data": c.data,
-                     "parent_id": o.item_id, "parent_gate": o.gate, "seq": n}
+                    {
+                        "partition_id": o.partition_id,
+                        "gate": c.gate,
+                        "status": AVAILABLE,
+                        "data": c.data,
+                        "parent_id": o.item_id,
+                        "parent_gate": o.gate,
+                        "seq": n,
+                    }
                     for n, c in enumerate(o.children)
                 ]
             else:
                 error = truncate_error(o.error or "failed")
                 failures.append({**base, "b_status": FAILED if o.kind == Kind.FAIL else AVAILABLE, "b_error": error})
-                history.append({
-                    "partition_id": o.partition_id, "item_id": o.item_id, "watcher": watcher_id,
-                    "kind": "item_failed" if o.kind == Kind.FAIL else "item_retried",
-                    "detail": json.dumps({"gate": o.gate, "attempts": o.attempts, "error": error[:500],
-                                          **({"retry_in": round(o.delay, 3)} if o.kind == Kind.RETRY else {})}),
-                })
+                history.append(
+                    {
+                        "partition_id": o.partition_id,
+                        "item_id": o.item_id,
+                        "watcher": watcher_id,
+                        "kind": "item_failed" if o.kind == Kind.FAIL else "item_retried",
+                        "detail": json.dumps(
+                            {
+                                "gate": o.gate,
+                                "attempts": o.attempts,
+                                "error": error[:500],
+                                **({"retry_in": round(o.delay, 3)} if o.kind == Kind.RETRY else {}),
+                            }
+                        ),
+                    }
+                )
         for statement, rows in ((answered, answers), (failed, failures)):
             if rows and conn.execute(statement, rows).rowcount != len(rows):
                 raise StaleWrite(f"{len(rows)} item updates did not all match their expected version")
@@ -737,14 +898,24 @@ class Store:
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
         here = and_(I.partition_id == row.id, I.gate == row.gate)
-        facts = conn.execute(select(
-            exists().where(here, I.status == AVAILABLE).label("available_here"),
-            exists().where(here, I.status == FAILED).label("failed_here"),
-            select(func.min(I.gate)).where(I.partition_id == row.id, I.gate > row.gate, I.status == AVAILABLE)
-            .scalar_subquery().label("next_gate"),
-        )).one()
-        return GateFacts(row.gate, bool(facts.available_here), bool(facts.failed_here), facts.next_gate,
-                         bool(row.sealed), bool(row.manual_checkpoint))
+        facts = conn.execute(
+            select(
+                exists().where(here, I.status == AVAILABLE).label("available_here"),
+                exists().where(here, I.status == FAILED).label("failed_here"),
+                select(func.min(I.gate))
+                .where(I.partition_id == row.id, I.gate > row.gate, I.status == AVAILABLE)
+                .scalar_subquery()
+                .label("next_gate"),
+            )
+        ).one()
+        return GateFacts(
+            row.gate,
+            bool(facts.available_here),
+            bool(facts.failed_here),
+            facts.next_gate,
+            bool(row.sealed),
+            bool(row.manual_checkpoint),
+        )
 
     def _settle(self, conn: Connection, pid: int, *, checkpoint: bool = False, watcher: str | None = None) -> Move:
         """Apply the gate rules to a (locked) available partition and record what happened.
@@ -753,9 +924,7 @@ class Store:
         empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
         lease when the partition finishes or has nothing to do.
         """
-        row = conn.execute(
-            select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status).where(P.id == pid)
-        ).one()
+        row = conn.execute(select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status).where(P.id == pid)).one()
         outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
@@ -765,7 +934,8 @@ class Store:
         if outcome.move is Move.STAY:
             ready = (
                 select(func.min(I.next_attempt_at))
-                .where(I.partition_id == pid, I.gate == row.gate, I.status == AVAILABLE).scalar_subquery()
+                .where(I.partition_id == pid, I.gate == row.gate, I.status == AVAILABLE)
+                .scalar_subquery()
             )
             conn.execute(update(partitions).where(P.id == pid).values(ready_at=ready))
         elif outcome.move is Move.WAIT:
@@ -789,12 +959,11 @@ class Store:
         return row
 
     def _touch(self, conn: Connection, pid: int, **values: Any) -> None:
-        conn.execute(
-            update(partitions).where(P.id == pid).values(version=P.version + 1, updated_at=db_now(), **values)
-        )
+        conn.execute(update(partitions).where(P.id == pid).values(version=P.version + 1, updated_at=db_now(), **values))
 
-    def _insert_items(self, conn: Connection, pid: int, new_items: Iterable[Any],
-                      partition_gate: int | None) -> tuple[int, int]:
+    def _insert_items(
+        self, conn: Connection, pid: int, new_items: Iterable[Any], partition_gate: int | None
+    ) -> tuple[int, int]:
         """Insert items in multi-row chunks; returns (count, lowest gate)."""
         count, lowest, chunk = 0, None, []
         for n, value in enumerate(new_items, start=1):
@@ -814,20 +983,50 @@ class Store:
     def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         for start in range(0, len(rows), INSERT_CHUNK):
             part = rows[start : start + INSERT_CHUNK]
-            stamped = [{"parent_id": None, "parent_gate": None, "seq": None, **r, "next_attempt_at": db_now(),
-                        "created_at": db_now(), "updated_at": db_now()} for r in part]
+            stamped = [
+                {
+                    "parent_id": None,
+                    "parent_gate": None,
+                    "seq": None,
+                    **r,
+                    "next_attempt_at": db_now(),
+                    "created_at": db_now(),
+                    "updated_at": db_now(),
+                }
+                for r in part
+            ]
             conn.execute(insert(items).values(stamped))
 
-    def _event(self, conn: Connection, pid: int, kind: str, *, item_id: int | None = None,
-               watcher: str | None = None, detail: dict[str, Any] | None = None) -> None:
-        self._events(conn, [{"partition_id": pid, "kind": kind, "item_id": item_id, "watcher": watcher,
-                             "detail": json.dumps(detail) if detail is not None else None}])
+    def _event(
+        self,
+        conn: Connection,
+        pid: int,
+        kind: str,
+        *,
+        item_id: int | None = None,
+        watcher: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        self._events(
+            conn,
+            [
+                {
+                    "partition_id": pid,
+                    "kind": kind,
+                    "item_id": item_id,
+                    "watcher": watcher,
+                    "detail": json.dumps(detail) if detail is not None else None,
+                }
+            ],
+        )
 
     def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         if rows:
-            conn.execute(insert(events).values([
-                {"item_id": None, "watcher": None, "detail": None, **r, "at": db_now()} for r in rows
-            ]))
+            conn.execute(
+                insert(events).values(
+                    [{"item_id": None, "watcher": None, "detail": None, **r, "at": db_now()} for r in rows]
+                )
+            )
 
 
 class WatcherGone(Exception):

@@ -134,41 +134,61 @@ class Watcher:
     async def run(self) -> None:
         """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
         cfg = self.config
-        await self._db_call(self._db, self.store.register_watcher, self.id, host=socket.gethostname(),
-                            pid=os.getpid(), queue=cfg.queue, concurrency=cfg.concurrency,
-                            capacity=cfg.max_partitions, lease_seconds=cfg.lease_seconds)
-        log.info("watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs", self.id, cfg.queue,
-                 cfg.concurrency, cfg.max_partitions, cfg.lease_seconds)
+        await self._db_call(
+            self._db,
+            self.store.register_watcher,
+            self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queue=cfg.queue,
+            concurrency=cfg.concurrency,
+            capacity=cfg.max_partitions,
+            lease_seconds=cfg.lease_seconds,
+        )
+        log.info(
+            "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
+            self.id,
+            cfg.queue,
+            cfg.concurrency,
+            cfg.max_partitions,
+            cfg.lease_seconds,
+        )
         # Plain-`def` processors run in the default executor: give it a thread per concurrent item.
         asyncio.get_running_loop().set_default_executor(
-            ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process"))
+            ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
+        )
         start = getattr(self.processor, "start", None)
         if start is not None:
             await start()
         workers = [asyncio.create_task(self._worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
-        helpers = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                   asyncio.create_task(self._poll_loop(), name="poll")]
+        helpers = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._poll_loop(), name="poll"),
+        ]
         flusher = asyncio.create_task(self._flush_loop(), name="flush")
         try:
             await self._stopping.wait()
         finally:
             await self._shutdown(workers, helpers, flusher)
 
-    async def _shutdown(self, workers: list[asyncio.Task[Any]], helpers: list[asyncio.Task[Any]],
-                        flusher: asyncio.Task[Any]) -> None:
+    async def _shutdown(
+        self, workers: list[asyncio.Task[Any]], helpers: list[asyncio.Task[Any]], flusher: asyncio.Task[Any]
+    ) -> None:
         self._stopping.set()
         self._drop_buffered(lambda item: True)
         if self.running:
-            log.info("stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace,
-                     len(self.running))
+            log.info(
+                "stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace, len(self.running)
+            )
             await asyncio.wait(list(self.running.values()), timeout=self.config.shutdown_grace)
         for task in workers + helpers:
             task.cancel()
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
         abandoned = [task for task in self.running.values() if not task.done()]
         if abandoned:
-            log.warning("abandoned %d items still running after the grace period; they will be redelivered",
-                        len(abandoned))
+            log.warning(
+                "abandoned %d items still running after the grace period; they will be redelivered", len(abandoned)
+            )
             for task in abandoned:
                 task.cancel()
         self._results_ready.set()
@@ -181,8 +201,9 @@ class Watcher:
             await self._db_call(self._db, self.store.unregister_watcher, self.id)
             log.info("stopped: released %d partitions", released)
         except Exception as error:  # the leases will expire on their own
-            log.warning("could not release leases on stop (%s); they expire after %gs", error,
-                        self.config.lease_seconds)
+            log.warning(
+                "could not release leases on stop (%s); they expire after %gs", error, self.config.lease_seconds
+            )
         close = getattr(self.processor, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
@@ -207,17 +228,26 @@ class Watcher:
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
-                    await self._db_call(self._hb, self.store.register_watcher, self.id, host=socket.gethostname(),
-                                        pid=os.getpid(), queue=self.config.queue,
-                                        concurrency=self.config.concurrency,
-                                        capacity=self.config.max_partitions,
-                                        lease_seconds=self.config.lease_seconds)
+                    await self._db_call(
+                        self._hb,
+                        self.store.register_watcher,
+                        self.id,
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                        queue=self.config.queue,
+                        concurrency=self.config.concurrency,
+                        capacity=self.config.max_partitions,
+                        lease_seconds=self.config.lease_seconds,
+                    )
                 continue
             except Exception as error:
                 self._health.failed("heartbeat", error)
                 if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:
-                    log.warning("could not renew leases for %gs: assuming all %d are lost",
-                                self.config.lease_seconds, len(self.owned))
+                    log.warning(
+                        "could not renew leases for %gs: assuming all %d are lost",
+                        self.config.lease_seconds,
+                        len(self.owned),
+                    )
                     self._reconcile([])
                 continue
             self._health.ok()
@@ -282,8 +312,14 @@ class Watcher:
                 self.owned[lease.partition_id] = lease
             if not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
                 self._last_steal = time.monotonic()
-                marked = await self._db_call(self._db, self.store.request_steals, self.id, cfg.queue,
-                                             capacity=cfg.max_partitions, most=cfg.steals_per_cycle)
+                marked = await self._db_call(
+                    self._db,
+                    self.store.request_steals,
+                    self.id,
+                    cfg.queue,
+                    capacity=cfg.max_partitions,
+                    most=cfg.steals_per_cycle,
+                )
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
         await self._fill_buffer()

@@ -29,8 +29,12 @@ def _configure_and_run(connection) -> None:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=metadata,
-                      version_table=VERSION_TABLE, literal_binds=True)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        literal_binds=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -40,8 +44,9 @@ def run_migrations_online() -> None:
     if connection is not None:
         _configure_and_run(connection)
         return
-    engine = engine_from_config(config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.",
-                                poolclass=pool.NullPool)
+    engine = engine_from_config(
+        config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
     with engine.connect() as connection:
         _configure_and_run(connection)
 

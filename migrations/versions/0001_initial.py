@@ -45,11 +45,15 @@ def upgrade() -> None:
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
     )
-    op.create_index("feedproc_partitions_leasable", "feedproc_partitions",
-                    ["queue", sa.text("priority DESC"), "created_at", "id"],
-                    **_partial("status = 'available' AND ready_at IS NOT NULL"))
-    op.create_index("feedproc_partitions_owner", "feedproc_partitions", ["lease_owner"],
-                    **_partial("lease_owner IS NOT NULL"))
+    op.create_index(
+        "feedproc_partitions_leasable",
+        "feedproc_partitions",
+        ["queue", sa.text("priority DESC"), "created_at", "id"],
+        **_partial("status = 'available' AND ready_at IS NOT NULL"),
+    )
+    op.create_index(
+        "feedproc_partitions_owner", "feedproc_partitions", ["lease_owner"], **_partial("lease_owner IS NOT NULL")
+    )
     op.create_index("feedproc_partitions_status", "feedproc_partitions", ["status", "updated_at"])
 
     op.create_table(
@@ -69,13 +73,23 @@ def upgrade() -> None:
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
     )
-    op.create_index("feedproc_items_ready", "feedproc_items", ["partition_id", "gate", "next_attempt_at"],
-                    **_partial("status = 'available'"))
-    op.create_index("feedproc_items_failed", "feedproc_items", ["partition_id", "gate"],
-                    **_partial("status = 'failed'"))
+    op.create_index(
+        "feedproc_items_ready",
+        "feedproc_items",
+        ["partition_id", "gate", "next_attempt_at"],
+        **_partial("status = 'available'"),
+    )
+    op.create_index(
+        "feedproc_items_failed", "feedproc_items", ["partition_id", "gate"], **_partial("status = 'failed'")
+    )
     op.create_index("feedproc_items_partition_gate_status", "feedproc_items", ["partition_id", "gate", "status"])
-    op.create_index("feedproc_items_child", "feedproc_items", ["parent_id", "parent_gate", "seq"], unique=True,
-                    **_partial("parent_id IS NOT NULL"))
+    op.create_index(
+        "feedproc_items_child",
+        "feedproc_items",
+        ["parent_id", "parent_gate", "seq"],
+        unique=True,
+        **_partial("parent_id IS NOT NULL"),
+    )
 
     op.create_table(
         "feedproc_watchers",
