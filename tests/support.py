@@ -1,0 +1,159 @@
+"""Test helpers: waiting with a deadline, a scripted HTTP handler on loopback, and feedproc processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.05, what: str = "") -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout}s waiting for {what or predicate} (last value: {last!r})")
+
+
+# ---------------------------------------------------------------- a handler service
+
+
+@dataclass
+class Delivery:
+    body: dict[str, Any]
+    headers: dict[str, str]
+    start: float
+    end: float
+
+    @property
+    def gate(self) -> int:
+        return self.body["gate"]
+
+
+Answer = tuple[Any, ...]  # (status, body: dict | list | str | bytes [, headers [, sleep seconds]])
+
+
+@dataclass
+class HandlerService:
+    """A real HTTP handler on 127.0.0.1; tests script its answers with `behavior(body) -> Answer`."""
+
+    behavior: Callable[[dict[str, Any]], Answer] = lambda body: (200, {"done": True})
+    deliveries: list[Delivery] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()
+        service = self
+
+        class _Request(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                start = time.time()
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw)
+                answer = service.behavior(body)
+                status, payload = answer[0], answer[1]
+                headers = answer[2] if len(answer) > 2 else {}
+                if len(answer) > 3:
+                    time.sleep(answer[3])
+                out = json.dumps(payload).encode() if isinstance(payload, dict | list) else payload
+                out = out.encode() if isinstance(out, str) else out
+                with service.lock:
+                    service.deliveries.append(
+                        Delivery(body, {k.lower(): v for k, v in self.headers.items()}, start, time.time())
+                    )
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                except OSError:  # the client gave up (a timeout test)
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Request)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/handle"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def of(self, partition: str) -> list[Delivery]:
+        with self.lock:
+            return [d for d in self.deliveries if d.body["partition"] == partition]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ---------------------------------------------------------------- feedproc processes
+
+
+def feedproc_env(db_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, FEEDPROC_DATABASE_URL=db_url, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def run_cli(db_url: str, *args: str, input: str | None = None, cwd: Path | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `python -m feedproc ARGS` against `db_url`."""
+    return subprocess.run(
+        [sys.executable, "-m", "feedproc", *args], env=feedproc_env(db_url), input=input, capture_output=True,
+        text=True, timeout=timeout, cwd=cwd,
+    )
+
+
+class WatcherProcesses:
+    """Starts `feedproc watch` subprocesses and always stops them."""
+
+    def __init__(self, db_url: str, log_dir: Path) -> None:
+        self.db_url = db_url
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"watch-{len(self.processes)}.log", "ab")  # noqa: SIM115 - owned by the child
+        process = subprocess.Popen(
+            [sys.executable, "-m", "feedproc", "watch", *args], env=feedproc_env(self.db_url, **env),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        self.processes.append(process)
+        return process
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("watch-*.log")))
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
