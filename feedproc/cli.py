@@ -6,6 +6,7 @@ Errors are one line on stderr; exit 2 for malformed input, 1 for a refused or fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -81,7 +82,7 @@ def read_items(source: str | None) -> Iterator[NewItem]:
         if not path.is_file():
             raise InvalidInput(f"--items {source}: no such file")
         lines = path.open(encoding="utf-8")
-    with lines if source != "-" else _nullcontext(lines):
+    with lines if source != "-" else contextlib.nullcontext(lines):
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -96,17 +97,6 @@ def read_items(source: str | None) -> Iterator[NewItem]:
                 raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
             gate = check_gate(row.get("gate", 0), where=f"line {number}: ")
             yield NewItem(gate, json.dumps(row.get("data"), separators=(",", ":"), ensure_ascii=False).encode())
-
-
-class _nullcontext:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __enter__(self) -> Any:
-        return self.value
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -296,6 +286,21 @@ def watch(
         asyncio.run(_run_watcher(Watcher(store, target, config)))
     finally:
         store.close()
+
+
+@app.command()
+def demo(
+    partitions: Annotated[int, typer.Option(min=1, max=20, help="Folders to submit.")] = 3,
+    files: Annotated[int, typer.Option(min=1, max=5000, help="Files in the first folder.")] = 40,
+    delay: Annotated[float, typer.Option(min=0.0, help="Seconds each classification takes.")] = 0.02,
+    keep: Annotated[bool, typer.Option(help="Keep the temporary database and logs.")] = False,
+) -> None:
+    """Run a fan-out/fan-in example end to end on a throwaway SQLite database."""
+    from .demo import run_demo
+
+    final = run_demo(partitions=partitions, files=files, delay=delay, keep=keep)
+    if any(status["status"] != "complete" for status in final.values()):
+        raise typer.Exit(1)
 
 
 async def _run_watcher(watcher: Any) -> None:

@@ -55,14 +55,14 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-class db_now(FunctionElement[datetime]):
+class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like the SQL function it is
     """The database server's current time (UTC)."""
 
     type = UTCDateTime()
     inherit_cache = True
 
 
-class db_now_plus(FunctionElement[datetime]):
+class db_now_plus(FunctionElement[datetime]):  # noqa: N801
     """The database server's current time plus a number of seconds (a float expression)."""
 
     type = UTCDateTime()

@@ -87,6 +87,15 @@ class Feed:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)
 
+    def items(
+        self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Items of `key` (id, gate, status, attempts, last_error, data as bytes), in id order.
+
+        At most `limit` per call; pass the last id seen as `after_id` for the next page.
+        """
+        return self.store.items(key, gate=gate, status=status, after_id=after_id, limit=limit)
+
     def summary(self) -> dict[str, Any]:
         """Counts of partitions and items by status (the `status --json` object)."""
         return self.store.summary()

@@ -383,6 +383,35 @@ class Store:
                 result["history"] = self._history(conn, row.id, history)
             return result
 
+    def items(
+        self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Items of one partition in id order, a page at a time (keyset: pass the last id as `after_id`)."""
+        limit = max(1, min(limit, 10_000))
+        with self.read() as conn:
+            pid = conn.execute(select(P.id).where(P.key == key)).scalar_one_or_none()
+            if pid is None:
+                raise NotFound(f"no partition {key!r}")
+            query = select(I.id, I.gate, I.status, I.attempts, I.last_error, I.data).where(
+                I.partition_id == pid, I.id > after_id
+            )
+            if gate is not None:
+                query = query.where(I.gate == gate)
+            if status is not None:
+                query = query.where(I.status == status)
+            rows = conn.execute(query.order_by(I.id).limit(limit)).all()
+            return [
+                {
+                    "id": r.id,
+                    "gate": r.gate,
+                    "status": r.status,
+                    "attempts": r.attempts,
+                    "last_error": r.last_error,
+                    "data": r.data,
+                }
+                for r in rows
+            ]
+
     def summary(self, *, recent: int = 0) -> dict[str, Any]:
         """Counts of partitions and items by status (the `status --json` object)."""
         with self.read() as conn:
