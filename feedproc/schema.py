@@ -93,6 +93,7 @@ items = Table(
         "partition_id",
         "gate",
         "next_attempt_at",
+        "id",
         postgresql_where=text("status = 'available'"),
         sqlite_where=text("status = 'available'"),
     ),

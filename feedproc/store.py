@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     Row,
     and_,
     bindparam,
@@ -37,10 +39,12 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     tuple_,
     update,
 )
 from sqlalchemy import delete as sa_delete
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
@@ -53,7 +57,7 @@ from .schema import events, items, partitions, watchers
 
 P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
-INSERT_CHUNK = 500  # rows per multi-row INSERT
+INSERT_CHUNK = 5000  # rows per INSERT statement
 FAILED_ITEMS_SHOWN = 100
 
 
@@ -183,7 +187,6 @@ class Store:
 
     def schema_revision(self) -> str | None:
         """The schema revision in the database, or None when it has no feedproc schema."""
-        from sqlalchemy import text
 
         try:
             with self.read() as conn:
@@ -753,7 +756,9 @@ class Store:
             I.status == AVAILABLE,
             I.next_attempt_at <= db_now(),
         )
-        if excluded:
+        if excluded and self.postgres:  # one array parameter, however many items are in flight
+            query = query.where(I.id != func.all(bindparam("excluded", excluded, type_=ARRAY(BigInteger()))))
+        elif excluded:
             query = query.where(I.id.not_in(bindparam("excluded", excluded, expanding=True)))
         return query
 
@@ -818,7 +823,7 @@ class Store:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
         Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
-        dispatched with are dropped (reported in `Applied.lost`). Then each touched partition is
+        dispatched with are dropped (reported in `Applied.lost`). Then the touched partitions are
         settled by the gate rules; partitions that finish or go idle are released.
         """
         applied = Applied()
@@ -838,90 +843,86 @@ class Store:
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
                 self._write_outcomes(conn, kept, watcher_id)
-                for pid in sorted({o.partition_id for o in kept}):
-                    move = self._settle(conn, pid, watcher=watcher_id)
+                for pid, move in self._settle_after_answers(conn, kept, watcher_id).items():
                     if move in (Move.COMPLETE, Move.FAIL, Move.WAIT):
                         applied.released.add(pid)
             applied.written = [o.item_id for o in kept]
         return applied
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
-        guard = and_(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == AVAILABLE)
-        common = {"version": I.version + 1, "updated_at": db_now()}
-        answered = (
-            update(items)
-            .where(guard)
-            .values(
-                status=bindparam("b_status"),
-                gate=bindparam("b_gate"),
-                data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
-                attempts=bindparam("b_attempts"),
-                next_attempt_at=seconds_from_now(bindparam("b_delay")),
-                last_error=case((bindparam("b_clear", type_=items.c.attempts.type) == 1, None), else_=I.last_error),
-                **common,
-            )
-        )
-        failed = (
-            update(items)
-            .where(guard)
-            .values(
-                status=bindparam("b_status"),
-                attempts=bindparam("b_attempts"),
-                last_error=bindparam("b_error"),
-                next_attempt_at=seconds_from_now(bindparam("b_delay")),
-                **common,
-            )
-        )
-        answers, failures, children, history = [], [], [], []
+        """Update the answered items (version-guarded), add their children, record failures."""
+        rows, children, history = [], [], []
         for o in kept:
-            base = {"b_id": o.item_id, "b_version": o.version, "b_attempts": o.attempts, "b_delay": o.delay}
-            if o.kind in (Kind.DONE, Kind.MOVE, Kind.LATER):
-                answers.append(
-                    {
-                        **base,
-                        "b_status": COMPLETE if o.kind == Kind.DONE else AVAILABLE,
-                        "b_gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
-                        "b_data": o.data,
-                        "b_clear": 1 if o.kind != Kind.LATER else 0,
-                    }
-                )
-                children += [
-                    {
-                        "partition_id": o.partition_id,
-                        "gate": c.gate,
-                        "status": AVAILABLE,
-                        "data": c.data,
-                        "parent_id": o.item_id,
-                        "parent_gate": o.gate,
-                        "seq": n,
-                    }
-                    for n, c in enumerate(o.children)
-                ]
-            else:
-                error = truncate_error(o.error or "failed")
-                failures.append({**base, "b_status": FAILED if o.kind == Kind.FAIL else AVAILABLE, "b_error": error})
+            failure = o.kind in (Kind.RETRY, Kind.FAIL)
+            error = truncate_error(o.error or "failed") if failure else None
+            rows.append(
+                {
+                    "id": o.item_id,
+                    "version": o.version,
+                    "status": COMPLETE if o.kind == Kind.DONE else FAILED if o.kind == Kind.FAIL else AVAILABLE,
+                    "gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
+                    "data": None if failure else o.data,
+                    "attempts": 0 if o.kind in (Kind.DONE, Kind.MOVE) else o.attempts,
+                    "error": error,
+                    "clear": o.kind in (Kind.DONE, Kind.MOVE),
+                    "delay": float(o.delay),
+                }
+            )
+            children += [
+                {
+                    "partition_id": o.partition_id,
+                    "gate": c.gate,
+                    "status": AVAILABLE,
+                    "data": c.data,
+                    "parent_id": o.item_id,
+                    "parent_gate": o.gate,
+                    "seq": n,
+                }
+                for n, c in enumerate(o.children)
+            ]
+            if failure:
+                assert error is not None
+                detail = {"gate": o.gate, "attempts": o.attempts, "error": error[:500]}
+                if o.kind == Kind.RETRY:
+                    detail["retry_in"] = round(o.delay, 3)
                 history.append(
                     {
                         "partition_id": o.partition_id,
                         "item_id": o.item_id,
                         "watcher": watcher_id,
                         "kind": "item_failed" if o.kind == Kind.FAIL else "item_retried",
-                        "detail": json.dumps(
-                            {
-                                "gate": o.gate,
-                                "attempts": o.attempts,
-                                "error": error[:500],
-                                **({"retry_in": round(o.delay, 3)} if o.kind == Kind.RETRY else {}),
-                            }
-                        ),
+                        "detail": json.dumps(detail),
                     }
                 )
-        for statement, rows in ((answered, answers), (failed, failures)):
-            if rows and conn.execute(statement, rows).rowcount != len(rows):
-                raise StaleWrite(f"{len(rows)} item updates did not all match their expected version")
+        if self.postgres:
+            matched = conn.execute(_PG_UPDATE_ITEMS, {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}).rowcount
+        else:
+            matched = conn.execute(_UPDATE_ITEM, [{f"b_{k}": v for k, v in r.items()} for r in rows]).rowcount
+        if matched != len(rows):
+            raise StaleWrite(f"only {matched} of {len(rows)} item updates matched their expected version")
         if children:
             self._insert_rows(conn, children)
         self._events(conn, history)
+
+    def _settle_after_answers(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> dict[int, Move]:
+        """Settle the partitions a batch touched, cheaply: one grouped query finds each one's earliest
+        due item at its gate; only partitions whose gate drained go through the full gate rules."""
+        gate_of = {o.partition_id: o.gate for o in kept}
+        rescheduled = {o.partition_id for o in kept if o.kind in (Kind.LATER, Kind.RETRY)}
+        earliest = dict(
+            conn.execute(
+                select(I.partition_id, func.min(I.next_attempt_at))
+                .where(tuple_(I.partition_id, I.gate).in_(list(gate_of.items())), I.status == AVAILABLE)
+                .group_by(I.partition_id)
+            ).all()
+        )
+        moves: dict[int, Move] = {}
+        for pid in sorted(gate_of):
+            if pid not in earliest:
+                moves[pid] = self._settle(conn, pid, watcher=watcher_id)
+            elif pid in rescheduled:  # completions alone never make ready_at later than it says
+                conn.execute(update(partitions).where(P.id == pid).values(ready_at=earliest[pid]))
+        return moves
 
     # ------------------------------------------------------------ the gate rules, applied
 
@@ -1010,21 +1011,14 @@ class Store:
         return count, lowest if lowest is not None else 0
 
     def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        for start in range(0, len(rows), INSERT_CHUNK):
-            part = rows[start : start + INSERT_CHUNK]
-            stamped = [
-                {
-                    "parent_id": None,
-                    "parent_gate": None,
-                    "seq": None,
-                    **r,
-                    "next_attempt_at": db_now(),
-                    "created_at": db_now(),
-                    "updated_at": db_now(),
-                }
-                for r in part
-            ]
-            conn.execute(insert(items).values(stamped))
+        """Insert item rows (partition_id, gate, status, data[, parent_id, parent_gate, seq])."""
+        rows = [{"parent_id": None, "parent_gate": None, "seq": None, **row} for row in rows]
+        if self.postgres:
+            # One statement for the whole chunk: arrays in, unnest, one row each.
+            conn.execute(_PG_INSERT_ITEMS, {column: [row[column] for row in rows] for column in _ITEM_COLUMNS})
+        else:
+            # SQLite's executemany runs in C against a local file: as fast as it gets there.
+            conn.execute(insert(items).values(next_attempt_at=db_now(), created_at=db_now(), updated_at=db_now()), rows)
 
     def _event(
         self,
@@ -1052,10 +1046,63 @@ class Store:
     def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         if rows:
             conn.execute(
-                insert(events).values(
-                    [{"item_id": None, "watcher": None, "detail": None, **r, "at": db_now()} for r in rows]
-                )
+                insert(events).values(at=db_now()),
+                [{"item_id": None, "watcher": None, "detail": None, **row} for row in rows],
             )
+
+
+_OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay")
+# One statement per batch of answers on PostgreSQL: the outcomes arrive as arrays.
+_PG_UPDATE_ITEMS = text(
+    """
+    UPDATE feedproc_items AS i SET
+        status = v.status,
+        gate = v.gate,
+        data = COALESCE(v.data, i.data),
+        attempts = v.attempts,
+        last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
+        next_attempt_at = now() + v.delay * interval '1 second',
+        version = i.version + 1,
+        updated_at = now()
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
+                CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
+                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]))
+        AS v(id, version, status, gate, data, attempts, error, clear, delay)
+    WHERE i.id = v.id AND i.version = v.version AND i.status = 'available'
+    """
+)
+# The same update, one row per execution (SQLite runs executemany in-process).
+_UPDATE_ITEM = (
+    update(items)
+    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == AVAILABLE)
+    .values(
+        status=bindparam("b_status"),
+        gate=bindparam("b_gate"),
+        data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
+        attempts=bindparam("b_attempts"),
+        last_error=case(
+            (bindparam("b_error", type_=items.c.last_error.type).is_not(None), bindparam("b_error")),
+            (bindparam("b_clear", type_=Boolean()).is_(True), None),
+            else_=I.last_error,
+        ),
+        next_attempt_at=seconds_from_now(bindparam("b_delay")),
+        version=I.version + 1,
+        updated_at=db_now(),
+    )
+)
+_ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
+_PG_INSERT_ITEMS = text(
+    """
+    INSERT INTO feedproc_items
+        (partition_id, gate, status, data, parent_id, parent_gate, seq, next_attempt_at, created_at, updated_at)
+    SELECT u.partition_id, u.gate, u.status, u.data, u.parent_id, u.parent_gate, u.seq, now(), now(), now()
+    FROM unnest(CAST(:partition_id AS bigint[]), CAST(:gate AS integer[]), CAST(:status AS varchar[]),
+                CAST(:data AS bytea[]), CAST(:parent_id AS bigint[]), CAST(:parent_gate AS integer[]),
+                CAST(:seq AS integer[]))
+        WITH ORDINALITY AS u(partition_id, gate, status, data, parent_id, parent_gate, seq, n)
+    ORDER BY u.n
+    """
+)
 
 
 class WatcherGone(Exception):

@@ -76,7 +76,7 @@ def upgrade() -> None:
     op.create_index(
         "feedproc_items_ready",
         "feedproc_items",
-        ["partition_id", "gate", "next_attempt_at"],
+        ["partition_id", "gate", "next_attempt_at", "id"],
         **_partial("status = 'available'"),
     )
     op.create_index(
