@@ -115,9 +115,13 @@ class Watcher:
         self._health = _Health()
         self._last_renewal = time.monotonic()
         self._last_steal = 0.0
-        # The heartbeat has a thread of its own; everything else is serialised on one DB thread so
-        # that a fetch never overlaps a flush (an item committed while a fetch ran can't come back).
-        self._db = ThreadPoolExecutor(1, thread_name_prefix="feedproc-db")
+        self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
+        # Three threads, three connections: the heartbeat never waits behind anything; flushes
+        # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
+        # after its outcome committed, and each fetch excludes what is in `inflight` when it starts,
+        # so a fetch either excludes an item or runs after its commit and no longer sees it ready.
+        self._db = ThreadPoolExecutor(1, thread_name_prefix="feedproc-poll")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="feedproc-flush")
         self._hb = ThreadPoolExecutor(1, thread_name_prefix="feedproc-heartbeat")
 
     # ------------------------------------------------------------ lifecycle
@@ -208,8 +212,8 @@ class Watcher:
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
-        self._db.shutdown(wait=False, cancel_futures=True)
-        self._hb.shutdown(wait=False, cancel_futures=True)
+        for executor in (self._db, self._writer, self._hb):
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ database calls
 
@@ -285,12 +289,20 @@ class Watcher:
     # ------------------------------------------------------------ polling
 
     async def _poll_loop(self) -> None:
+        """Fetch whenever woken (a flush landed, the buffer ran low); do the lease bookkeeping
+        (learn steal requests, hand over, lease more, steal) once per poll interval or when due."""
         cfg = self.config
+        next_maintenance = 0.0
         while not self.stopping:
+            delay = cfg.poll_interval
             try:
-                await self._poll_once()
+                if self._maintain_now or time.monotonic() >= next_maintenance:
+                    self._maintain_now = False
+                    await self._maintain()
+                    next_maintenance = time.monotonic() + cfg.poll_interval
+                await self._fill_buffer()
                 self._health.ok()
-                delay = cfg.poll_interval
+                delay = max(0.0, next_maintenance - time.monotonic())
             except Exception as error:
                 self._health.failed("poll", error)
                 delay = min(cfg.poll_interval * 4, 5.0)
@@ -298,7 +310,7 @@ class Watcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
-    async def _poll_once(self) -> None:
+    async def _maintain(self) -> None:
         cfg = self.config
         leases = await self._db_call(self._db, self.store.owned, self.id)
         self._reconcile(leases)
@@ -322,7 +334,6 @@ class Watcher:
                 )
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
-        await self._fill_buffer()
 
     async def _fill_buffer(self) -> None:
         want = 2 * self.config.concurrency - self._buffer.qsize() - len(self.running)
@@ -402,7 +413,7 @@ class Watcher:
         try:
             async for attempt in retrying:
                 with attempt:
-                    applied = await self._db_call(self._db, self.store.apply, self.id, batch)
+                    applied = await self._db_call(self._writer, self.store.apply, self.id, batch)
         except (StaleWrite, DatabaseUnavailable) as error:
             log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
             for outcome in batch:
@@ -412,6 +423,8 @@ class Watcher:
         for outcome in batch:
             self.inflight.pop(outcome.item_id, None)
         self.processed += len(applied.written)
+        if applied.lost or applied.released:
+            self._maintain_now = True  # capacity freed: lease more at once
         for pid in applied.lost:
             lease = self.owned.pop(pid, None)
             if lease is not None:
