@@ -115,6 +115,7 @@ class Watcher:
         self._health = _Health()
         self._last_renewal = time.monotonic()
         self._last_steal = 0.0
+        self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
         # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
@@ -228,7 +229,7 @@ class Watcher:
         while True:
             await asyncio.sleep(interval)
             try:
-                leases = await self._db_call(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
+                await self._refresh_leases(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
@@ -252,27 +253,52 @@ class Watcher:
                         self.config.lease_seconds,
                         len(self.owned),
                     )
-                    self._reconcile([])
+                    self._reconcile([], dict(self.owned))
                 continue
             self._health.ok()
             self._last_renewal = time.monotonic()
-            self._reconcile(leases)
 
-    def _reconcile(self, leases: list[Lease]) -> None:
-        """Bring `owned` in line with what the database says this watcher holds."""
+    async def _refresh_leases(self, executor: ThreadPoolExecutor, fn: Any, *args: Any) -> list[Lease]:
+        """Ask the database which leases this watcher holds (`fn`) and reconcile with `owned`.
+
+        Returns stray leases: held in the database but already given up here (to be released)."""
+        before = dict(self.owned)
+        leases = await self._db_call(executor, fn, *args)
+        self._reconcile(leases, before)
+        return [lease for lease in leases if (lease.partition_id, lease.epoch) in self._given_up]
+
+    def _reconcile(self, leases: list[Lease], before: dict[int, Lease]) -> None:
+        """Bring `owned` in line with `leases`, read from the database while `owned` was `before`.
+
+        Only leases held before the read can be judged lost (one leased meanwhile is not in the
+        answer yet), and a lease given up meanwhile is not taken back from a stale answer.
+        """
         current = {lease.partition_id: lease for lease in leases}
-        for pid, lease in list(self.owned.items()):
+        for pid, lease in before.items():
+            held = self.owned.get(pid)
+            if held is None or held.epoch != lease.epoch:
+                continue  # released, handed over or re-leased since the read began
             now = current.get(pid)
             if now is None or now.epoch != lease.epoch:
                 log.warning("lost the lease on partition %s; no longer dispatching it", lease.key)
-                del self.owned[pid]
-                self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+                self._forget(pid)
         for pid, lease in current.items():
+            if (pid, lease.epoch) in self._given_up:
+                continue
             if pid not in self.owned and not self.stopping:
                 log.info("received partition %s", lease.key)
             self.owned[pid] = lease
             if lease.wanted_by:
                 self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+
+    def _forget(self, pid: int) -> None:
+        """Stop holding partition `pid` (released, handed over or lost); drop its buffered items."""
+        lease = self.owned.pop(pid, None)
+        if lease is not None:
+            self._given_up[(pid, lease.epoch)] = None
+            while len(self._given_up) > 10_000:
+                self._given_up.pop(next(iter(self._given_up)))
+        self._drop_buffered(lambda item: item.partition_id == pid)
 
     def _drop_buffered(self, which: Any) -> None:
         """Forget buffered (never dispatched) items that match `which`."""
@@ -312,8 +338,9 @@ class Watcher:
 
     async def _maintain(self) -> None:
         cfg = self.config
-        leases = await self._db_call(self._db, self.store.owned, self.id)
-        self._reconcile(leases)
+        stray = await self._refresh_leases(self._db, self.store.owned, self.id)
+        if stray:
+            await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
         if self.stopping:
             return
@@ -354,7 +381,7 @@ class Watcher:
                 thief = await self._db_call(self._db, self.store.hand_over, self.id, lease, self.config.lease_seconds)
                 if thief:
                     log.info("handed partition %s over to %s", lease.key, thief)
-                    self.owned.pop(pid, None)
+                    self._forget(pid)
 
     # ------------------------------------------------------------ dispatch
 
@@ -426,9 +453,10 @@ class Watcher:
         if applied.lost or applied.released:
             self._maintain_now = True  # capacity freed: lease more at once
         for pid in applied.lost:
-            lease = self.owned.pop(pid, None)
-            if lease is not None:
+            lease = self.owned.get(pid)
+            stale_epochs = {o.epoch for o in batch if o.partition_id == pid}
+            if lease is not None and lease.epoch in stale_epochs:  # not a lease we took again since
                 log.warning("lost the lease on partition %s; its late results were discarded", lease.key)
-            self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+                self._forget(pid)
         for pid in applied.released:
-            self.owned.pop(pid, None)
+            self._forget(pid)
