@@ -19,7 +19,7 @@ from .store import Kind, Outcome, ReadyItem
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Attempts and backoff: the n-th retry waits `retry_delay * 2**(n-1)` plus up to 25% jitter,
-    capped at `max_retry_delay`; a longer `Retry-After` / `retry_after` wins."""
+    never more than `max_retry_delay`; a longer `Retry-After` / `retry_after` wins."""
 
     max_attempts: int = 5
     retry_delay: float = 1.0
@@ -27,9 +27,10 @@ class RetryPolicy:
     not_yet_delay: float = 1.0  # a "not yet" answer without retry_after waits this long (the poll interval)
 
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
-        """Delay before the `retry`-th retry (1-based), jitter included."""
-        base = min(self.retry_delay * 2 ** max(retry - 1, 0), self.max_retry_delay)
-        return base * (1 + (rng or random).uniform(0, 0.25))
+        """Delay before the `retry`-th retry (1-based), jitter included, never above the cap."""
+        exponent = min(max(retry - 1, 0), 64)  # 2**64 seconds is past any cap; no float overflow
+        base = min(self.retry_delay * 2.0**exponent, self.max_retry_delay)
+        return min(base * (1 + (rng or random).uniform(0, 0.25)), max(self.max_retry_delay, base))
 
 
 def validate(item: ReadyItem, response: Response) -> None:

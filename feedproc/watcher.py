@@ -116,6 +116,7 @@ class Watcher:
         self._last_renewal = time.monotonic()
         self._last_steal = 0.0
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
+        self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
         # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
@@ -196,11 +197,18 @@ class Watcher:
             )
             for task in abandoned:
                 task.cancel()
+        # Let the flusher write every answer that arrived (it may be waiting out a database blip);
+        # only past the grace period are unwritten answers given up (their items are redelivered).
+        self._closing = True
         self._results_ready.set()
-        flusher.cancel()
-        await asyncio.gather(flusher, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self._flush_all(final=True)
+        try:
+            await asyncio.wait_for(asyncio.shield(flusher), timeout=max(self.config.shutdown_grace, 1.0))
+        except TimeoutError:
+            log.warning("gave up writing %d answers on stop; those items will be delivered again", len(self.results))
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+        except Exception as error:
+            log.error("writing answers on stop failed: %s", error)
         try:
             released = await self._db_call(self._db, self.store.release, self.id, list(self.owned.values()))
             await self._db_call(self._db, self.store.unregister_watcher, self.id)
@@ -396,6 +404,10 @@ class Watcher:
             self.running[item.id] = delivery
             try:
                 outcome = await asyncio.shield(delivery)  # stop() waits for it; cancelling us must not cut it
+            except Exception:  # a bug of ours, not the processor's: forget the item, it will come again
+                log.exception("internal error delivering item %s; it will be delivered again", item.id)
+                self.inflight.pop(item.id, None)
+                continue
             finally:
                 if delivery.done():
                     self.running.pop(item.id, None)
@@ -417,16 +429,20 @@ class Watcher:
     # ------------------------------------------------------------ writing results
 
     async def _flush_loop(self) -> None:
+        """Write answers as they come; after stop(), until none is left."""
         while True:
             await self._results_ready.wait()
             self._results_ready.clear()
-            await self._flush_all()
+            await self._flush_all(final=self._closing)
             self._wake.set()
+            if self._closing and not self.results:
+                return
 
     async def _flush_all(self, *, final: bool = False) -> None:
         while self.results:
-            batch, self.results = self.results[: self.config.flush_batch], self.results[self.config.flush_batch :]
+            batch = self.results[: self.config.flush_batch]
             await self._flush(batch, final=final)
+            del self.results[: len(batch)]  # only now: a batch interrupted mid-write stays queued
 
     async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
         retrying = AsyncRetrying(
