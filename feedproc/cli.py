@@ -57,14 +57,19 @@ def _feed(db: str | None) -> Any:
     return Feed(database_url(db))
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"feedproc {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _main(
     db: DbOption = None,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
-    if version:
-        typer.echo(f"feedproc {__version__}")
-        raise typer.Exit(0)
     _global["db"] = db
 
 
