@@ -1,0 +1,39 @@
+"""Processors for the command line's end-to-end tests: `feedproc watch --processor cli_processors:NAME`.
+
+Watcher subprocesses import this module through PYTHONPATH (tests/ is on it, see support.feedproc_env).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from feedproc import Item, Processor, Response
+
+LOG_VARIABLE = "FEEDPROC_TEST_DELIVERY_LOG"
+DELAY_VARIABLE = "FEEDPROC_TEST_DELAY"
+
+
+def log_delivery(item: Item) -> None:
+    """Append `pid partition item-id gate attempt` to the file named by $FEEDPROC_TEST_DELIVERY_LOG.
+
+    One short O_APPEND write per line, so lines from several watcher processes never interleave.
+    """
+    line = f"{os.getpid()} {item.partition} {item.id} {item.gate} {item.attempt}\n".encode()
+    fd = os.open(os.environ[LOG_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class LoggedSlow(Processor):
+    """Logs each delivery with this process's pid, takes a moment ($FEEDPROC_TEST_DELAY s), then completes."""
+
+    def __init__(self) -> None:
+        self.delay = float(os.environ.get(DELAY_VARIABLE, "0.15"))
+
+    async def process(self, item: Item) -> Response:
+        log_delivery(item)
+        await asyncio.sleep(self.delay)
+        return Response(done=True)
