@@ -53,6 +53,7 @@ from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_fr
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
+from .notify import notify_ready
 from .schema import events, items, partitions, watchers
 
 P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
@@ -699,6 +700,7 @@ class Store:
                 )
             )
             self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
+            notify_ready(conn, conn.execute(select(P.queue).where(P.id == lease.partition_id)).scalar_one())
             return row.wanted_by
 
     def release(self, watcher_id: str, leases: Sequence[Lease], *, kind: str = "yielded") -> int:
@@ -724,6 +726,8 @@ class Store:
                 )
             )
             self._events(conn, [{"partition_id": pid, "kind": kind, "watcher": watcher_id} for pid in ids])
+            for queue in set(conn.execute(select(P.queue).where(P.id.in_(ids))).scalars()):
+                notify_ready(conn, queue)  # another watcher can take them at once
             return len(ids)
 
     # ------------------------------------------------------------ watchers: items
@@ -954,7 +958,9 @@ class Store:
         empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
         lease when the partition finishes or has nothing to do.
         """
-        row = conn.execute(select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status).where(P.id == pid)).one()
+        row = conn.execute(
+            select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
+        ).one()
         outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
@@ -968,6 +974,8 @@ class Store:
                 .scalar_subquery()
             )
             conn.execute(update(partitions).where(P.id == pid).values(ready_at=ready))
+            if watcher is None:  # a producer made work ready: wake the queue's watchers
+                notify_ready(conn, row.queue)
         elif outcome.move is Move.WAIT:
             self._touch(conn, pid, ready_at=None, **(release if watcher else {}))
             if watcher:

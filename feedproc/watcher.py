@@ -33,6 +33,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from .errors import DatabaseUnavailable
 from .models import Item, check_queue
+from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import call_processor
 from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
@@ -133,6 +134,11 @@ class Watcher:
         self._stopping.set()
         self._wake.set()
 
+    def _work_arrived(self) -> None:
+        """A notification: new work in our queue. Do the lease bookkeeping now, not at the next poll."""
+        self._maintain_now = True
+        self._wake.set()
+
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
@@ -166,6 +172,11 @@ class Watcher:
         start = getattr(self.processor, "start", None)
         if start is not None:
             await start()
+        listener = None
+        if self.store.postgres:
+            loop = asyncio.get_running_loop()
+            listener = Listener(self.store.engine, cfg.queue, lambda: loop.call_soon_threadsafe(self._work_arrived))
+            listener.start()
         workers = [asyncio.create_task(self._worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
         helpers = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -175,6 +186,8 @@ class Watcher:
         try:
             await self._stopping.wait()
         finally:
+            if listener is not None:
+                await asyncio.to_thread(listener.stop)
             await self._shutdown(workers, helpers, flusher)
 
     async def _shutdown(
@@ -328,6 +341,7 @@ class Watcher:
         cfg = self.config
         next_maintenance = 0.0
         while not self.stopping:
+            self._wake.clear()  # before the work: a wake-up arriving during it is kept, not lost
             delay = cfg.poll_interval
             try:
                 if self._maintain_now or time.monotonic() >= next_maintenance:
@@ -340,7 +354,6 @@ class Watcher:
             except Exception as error:
                 self._health.failed("poll", error)
                 delay = min(cfg.poll_interval * 4, 5.0)
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
