@@ -115,6 +115,22 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str, option: str) -> float:
+    """`90`, `90s`, `15m`, `12h`, `7d`, `2w` -> seconds."""
+    text = value.strip().lower()
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise InvalidInput(f"{option} {value!r}: expected a duration like 90s, 15m, 12h or 7d") from None
+    if seconds <= 0:
+        raise InvalidInput(f"{option} {value!r}: must be positive")
+    return seconds
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -197,6 +213,19 @@ def checkpoint(key: str, db: DbOption = None) -> None:
 
 
 @app.command()
+def cleanup(
+    older_than: Annotated[str, typer.Option(help="Age of the last change, e.g. 7d, 12h, 30m.")],
+    include_failed: Annotated[bool, typer.Option(help="Delete failed partitions too.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Delete finished partitions with their items and history, in bounded batches."""
+    seconds = parse_duration(older_than, "--older-than")
+    with _feed(db) as feed:
+        deleted = feed.cleanup(seconds, include_failed=include_failed)
+    typer.echo(f"deleted {deleted['partitions']} partitions, {deleted['items']} items, {deleted['events']} events")
+
+
+@app.command()
 def status(
     key: Annotated[str | None, typer.Argument(help="A partition; omit for a summary of all.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -245,6 +274,9 @@ def watch(
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
+    retention: Annotated[
+        str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     db: DbOption = None,
 ) -> None:
@@ -269,6 +301,7 @@ def watch(
             retry_delay=retry_delay,
             max_retry_delay=max_retry_delay,
             shutdown_grace=shutdown_grace,
+            retention=parse_duration(retention, "--retention") if retention else None,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

@@ -83,6 +83,12 @@ class Feed:
         """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
         return self.store.checkpoint(key)
 
+    def cleanup(self, older_than: float, *, include_failed: bool = False) -> dict[str, int]:
+        """Delete complete and cancelled (and, if asked, failed) partitions last changed more than
+        `older_than` seconds ago, with their items and history, in bounded batches."""
+        statuses = ("complete", "cancelled", "failed") if include_failed else ("complete", "cancelled")
+        return self.store.cleanup(older_than, statuses=statuses)
+
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)

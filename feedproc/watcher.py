@@ -56,6 +56,8 @@ class WatcherConfig:
     max_retry_delay: float = 600.0
     shutdown_grace: float = 30.0
     flush_batch: int = 500  # outcomes per group commit at most
+    retention: float | None = None  # delete partitions finished longer ago than this (seconds)
+    retention_every: float = 300.0
     steals_per_cycle: int = 2
 
     def __post_init__(self) -> None:
@@ -182,6 +184,8 @@ class Watcher:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._poll_loop(), name="poll"),
         ]
+        if cfg.retention:
+            helpers.append(asyncio.create_task(self._retention_loop(cfg.retention), name="retention"))
         flusher = asyncio.create_task(self._flush_loop(), name="flush")
         try:
             await self._stopping.wait()
@@ -332,6 +336,17 @@ class Watcher:
                 kept.append(item)
         for item in kept:
             self._buffer.put_nowait(item)
+
+    async def _retention_loop(self, older_than: float) -> None:
+        """Delete old finished partitions now and then (bounded batches, on a thread of its own)."""
+        while True:
+            try:
+                deleted = await asyncio.to_thread(self.store.cleanup, older_than)
+                if deleted["partitions"]:
+                    log.info("retention: deleted %s", deleted)
+            except Exception as error:
+                log.warning("retention cleanup failed: %s", error)
+            await asyncio.sleep(self.config.retention_every)
 
     # ------------------------------------------------------------ polling
 
