@@ -859,12 +859,13 @@ class Store:
                 break
         return found
 
-    def apply(self, watcher_id: str, outcomes: Sequence[Outcome]) -> Applied:
+    def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
         Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
         dispatched with are dropped (reported in `Applied.lost`). Then the touched partitions are
-        settled by the gate rules; partitions that finish or go idle are released.
+        settled by the gate rules; partitions that finish, go idle, or have nothing due within
+        `idle_after` seconds are released.
         """
         applied = Applied()
         if not outcomes:
@@ -883,7 +884,7 @@ class Store:
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
                 self._write_outcomes(conn, kept, watcher_id)
-                for pid, move in self._settle_after_answers(conn, kept, watcher_id).items():
+                for pid, move in self._settle_after_answers(conn, kept, watcher_id, idle_after).items():
                     if move in (Move.COMPLETE, Move.FAIL, Move.WAIT):
                         applied.released.add(pid)
             applied.written = [o.item_id for o in kept]
@@ -893,6 +894,10 @@ class Store:
         """Update the answered items (version-guarded), add their children, record failures."""
         rows, children, history = [], [], []
         for o in kept:
+            if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
+                c.gate < o.gate for c in o.children
+            ):
+                raise ValueError(f"outcome for item {o.item_id} would place an item below gate {o.gate}")
             failure = o.kind in (Kind.RETRY, Kind.FAIL)
             error = truncate_error(o.error or "failed") if failure else None
             rows.append(
@@ -944,24 +949,49 @@ class Store:
             self._insert_rows(conn, children)
         self._events(conn, history)
 
-    def _settle_after_answers(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> dict[int, Move]:
-        """Settle the partitions a batch touched, cheaply: one grouped query finds each one's earliest
-        due item at its gate; only partitions whose gate drained go through the full gate rules."""
-        gate_of = {o.partition_id: o.gate for o in kept}
-        rescheduled = {o.partition_id for o in kept if o.kind in (Kind.LATER, Kind.RETRY)}
-        earliest = dict(
-            conn.execute(
-                select(I.partition_id, func.min(I.next_attempt_at))
-                .where(tuple_(I.partition_id, I.gate).in_(list(gate_of.items())), I.status == AVAILABLE)
-                .group_by(I.partition_id)
-            ).all()
+    def _settle_after_answers(
+        self, conn: Connection, kept: list[Outcome], watcher_id: str, idle_after: float
+    ) -> dict[int, Move]:
+        """Settle the partitions a batch touched, cheaply: one statement refreshes each one's
+        `ready_at`; partitions whose gate drained go through the full gate rules, and partitions
+        with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
+        partitions does not starve partitions with work ready elsewhere."""
+        pids = sorted({o.partition_id for o in kept})
+        earliest = (
+            select(func.min(I.next_attempt_at))
+            .where(I.partition_id == P.id, I.gate == P.gate, I.status == AVAILABLE)
+            .scalar_subquery()
         )
+        conn.execute(update(partitions).where(P.id.in_(pids)).values(ready_at=earliest))
+        rows = conn.execute(
+            select(P.id, P.ready_at, (P.ready_at > seconds_from_now(idle_after)).label("idle")).where(P.id.in_(pids))
+        ).all()
         moves: dict[int, Move] = {}
-        for pid in sorted(gate_of):
-            if pid not in earliest:
-                moves[pid] = self._settle(conn, pid, watcher=watcher_id)
-            elif pid in rescheduled:  # completions alone never make ready_at later than it says
-                conn.execute(update(partitions).where(P.id == pid).values(ready_at=earliest[pid]))
+        idle = []
+        for row in rows:
+            if row.ready_at is None:
+                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id)
+            elif row.idle:
+                idle.append(row.id)
+                moves[row.id] = Move.WAIT
+        if idle:
+            conn.execute(
+                update(partitions)
+                .where(P.id.in_(idle))
+                .values(lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1)
+            )
+            self._events(
+                conn,
+                [
+                    {
+                        "partition_id": pid,
+                        "kind": "released",
+                        "watcher": watcher_id,
+                        "detail": json.dumps({"reason": "nothing due"}),
+                    }
+                    for pid in idle
+                ],
+            )
         return moves
 
     # ------------------------------------------------------------ the gate rules, applied

@@ -117,12 +117,18 @@ def feedproc_env(db_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(db_url: str, *args: str, input: str | None = None, cwd: Path | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    db_url: str, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m feedproc ARGS` against `db_url`."""
     return subprocess.run(
-        [sys.executable, "-m", "feedproc", *args], env=feedproc_env(db_url), input=input, capture_output=True,
-        text=True, timeout=timeout, cwd=cwd,
+        [sys.executable, "-m", "feedproc", *args],
+        env=feedproc_env(db_url),
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
     )
 
 
@@ -137,8 +143,11 @@ class WatcherProcesses:
     def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"watch-{len(self.processes)}.log", "ab")  # noqa: SIM115 - owned by the child
         process = subprocess.Popen(
-            [sys.executable, "-m", "feedproc", "watch", *args], env=feedproc_env(self.db_url, **env),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "feedproc", "watch", *args],
+            env=feedproc_env(self.db_url, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         self.processes.append(process)

@@ -30,6 +30,7 @@ from feedproc import Feed
 from feedproc.schema import events, items, partitions
 
 from .cli_processors import DELAY_VARIABLE, LOG_VARIABLE
+from .conftest import skip_without_postgres
 from .support import HandlerService, WatcherProcesses, run_cli, wait_until
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
@@ -586,7 +587,7 @@ def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         return
     admin_url = request.getfixturevalue("pg_admin_url")
     if admin_url is None:
-        pytest.skip("no PostgreSQL")
+        skip_without_postgres()
     name = f"fp_unmigrated_{uuid.uuid4().hex[:8]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

@@ -381,6 +381,26 @@ def test_partitions_are_served_by_priority_then_age_and_items_oldest_first(db_ur
     assert order == [(key, n) for key in ("high", "mid-old", "mid-new", "low") for n in range(2)]
 
 
+class NotYetForHours(Processor):
+    """Answers "not yet, ask again in an hour" for partitions named wait-*, done for the rest."""
+
+    async def process(self, item: Item) -> Response:
+        if item.partition.startswith("wait-"):
+            return Response(gate=item.gate, retry_after=3600)
+        return Response(done=True)
+
+
+def test_a_watcher_full_of_waiting_partitions_still_serves_ready_ones(db_url: str, feed: Feed) -> None:
+    feed.add_partition("wait-1", items=[(0, b"{}")], priority=5)
+    feed.add_partition("wait-2", items=[(0, b"{}")], priority=5)
+    feed.add_partition("ready", items=[(0, b"{}")])
+    with watching(db_url, NotYetForHours(), capacity=2):
+        wait_status(feed, "ready", "complete", timeout=15)
+        waiting = wait_status(feed, "wait-1", "available", history=50)
+    assert waiting["items"]["available"] == 1 and waiting["failed_items"] == []
+    assert any(e["kind"] == "released" for e in waiting["history"])
+
+
 # ---------------------------------------------------------------- leases
 
 
@@ -511,12 +531,12 @@ def test_stop_writes_the_answer_of_the_item_in_flight_before_releasing(db_url: s
     assert after_stop["items"]["available"] == 1
 
 
+@pytest.mark.postgres_only
 def test_answer_held_up_by_a_database_blip_is_written_on_stop(db_url: str, feed: Feed) -> None:
     """An answer whose write failed once (the database was briefly unavailable) and that is still
     waiting for its write when the watcher is told to stop is written during the shutdown, once the
     database answers again — not dropped and left for redelivery."""
-    if not feed.store.postgres:
-        pytest.skip("needs a per-database lock_timeout to make one write fail promptly")
+    # PostgreSQL only: it needs a per-database lock_timeout to make one write fail promptly.
     with feed.store.write() as conn:  # new sessions (the watcher's) give up on a row lock after 200 ms
         conn.execute(text(f"ALTER DATABASE \"{make_url(db_url).database}\" SET lock_timeout = '200ms'"))
     feed.add_partition("blip", items=[(0, js({"n": 0}))])
