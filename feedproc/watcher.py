@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
 from .errors import DatabaseUnavailable
 from .models import Item, check_queue
@@ -80,18 +80,28 @@ class WatcherConfig:
         return RetryPolicy(self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval)
 
 
+@dataclass(frozen=True, slots=True)
+class _RetryState:
+    """The one field of tenacity's RetryCallState that its wait strategies read."""
+
+    attempt_number: int
+
+
 class _Health:
-    """Logs a database outage once when it starts and once when it ends, not once per attempt."""
+    """Tracks database outages: logs one when it starts and when it ends, not once per attempt."""
 
     def __init__(self) -> None:
         self.down_since: float | None = None
+        self.failures = 0  # consecutive failed calls, for the backoff
 
-    def failed(self, what: str, error: Exception) -> None:
+    def failed(self, what: str, error: BaseException | None) -> None:
+        self.failures += 1
         if self.down_since is None:
             self.down_since = time.monotonic()
             log.warning("database unavailable (%s): %s; retrying with backoff", what, error)
 
     def ok(self) -> None:
+        self.failures = 0
         if self.down_since is not None:
             log.warning("database reachable again after %.1fs", time.monotonic() - self.down_since)
             self.down_since = None
@@ -247,12 +257,19 @@ class Watcher:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
 
+    def _outage_delay(self, cap: float) -> float:
+        """Exponential backoff with jitter while the database fails (tenacity's schedule)."""
+        wait = wait_random_exponential(multiplier=0.2, max=cap)
+        return float(wait(_RetryState(self._health.failures)))
+
     # ------------------------------------------------------------ heartbeat
 
     async def _heartbeat_loop(self) -> None:
         interval = self.config.lease_seconds / 3
+        delay = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             try:
                 await self._refresh_leases(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
             except WatcherGone:
@@ -272,6 +289,7 @@ class Watcher:
                 continue
             except Exception as error:
                 self._health.failed("heartbeat", error)
+                delay = self._outage_delay(interval)  # retry sooner: renew before the leases expire
                 if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:
                     log.warning(
                         "could not renew leases for %gs: assuming all %d are lost",
@@ -368,7 +386,7 @@ class Watcher:
                 delay = max(0.0, next_maintenance - time.monotonic())
             except Exception as error:
                 self._health.failed("poll", error)
-                delay = min(cfg.poll_interval * 4, 5.0)
+                delay = self._outage_delay(5.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
