@@ -39,6 +39,7 @@ from .processors import call_processor
 from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
 
 log = logging.getLogger("feedproc.watcher")
+PREFETCH = 64  # ready items fetched ahead at least, whatever the concurrency
 T = TypeVar("T")
 
 
@@ -118,10 +119,10 @@ class Watcher:
         self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.owned: dict[int, Lease] = {}
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
-        self.running: dict[int, asyncio.Task[Any]] = {}
+        self.busy: set[int] = set()  # items a worker is processing now
         self.results: list[Outcome] = []
         self.processed = 0
-        self._buffer: asyncio.Queue[ReadyItem] = asyncio.Queue()
+        self._buffer: asyncio.Queue[ReadyItem | None] = asyncio.Queue()  # None: a worker's stop signal
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -209,21 +210,18 @@ class Watcher:
     ) -> None:
         self._stopping.set()
         self._drop_buffered(lambda item: True)
-        if self.running:
-            log.info(
-                "stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace, len(self.running)
+        for _ in workers:  # each worker finishes its current item, then takes a sentinel and exits
+            self._buffer.put_nowait(None)
+        if self.busy:
+            log.info("stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace, len(self.busy))
+        _, unfinished = await asyncio.wait(workers, timeout=self.config.shutdown_grace)
+        if self.busy:
+            log.warning(
+                "abandoned %d items still running after the grace period; they will be redelivered", len(self.busy)
             )
-            await asyncio.wait(list(self.running.values()), timeout=self.config.shutdown_grace)
-        for task in workers + helpers:
+        for task in [*unfinished, *helpers]:
             task.cancel()
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
-        abandoned = [task for task in self.running.values() if not task.done()]
-        if abandoned:
-            log.warning(
-                "abandoned %d items still running after the grace period; they will be redelivered", len(abandoned)
-            )
-            for task in abandoned:
-                task.cancel()
         # Let the flusher write every answer that arrived (it may be waiting out a database blip);
         # only past the grace period are unwritten answers given up (their items are redelivered).
         self._closing = True
@@ -345,10 +343,10 @@ class Watcher:
 
     def _drop_buffered(self, which: Any) -> None:
         """Forget buffered (never dispatched) items that match `which`."""
-        kept: list[ReadyItem] = []
+        kept: list[ReadyItem | None] = []
         while not self._buffer.empty():
             item = self._buffer.get_nowait()
-            if which(item):
+            if item is not None and which(item):
                 self.inflight.pop(item.id, None)
             else:
                 kept.append(item)
@@ -417,7 +415,7 @@ class Watcher:
                     log.info("asked for %d partitions toward a fair share", marked)
 
     async def _fill_buffer(self) -> None:
-        want = 2 * self.config.concurrency - self._buffer.qsize() - len(self.running)
+        want = max(2 * self.config.concurrency, PREFETCH) - self._buffer.qsize() - len(self.busy)
         if want <= 0 or not self.owned or self.stopping:
             return
         ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight))
@@ -440,23 +438,20 @@ class Watcher:
     # ------------------------------------------------------------ dispatch
 
     async def _worker(self) -> None:
-        while True:
-            item = await self._buffer.get()
+        while (item := await self._buffer.get()) is not None:
             lease = self.owned.get(item.partition_id)
             if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 self.inflight.pop(item.id, None)
                 continue
-            delivery = asyncio.create_task(self._deliver(item), name=f"item-{item.id}")
-            self.running[item.id] = delivery
+            self.busy.add(item.id)
             try:
-                outcome = await asyncio.shield(delivery)  # stop() waits for it; cancelling us must not cut it
+                outcome = await self._deliver(item)
             except Exception:  # a bug of ours, not the processor's: forget the item, it will come again
                 log.exception("internal error delivering item %s; it will be delivered again", item.id)
                 self.inflight.pop(item.id, None)
                 continue
             finally:
-                if delivery.done():
-                    self.running.pop(item.id, None)
+                self.busy.discard(item.id)
             self.results.append(outcome)
             self._results_ready.set()
             if self._buffer.qsize() < self.config.concurrency:
