@@ -83,9 +83,17 @@ class Handler:
         return 422, {"error": f"unknown item kind {kind!r}"}
 
 
+class Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the default backlog of 5 resets bursts of new connections
+
+
 def serve(handler: Handler, host: str, port: int) -> ThreadingHTTPServer:
     class Request(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # One send per answer and no Nagle delay: over keep-alive, headers and body written
+        # separately otherwise wait ~40 ms for the client's delayed ACK.
+        disable_nagle_algorithm = True
+        wbufsize = 1 << 16
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -110,7 +118,7 @@ def serve(handler: Handler, host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(out)
 
-    server = ThreadingHTTPServer((host, port), Request)
+    server = Server((host, port), Request)
     server.daemon_threads = True
     return server
 
@@ -123,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds each classification takes")
     parser.add_argument("--fail", default=None, help="a file name whose classification fails")
     args = parser.parse_args(argv)
+    # One thread per keep-alive connection: with the default 5 ms GIL switch interval, a thread
+    # woken by a request waits behind the others; a short interval keeps answers prompt.
+    sys.setswitchinterval(0.0002)
     server = serve(Handler(args.db, args.delay, args.fail), args.host, args.port)
     print(f"listening on http://{args.host}:{server.server_address[1]}/", flush=True)
     try:

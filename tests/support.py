@@ -50,6 +50,10 @@ class Delivery:
 Answer = tuple[Any, ...]  # (status, body: dict | list | str | bytes [, headers [, sleep seconds]])
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the default backlog of 5 resets bursts of new connections
+
+
 @dataclass
 class HandlerService:
     """A real HTTP handler on 127.0.0.1; tests script its answers with `behavior(body) -> Answer`."""
@@ -63,6 +67,10 @@ class HandlerService:
 
         class _Request(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # One send per answer and no Nagle delay: over keep-alive, headers and body written
+            # separately otherwise wait ~40 ms for the client's delayed ACK.
+            disable_nagle_algorithm = True
+            wbufsize = 1 << 16
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -92,7 +100,7 @@ class HandlerService:
                 except OSError:  # the client gave up (a timeout test)
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Request)
+        self.server = _Server(("127.0.0.1", 0), _Request)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/handle"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
