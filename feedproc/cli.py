@@ -318,7 +318,7 @@ def watch(
     )
     for noisy in ("httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    store = Store(database_url(db), pool_size=3)
+    store = Store(database_url(db), pool_size=4, pre_ping=False)
     try:
         store.check_schema()
         asyncio.run(_run_watcher(Watcher(store, target, config)))

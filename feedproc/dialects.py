@@ -112,7 +112,7 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
-def make_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
+def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) -> Engine:
     """Create an engine configured for feedproc's concurrency model on either database."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -120,7 +120,9 @@ def make_engine(url: str | URL, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         return create_engine(
             parsed,
-            pool_pre_ping=True,
+            # Producers test a pooled connection before use; watchers skip the round trip (a
+            # disconnect invalidates the whole pool anyway, and their writes are retried).
+            pool_pre_ping=pre_ping,
             pool_size=pool_size,
             max_overflow=pool_size,
             future=True,

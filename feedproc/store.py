@@ -137,9 +137,9 @@ class Applied:
 class Store:
     """feedproc's database access. Thread-safe: each call takes its own pooled connection."""
 
-    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+    def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True) -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size=pool_size)
+        self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping)
         self.postgres = is_postgres(self.engine)
 
     def close(self) -> None:
@@ -962,9 +962,11 @@ class Store:
             .where(I.partition_id == P.id, I.gate == P.gate, I.status == AVAILABLE)
             .scalar_subquery()
         )
-        conn.execute(update(partitions).where(P.id.in_(pids)).values(ready_at=earliest))
         rows = conn.execute(
-            select(P.id, P.ready_at, (P.ready_at > seconds_from_now(idle_after)).label("idle")).where(P.id.in_(pids))
+            update(partitions)
+            .where(P.id.in_(pids))
+            .values(ready_at=earliest)
+            .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(idle_after)).label("idle"))
         ).all()
         moves: dict[int, Move] = {}
         idle = []

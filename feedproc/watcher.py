@@ -39,7 +39,7 @@ from .processors import call_processor
 from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
 
 log = logging.getLogger("feedproc.watcher")
-PREFETCH = 64  # ready items fetched ahead at least, whatever the concurrency
+PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
 T = TypeVar("T")
 
 
@@ -415,7 +415,10 @@ class Watcher:
                     log.info("asked for %d partitions toward a fair share", marked)
 
     async def _fill_buffer(self) -> None:
-        want = max(2 * self.config.concurrency, PREFETCH) - self._buffer.qsize() - len(self.busy)
+        target = max(4 * self.config.concurrency, PREFETCH)
+        if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
+            return
+        want = target - self._buffer.qsize() - len(self.busy)
         if want <= 0 or not self.owned or self.stopping:
             return
         ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight))
@@ -454,7 +457,7 @@ class Watcher:
                 self.busy.discard(item.id)
             self.results.append(outcome)
             self._results_ready.set()
-            if self._buffer.qsize() < self.config.concurrency:
+            if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
 
     async def _deliver(self, ready: ReadyItem) -> Outcome:
