@@ -57,7 +57,7 @@ class Listener:
                     delay = 0.5
                     self.on_ready()  # anything sent while we were not listening
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
+                        for note in conn.notifies(timeout=0.25):
                             if note.payload == self.queue:
                                 self.on_ready()
             except Exception as error:  # the server restarted or is unreachable: poll meanwhile

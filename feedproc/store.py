@@ -37,6 +37,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -58,6 +59,11 @@ from .schema import events, items, partitions, watchers
 
 P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
+# Status tests in WHERE clauses are SQL literals, not bound parameters: the partial indexes are
+# defined on `status = 'available'` / `'failed'`, and once psycopg prepares a statement PostgreSQL
+# may switch to a generic plan, which can use a partial index only if the condition is literal.
+IS_AVAILABLE = literal_column("'available'")
+IS_FAILED = literal_column("'failed'")
 INSERT_CHUNK = 5000  # rows per INSERT statement
 FAILED_ITEMS_SHOWN = 100
 
@@ -286,7 +292,7 @@ class Store:
                 raise Refused(f"partition {key!r} is {row.status}, not failed: nothing to retry")
             count = conn.execute(
                 update(items)
-                .where(I.partition_id == row.id, I.status == FAILED)
+                .where(I.partition_id == row.id, I.status == IS_FAILED)
                 .values(
                     status=AVAILABLE, attempts=0, next_attempt_at=db_now(), version=I.version + 1, updated_at=db_now()
                 )
@@ -306,7 +312,7 @@ class Store:
                 raise Refused(f"partition {key!r} is complete and cannot be cancelled")
             count = conn.execute(
                 update(items)
-                .where(I.partition_id == row.id, I.status == AVAILABLE)
+                .where(I.partition_id == row.id, I.status == IS_AVAILABLE)
                 .values(status=CANCELLED, version=I.version + 1, updated_at=db_now())
             ).rowcount
             self._touch(
@@ -391,7 +397,7 @@ class Store:
                 totals["total"] += n
             failed = conn.execute(
                 select(I.id, I.gate, I.attempts, I.last_error)
-                .where(I.partition_id == row.id, I.status == FAILED)
+                .where(I.partition_id == row.id, I.status == IS_FAILED)
                 .order_by(I.id)
                 .limit(FAILED_ITEMS_SHOWN)
             ).all()
@@ -490,7 +496,7 @@ class Store:
             return self._watchers(conn)
 
     def _watchers(self, conn: Connection) -> list[dict[str, Any]]:
-        held = select(func.count()).where(P.lease_owner == W.id, P.status == AVAILABLE).scalar_subquery()
+        held = select(func.count()).where(P.lease_owner == W.id, P.status == IS_AVAILABLE).scalar_subquery()
         rows = conn.execute(
             select(
                 W.id,
@@ -575,7 +581,7 @@ class Store:
                 raise WatcherGone(watcher_id)
             conn.execute(
                 update(partitions)
-                .where(P.lease_owner == watcher_id, P.status == AVAILABLE)
+                .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
                 .values(lease_expires_at=seconds_from_now(lease_seconds))
             )
             # Forget watchers that have been dead for a while (their leases expire on their own).
@@ -590,7 +596,7 @@ class Store:
     def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
         rows = conn.execute(
             select(P.id, P.key, P.lease_epoch, P.wanted_by)
-            .where(P.lease_owner == watcher_id, P.status == AVAILABLE)
+            .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
             .order_by(P.id)
         )
         return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by) for r in rows]
@@ -608,7 +614,7 @@ class Store:
                 select(P.id, P.lease_owner)
                 .where(
                     P.queue == queue,
-                    P.status == AVAILABLE,
+                    P.status == IS_AVAILABLE,
                     P.ready_at.is_not(None),
                     P.ready_at <= now,
                     or_(P.not_before.is_(None), P.not_before <= now),
@@ -660,7 +666,7 @@ class Store:
             now = db_now()
             live = conn.execute(select(func.count()).where(W.queue == queue, W.expires_at > now)).scalar_one()
             active = conn.execute(
-                select(func.count()).where(P.queue == queue, P.status == AVAILABLE, P.ready_at.is_not(None))
+                select(func.count()).where(P.queue == queue, P.status == IS_AVAILABLE, P.ready_at.is_not(None))
             ).scalar_one()
             if live < 2 or active == 0:
                 return 0
@@ -669,13 +675,13 @@ class Store:
                 conn.execute(
                     select(P.lease_owner, func.count())
                     .where(
-                        P.queue == queue, P.status == AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now
+                        P.queue == queue, P.status == IS_AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now
                     )
                     .group_by(P.lease_owner)
                 ).all()
             )
             pending = conn.execute(
-                select(func.count()).where(P.wanted_by == watcher_id, P.status == AVAILABLE)
+                select(func.count()).where(P.wanted_by == watcher_id, P.status == IS_AVAILABLE)
             ).scalar_one()
             mine = held.pop(watcher_id, 0) + pending
             room = min(share, capacity) - mine
@@ -688,7 +694,9 @@ class Store:
                 return 0
             chosen = (
                 select(P.id)
-                .where(P.lease_owner == victim, P.status == AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None))
+                .where(
+                    P.lease_owner == victim, P.status == IS_AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None)
+                )
                 .order_by(P.priority, P.created_at.desc())
                 .limit(take)
             )
@@ -783,17 +791,18 @@ class Store:
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
         return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at).where(
             P.lease_owner == watcher_id,
-            P.status == AVAILABLE,
+            P.status == IS_AVAILABLE,
             P.wanted_by.is_(None),
             P.lease_expires_at > db_now(),
             P.ready_at <= db_now(),
         )
 
-    def _ready_items_of(self, partition: Any, excluded: list[int]) -> Any:
-        query = select(I.id, I.version, I.gate, I.attempts, I.data, I.next_attempt_at).where(
+    def _ready_items_of(self, partition: Any, excluded: list[int], columns: tuple[Any, ...] | None = None) -> Any:
+        columns = columns or (I.id, I.version, I.gate, I.attempts, I.data, I.next_attempt_at)
+        query = select(*columns).where(
             I.partition_id == partition.c.id,
             I.gate == partition.c.gate,
-            I.status == AVAILABLE,
+            I.status == IS_AVAILABLE,
             I.next_attempt_at <= db_now(),
         )
         if excluded and self.postgres:  # one array parameter, however many items are in flight
@@ -803,33 +812,40 @@ class Store:
         return query
 
     def _fetch_ready_pg(self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]) -> list[ReadyItem]:
-        # One statement: for each leased partition, its first `limit` ready items (LATERAL keeps
-        # each partition's scan bounded by the ready-items index), then the best `limit` overall.
+        # One statement. For each leased partition, LATERAL walks the ready-items index for its
+        # first `limit` candidates (ids only: an index scan, no item data read); the best `limit`
+        # overall are then joined back to their rows for the data.
         owned = self._leased_for_dispatch(watcher_id).subquery("p")
-        per_partition = (
-            self._ready_items_of(owned, excluded).order_by(I.next_attempt_at, I.id).limit(limit).lateral("i")
+        candidates = (
+            self._ready_items_of(owned, excluded, columns=(I.id, I.next_attempt_at))
+            .order_by(I.next_attempt_at, I.id)
+            .limit(limit)
+            .lateral("c")
         )
-        rows = conn.execute(
+        best = (
             select(
-                per_partition.c.id,
-                per_partition.c.version,
-                per_partition.c.gate,
-                per_partition.c.attempts,
-                per_partition.c.data,
+                candidates.c.id,
                 owned.c.id.label("pid"),
                 owned.c.key,
                 owned.c.queue,
                 owned.c.lease_epoch,
-            )
-            .select_from(owned.join(per_partition, literal(True)))
-            .order_by(
-                owned.c.priority.desc(),
+                owned.c.priority,
                 owned.c.created_at,
-                owned.c.id,
-                per_partition.c.next_attempt_at,
-                per_partition.c.id,
+                candidates.c.next_attempt_at,
+            )
+            .select_from(owned.join(candidates, literal(True)))
+            .order_by(
+                owned.c.priority.desc(), owned.c.created_at, owned.c.id, candidates.c.next_attempt_at, candidates.c.id
             )
             .limit(limit)
+            .subquery("best")
+        )
+        rows = conn.execute(
+            select(
+                I.id, I.version, I.gate, I.attempts, I.data, best.c.pid, best.c.key, best.c.queue, best.c.lease_epoch
+            )
+            .join(best, best.c.id == I.id)
+            .order_by(best.c.priority.desc(), best.c.created_at, best.c.pid, best.c.next_attempt_at, I.id)
         )
         return [
             ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data) for r in rows
@@ -875,7 +891,7 @@ class Store:
             held = dict(
                 conn.execute(
                     select(P.id, P.lease_epoch)
-                    .where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == AVAILABLE)
+                    .where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
                     .order_by(P.id)
                     .with_for_update()
                 ).all()
@@ -959,7 +975,7 @@ class Store:
         pids = sorted({o.partition_id for o in kept})
         earliest = (
             select(func.min(I.next_attempt_at))
-            .where(I.partition_id == P.id, I.gate == P.gate, I.status == AVAILABLE)
+            .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
             .scalar_subquery()
         )
         rows = conn.execute(
@@ -1002,10 +1018,10 @@ class Store:
         here = and_(I.partition_id == row.id, I.gate == row.gate)
         facts = conn.execute(
             select(
-                exists().where(here, I.status == AVAILABLE).label("available_here"),
-                exists().where(here, I.status == FAILED).label("failed_here"),
+                exists().where(here, I.status == IS_AVAILABLE).label("available_here"),
+                exists().where(here, I.status == IS_FAILED).label("failed_here"),
                 select(func.min(I.gate))
-                .where(I.partition_id == row.id, I.gate > row.gate, I.status == AVAILABLE)
+                .where(I.partition_id == row.id, I.gate > row.gate, I.status == IS_AVAILABLE)
                 .scalar_subquery()
                 .label("next_gate"),
             )
@@ -1038,7 +1054,7 @@ class Store:
         if outcome.move is Move.STAY:
             ready = (
                 select(func.min(I.next_attempt_at))
-                .where(I.partition_id == pid, I.gate == row.gate, I.status == AVAILABLE)
+                .where(I.partition_id == pid, I.gate == row.gate, I.status == IS_AVAILABLE)
                 .scalar_subquery()
             )
             conn.execute(update(partitions).where(P.id == pid).values(ready_at=ready))
@@ -1150,7 +1166,7 @@ _PG_UPDATE_ITEMS = text(
 # The same update, one row per execution (SQLite runs executemany in-process).
 _UPDATE_ITEM = (
     update(items)
-    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == AVAILABLE)
+    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
     .values(
         status=bindparam("b_status"),
         gate=bindparam("b_gate"),
