@@ -1,0 +1,66 @@
+"""`feedproc bench --quick` end to end, in a subprocess: it completes, on SQLite and PostgreSQL, and
+every item of every workload is processed exactly once. It never asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from .conftest import _require_pg
+
+
+@pytest.mark.slow
+def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    admin_url = request.getfixturevalue("pg_admin_url")
+    if admin_url is None and _require_pg():
+        pytest.fail("PostgreSQL is required (FEEDPROC_REQUIRE_PG=1) but none is reachable")
+    places = ["--db", "sqlite"] + (["--db", admin_url] if admin_url else [])
+    report_file = tmp_path / "bench.json"
+    markdown_file = tmp_path / "bench.md"
+    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    command = [sys.executable, "-m", "feedproc", "bench", "--quick", *places]
+    done = subprocess.run(
+        [*command, "--json", str(report_file), "--markdown", str(markdown_file)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    report = json.loads(report_file.read_text())
+    dbs = ["sqlite", "postgresql"] if admin_url else ["sqlite"]
+    assert sorted((r["db"], r["workload"]) for r in report["runs"]) == sorted(
+        (db, workload) for db in dbs for workload in ("flat", "fan", "http")
+    )
+    for run in report["runs"]:
+        where = f"{run['db']} {run['workload']}"
+        assert run["problems"] == [], where
+        assert run["complete"] and run["exactly_once"], where
+        deliveries = run["deliveries"]
+        assert deliveries["items"] >= run["items"] > 0, where  # the backlog, plus the paced phase's items
+        assert deliveries["calls"] == deliveries["items"], where
+        assert deliveries["redelivered"] == deliveries["never_called"] == deliveries["unknown"] == 0, where
+        assert run["watchers"] == 1
+    assert report["peers"] == []
+
+    table = markdown_file.read_text()
+    assert table == done.stdout
+    for db in dbs:
+        assert f"| {db} | fan | 1 |" in table
+
+    if admin_url:  # the throwaway databases are gone
+        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                names = conn.execute(text("SELECT datname FROM pg_database")).scalars().all()
+        finally:
+            admin.dispose()
+        assert not [name for name in names if name.startswith(f"bench_{report['meta']['run_id']}_")]
