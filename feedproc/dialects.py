@@ -16,7 +16,7 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, create_engine, event, make_url
+from sqlalchemy import DateTime, Engine, Float, create_engine, event, make_url
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
@@ -93,6 +93,25 @@ def _sqlite_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     (seconds,) = element.clauses
     modifier = f"printf('%+.6f seconds', {compiler.process(seconds, **kw)})"
     return f"strftime({_SQLITE_NOW_FORMAT}, 'now', {modifier})"
+
+
+class seconds_until(FunctionElement[float]):  # noqa: N801 - reads like the SQL it renders
+    """Seconds from the database's now until a timestamp column (negative when it has passed)."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(seconds_until, "postgresql")
+def _pg_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> str:
+    (column,) = element.clauses
+    return f"EXTRACT(EPOCH FROM ({compiler.process(column, **kw)} - now()))"
+
+
+@compiles(seconds_until, "sqlite")
+def _sqlite_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> str:
+    (column,) = element.clauses
+    return f"((julianday({compiler.process(column, **kw)}) - julianday('now')) * 86400.0)"
 
 
 def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datetime]:

@@ -50,7 +50,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
 from . import gates
-from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now
+from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now, seconds_until
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
@@ -83,6 +83,7 @@ class Lease:
     key: str
     epoch: int
     wanted_by: str | None = None
+    remaining: float = 0.0  # seconds the lease had left on the database clock when read
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,11 +596,11 @@ class Store:
 
     def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
         rows = conn.execute(
-            select(P.id, P.key, P.lease_epoch, P.wanted_by)
+            select(P.id, P.key, P.lease_epoch, P.wanted_by, seconds_until(P.lease_expires_at).label("remaining"))
             .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
             .order_by(P.id)
         )
-        return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by) for r in rows]
+        return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by, float(r.remaining or 0.0)) for r in rows]
 
     # ------------------------------------------------------------ watchers: leasing
 
@@ -651,8 +652,12 @@ class Store:
                     for c in candidates
                 ],
             )
-            rows = conn.execute(select(P.id, P.key, P.lease_epoch).where(P.id.in_(ids)).order_by(P.id))
-            return [Lease(r.id, r.key, r.lease_epoch) for r in rows]
+            rows = conn.execute(
+                select(P.id, P.key, P.lease_epoch, seconds_until(P.lease_expires_at).label("remaining"))
+                .where(P.id.in_(ids))
+                .order_by(P.id)
+            )
+            return [Lease(r.id, r.key, r.lease_epoch, None, float(r.remaining or 0.0)) for r in rows]
 
     def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
         """Ask overloaded watchers to hand over partitions, toward a fair share for this one.

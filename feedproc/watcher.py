@@ -129,6 +129,7 @@ class Watcher:
         self._health = _Health()
         self._last_renewal = time.monotonic()
         self._last_steal = 0.0
+        self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
@@ -304,8 +305,10 @@ class Watcher:
 
         Returns stray leases: held in the database but already given up here (to be released)."""
         before = dict(self.owned)
+        started = time.monotonic()
         leases = await self._db_call(executor, fn, *args)
         self._reconcile(leases, before)
+        self._note_deadlines(leases, started)
         return [lease for lease in leases if (lease.partition_id, lease.epoch) in self._given_up]
 
     def _reconcile(self, leases: list[Lease], before: dict[int, Lease]) -> None:
@@ -332,8 +335,23 @@ class Watcher:
             if lease.wanted_by:
                 self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
 
+    def _note_deadlines(self, leases: list[Lease], read_at: float) -> None:
+        """Remember, on our monotonic clock, until when each lease is surely still ours: what the
+        database said it had left, counted from before we asked."""
+        for lease in leases:
+            held = self.owned.get(lease.partition_id)
+            if held is not None and held.epoch == lease.epoch:
+                self._valid_until[lease.partition_id] = read_at + lease.remaining
+
+    def _lease_may_have_expired(self, pid: int) -> bool:
+        """True when this watcher cannot be sure it still holds `pid` (e.g. it was paused past its
+        lease): then it must not start another item of it until the leases are read again."""
+        margin = min(1.0, self.config.lease_seconds / 10)
+        return time.monotonic() >= self._valid_until.get(pid, 0.0) - margin
+
     def _forget(self, pid: int) -> None:
         """Stop holding partition `pid` (released, handed over or lost); drop its buffered items."""
+        self._valid_until.pop(pid, None)
         lease = self.owned.pop(pid, None)
         if lease is not None:
             self._given_up[(pid, lease.epoch)] = None
@@ -398,9 +416,11 @@ class Watcher:
             return
         room = cfg.max_partitions - len(self.owned)
         if room > 0:
+            started = time.monotonic()
             gained = await self._db_call(self._db, self.store.acquire, self.id, cfg.queue, room, cfg.lease_seconds)
             for lease in gained:
                 self.owned[lease.partition_id] = lease
+            self._note_deadlines(gained, started)
             if not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
                 self._last_steal = time.monotonic()
                 marked = await self._db_call(
@@ -445,6 +465,11 @@ class Watcher:
             lease = self.owned.get(item.partition_id)
             if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 self.inflight.pop(item.id, None)
+                continue
+            if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
+                self.inflight.pop(item.id, None)
+                self._maintain_now = True
+                self._wake.set()
                 continue
             self.busy.add(item.id)
             try:
