@@ -32,6 +32,7 @@ LOCAL_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs only on SQLite")
     config.addinivalue_line("markers", "postgres_only: runs only on PostgreSQL")
+    config.addinivalue_line("markers", "faults: fault injection with real processes and signals (run alone: -m faults)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
