@@ -157,11 +157,11 @@ class Watcher:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    async def run(self) -> None:
-        """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
+    async def _register(self, executor: ThreadPoolExecutor) -> None:
+        """Record this watcher (host, pid, queue, capacity) so others count it for fair shares."""
         cfg = self.config
         await self._db_call(
-            self._db,
+            executor,
             self.store.register_watcher,
             self.id,
             host=socket.gethostname(),
@@ -171,6 +171,11 @@ class Watcher:
             capacity=cfg.max_partitions,
             lease_seconds=cfg.lease_seconds,
         )
+
+    async def run(self) -> None:
+        """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
+        cfg = self.config
+        await self._register(self._db)
         log.info(
             "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
             self.id,
@@ -274,17 +279,7 @@ class Watcher:
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
-                    await self._db_call(
-                        self._hb,
-                        self.store.register_watcher,
-                        self.id,
-                        host=socket.gethostname(),
-                        pid=os.getpid(),
-                        queue=self.config.queue,
-                        concurrency=self.config.concurrency,
-                        capacity=self.config.max_partitions,
-                        lease_seconds=self.config.lease_seconds,
-                    )
+                    await self._register(self._hb)
                 continue
             except Exception as error:
                 self._health.failed("heartbeat", error)

@@ -9,6 +9,7 @@ missing PostgreSQL fails the run instead of skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -137,17 +138,36 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     template = request.getfixturevalue("pg_template")
     if template is None:
         skip_without_postgres()
-    admin_url = request.getfixturevalue("pg_admin_url")
+    with fresh_pg_database(request.getfixturevalue("pg_admin_url"), template=template) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_pg_database(admin_url: str, *, template: str | None = None) -> Iterator[str]:
+    """A new PostgreSQL database (a copy of `template`, or empty) for one test; dropped after."""
     name = f"fp_{RUN_ID}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
     try:
         yield _database_url(admin_url, name)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database without feedproc's schema: a fresh SQLite file, or an empty PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    admin_url = request.getfixturevalue("pg_admin_url")
+    if admin_url is None:
+        skip_without_postgres()
+    with fresh_pg_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture

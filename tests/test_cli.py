@@ -15,22 +15,19 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect, make_url, select, text
+from sqlalchemy import create_engine, inspect, select
 
 import feedproc
 from feedproc import Feed
 from feedproc.schema import events, items, partitions
 
 from .cli_processors import DELAY_VARIABLE, LOG_VARIABLE
-from .conftest import skip_without_postgres
 from .support import HandlerService, WatcherProcesses, run_cli, wait_until
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
@@ -577,27 +574,6 @@ def test_checkpoint_with_no_higher_gate_holding_work_is_refused(db_url: str, fee
 def test_unreachable_database_fails_with_one_line(args: list[str]) -> None:
     line = assert_error(run_cli(UNREACHABLE, "--db", UNREACHABLE, *args, timeout=30), 1)
     assert any(word in line.lower() for word in ("unavailable", "unreachable", "refused", "connect")), line
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database without feedproc's schema: a fresh SQLite file, or an empty PostgreSQL database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh.db'}"
-        return
-    admin_url = request.getfixturevalue("pg_admin_url")
-    if admin_url is None:
-        skip_without_postgres()
-    name = f"fp_unmigrated_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def test_migrate_creates_the_schema_in_an_empty_database(unmigrated_url: str) -> None:

@@ -1,48 +1,24 @@
 """`feedproc migrate`: the alembic revisions create exactly `feedproc.schema.metadata`, running them
 again changes nothing, and a database without the schema is named as such."""
 
-import uuid
-
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, make_url, text
+from sqlalchemy import inspect, text
 
 from feedproc.errors import SchemaMissing
 from feedproc.schema import metadata
 from feedproc.store import Store, _alembic_config
 
-from .conftest import skip_without_postgres
 from .support import run_cli
 
 VERSION_TABLE = "feedproc_version"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_url(request, tmp_path):
-    """A database that exists but has no feedproc schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.db'}"
-        return
-    admin_url = request.getfixturevalue("pg_admin_url")
-    if admin_url is None:
-        skip_without_postgres()
-    name = f"fp_empty_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture
-def empty_store(empty_url):
-    store = Store(empty_url)
+def empty_store(unmigrated_url):
+    store = Store(unmigrated_url)
     yield store
     store.close()
 
@@ -94,28 +70,28 @@ def test_schema_revision_of_an_empty_database_is_none(empty_store):
 # ---------------------------------------------------------------- migrate
 
 
-def test_migrate_brings_an_empty_database_to_the_head_revision(empty_store, empty_url):
+def test_migrate_brings_an_empty_database_to_the_head_revision(empty_store, unmigrated_url):
     empty_store.migrate()
     empty_store.check_schema()
-    assert empty_store.schema_revision() == head_revision(empty_url)
+    assert empty_store.schema_revision() == head_revision(unmigrated_url)
 
 
-def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store, empty_url):
+def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store, unmigrated_url):
     empty_store.migrate()
     empty_store.add_partition("kept", [(0, b"x")], sealed=False)
     before = empty_store.status("kept")
     empty_store.migrate()
     empty_store.check_schema()
-    assert empty_store.schema_revision() == head_revision(empty_url)
+    assert empty_store.schema_revision() == head_revision(unmigrated_url)
     assert empty_store.status("kept") == before
 
 
-def test_feedproc_migrate_command_is_idempotent(empty_url, tmp_path):
-    first = run_cli(empty_url, "migrate", cwd=tmp_path)
+def test_feedproc_migrate_command_is_idempotent(unmigrated_url, tmp_path):
+    first = run_cli(unmigrated_url, "migrate", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    second = run_cli(empty_url, "migrate", cwd=tmp_path)
+    second = run_cli(unmigrated_url, "migrate", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
-    store = Store(empty_url)
+    store = Store(unmigrated_url)
     try:
         store.check_schema()
     finally:
