@@ -5,7 +5,10 @@
     python cmds/soak.py --db postgresql://postgres@127.0.0.1:5432/soak --minutes 10 --watchers 4
 
 Starts a handler service on loopback (a thread of this process, recording every delivery with its
-start and end time and the watcher that made it), `--watchers` `feedproc watch` processes, and for
+start and end time and the watcher that made it), `--watchers` `feedproc watch` processes (with
+`--processor tests.faults_support:StampedHTTP`: feedproc's HTTP processor, plus headers naming the
+watcher and the moment it dispatched, so that a request sent just before a SIGSTOP that reaches
+the handler after the SIGCONT is not mistaken for a dispatch after the stall), and for
 the first part of the run (`--submit-for`) keeps submitting fan-out/fan-in partitions (the workflow
 of tests/faults_support.py: roots at gate 0 that add children at gate 1, a final item at gate 2).
 Every few seconds (`--fault-every`) one random fault hits a random healthy watcher:
@@ -46,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from feedproc import Feed  # noqa: E402
 from feedproc.errors import DatabaseUnavailable  # noqa: E402
 from tests.faults_support import (  # noqa: E402
+    DISPATCHED_HEADER,
     WATCHER_HEADER,
     Call,
     Check,
@@ -92,6 +96,7 @@ class Handler:
                     self.headers.get(WATCHER_HEADER, "?"),
                     start,
                     time.time(),
+                    float(self.headers.get(DISPATCHED_HEADER, start)),
                 )
                 with service.lock:
                     service.calls.append(call)
@@ -150,9 +155,12 @@ class Soak:
         self.stopped: dict[str, float] = {}  # name -> when to SIGCONT it
         self.terminating: dict[str, float] = {}  # name -> when SIGTERM was sent
         self.term_exits: list[tuple[str, int | None, float]] = []  # (name, exit code, seconds)
+        # feedproc's HTTP processor, plus the headers that name the watcher and say when it
+        # dispatched (tests/faults_support.py: StampedHTTP)
+        self.env["FEEDPROC_FAULTS_HANDLER"] = self.handler.url
         self.watch_args = (
-            "--handler",
-            self.handler.url,
+            "--processor",
+            "tests.faults_support:StampedHTTP",
             "--lease-seconds",
             str(args.lease),
             "--poll-interval",
@@ -165,12 +173,12 @@ class Soak:
             str(args.grace),
         )
 
-    def _spawn(self, args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+    def _spawn(self, name: str, args: Any) -> tuple[subprocess.Popen[bytes], Path]:
         path = self.logs / f"watch-{len(self.fleet.members) + 1:03}.log"
         with open(path, "ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "feedproc", "watch", *args],
-                env=self.env,
+                env=dict(self.env, FEEDPROC_FAULTS_WATCHER=name),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

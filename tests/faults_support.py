@@ -29,15 +29,19 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import Engine, select
 
+from feedproc import HTTPProcessor, Item, Response
 from feedproc.schema import events, items, partitions
 
 WATCHER_HEADER = "X-Watcher"
+DISPATCHED_HEADER = "X-Dispatched-At"
 
 # ---------------------------------------------------------------- the workflow
 
@@ -105,6 +109,39 @@ class FanOut:
         return [b for b in bodies if all(b.get(k) == v for k, v in where.items())]
 
 
+# ---------------------------------------------------------------- a processor that says when it dispatched
+
+_dispatched: ContextVar[float] = ContextVar("feedproc_faults_dispatched", default=0.0)
+
+
+class StampedHTTP(HTTPProcessor):
+    """feedproc's HTTP processor with two more headers: `X-Watcher` ($FEEDPROC_FAULTS_WATCHER) and
+    `X-Dispatched-At`, the time the watcher called the processor, right after it decided to deliver.
+
+    A request a watcher sent just before it was stopped may reach the handler only after it is
+    continued; from the handler's clock alone that looks like a delivery decided after the stall.
+    `feedproc watch --processor tests.faults_support:StampedHTTP` (with $FEEDPROC_FAULTS_HANDLER,
+    the handler's URL) lets the checks tell the two apart.
+    """
+
+    def __init__(self) -> None:
+        watcher = {WATCHER_HEADER: os.environ.get("FEEDPROC_FAULTS_WATCHER", "?")}
+        super().__init__(os.environ["FEEDPROC_FAULTS_HANDLER"], headers=watcher, max_connections=10)
+
+    async def start(self) -> None:
+        await super().start()
+
+        async def stamp(request: httpx.Request) -> None:
+            request.headers[DISPATCHED_HEADER] = f"{_dispatched.get():.6f}"
+
+        assert self._client is not None
+        self._client.event_hooks["request"] = [stamp]
+
+    async def process(self, item: Item) -> Response:
+        _dispatched.set(time.time())  # each worker is its own task: its own context
+        return await super().process(item)
+
+
 # ---------------------------------------------------------------- deliveries and faults
 
 
@@ -118,8 +155,9 @@ class Call:
     gate: int
     attempt: int
     watcher: str
-    start: float
-    end: float
+    start: float  # the handler began reading the request
+    end: float  # the handler had its answer
+    sent: float  # the watcher decided to deliver it (its X-Dispatched-At header; else `start`)
 
 
 def calls_from(deliveries: Iterable[Any]) -> list[Call]:
@@ -134,6 +172,7 @@ def calls_from(deliveries: Iterable[Any]) -> list[Call]:
             d.headers.get(WATCHER_HEADER.lower(), "?"),
             d.start,
             d.end,
+            float(d.headers.get(DISPATCHED_HEADER.lower(), d.start)),
         )
         for d in deliveries
     ]
@@ -150,7 +189,7 @@ class Fault:
 
 # ---------------------------------------------------------------- a fleet of watcher processes
 
-Starter = Callable[[Sequence[str]], tuple["subprocess.Popen[bytes]", Path]]
+Starter = Callable[[str, Sequence[str]], tuple["subprocess.Popen[bytes]", Path]]  # (name, arguments)
 
 
 @dataclass
@@ -178,7 +217,7 @@ class Member:
 
 
 class Fleet:
-    """Named watcher processes; each sends `X-Watcher: <name>` to the handler. Faults are recorded."""
+    """Named watcher processes (the starter makes each send `X-Watcher: <name>`); faults are recorded."""
 
     def __init__(self, start: Starter) -> None:
         self._start = start
@@ -187,7 +226,7 @@ class Fleet:
 
     def start(self, name: str, *args: str) -> Member:
         assert name not in self.members, f"watcher name {name} used twice"
-        process, log = self._start([*args, "--header", f"{WATCHER_HEADER}: {name}"])
+        process, log = self._start(name, list(args))
         member = self.members[name] = Member(name, process, log)
         return member
 
@@ -354,8 +393,26 @@ def check_all_complete(parts: dict[str, dict[str, Any]], stored: list[StoredItem
     return Check("all complete", f"{len(keys)} partitions, {len(stored)} items", problems)
 
 
-def check_barrier(calls: Sequence[Call]) -> Check:
-    """No delivery at gate h of a partition starts before every delivery at a lower gate has ended."""
+def _keepers(stored: Sequence[StoredItem], calls: Sequence[Call]) -> dict[tuple[int, int], Call]:
+    """For each (item, gate) delivered, the delivery that counted: at the item's stored gate the
+    one whose answer is stored, at a gate it moved on from the last one."""
+    committed = {i.id: (i.gate, i.token) for i in stored}
+    by_token = {c.token: c for c in calls}
+    keepers: dict[tuple[int, int], Call] = {}
+    for call in sorted(calls, key=lambda c: c.start):
+        keepers[(call.item, call.gate)] = call
+    for item, (gate, token) in committed.items():
+        answer = by_token.get(token) if token is not None else None
+        if answer is not None and answer.item == item and answer.gate == gate:
+            keepers[(item, gate)] = answer
+    return keepers
+
+
+def check_barrier(calls: Sequence[Call], stored: Sequence[StoredItem] | None = None) -> Check:
+    """No item at gate h of a partition is dispatched before the deliveries that counted at every
+    lower gate have ended. (Given `stored`, a repeated delivery whose answer was not the one stored
+    — a stale one — does not count; without it every delivery does.)"""
+    counted = set(map(id, _keepers(stored, calls).values())) if stored is not None else set(map(id, calls))
     by_partition: dict[str, list[Call]] = defaultdict(list)
     for call in calls:
         by_partition[call.partition].append(call)
@@ -365,20 +422,22 @@ def check_barrier(calls: Sequence[Call]) -> Check:
     for key, mine in sorted(by_partition.items()):
         gates = sorted({c.gate for c in mine})
         for lower, higher in itertools.pairwise(gates):
+            below = [c for c in mine if c.gate <= lower and id(c) in counted]
+            if not below:
+                continue
             crossings += 1
-            last_below = max((c for c in mine if c.gate <= lower), key=lambda c: c.end)
-            first_above = min((c for c in mine if c.gate == higher), key=lambda c: c.start)
-            closest = min(closest, first_above.start - last_below.end)
-            if first_above.start < last_below.end:
+            last_below = max(below, key=lambda c: c.end)
+            first_above = min((c for c in mine if c.gate == higher), key=lambda c: c.sent)
+            closest = min(closest, first_above.sent - last_below.end)
+            if first_above.sent < last_below.end:
                 problems.append(
-                    f"{key}: item {first_above.item} at gate {higher} started {_at(first_above.start)} "
+                    f"{key}: item {first_above.item} at gate {higher} dispatched {_at(first_above.sent)} "
                     f"({first_above.watcher}) before item {last_below.item} at gate {last_below.gate} "
                     f"ended {_at(last_below.end)} ({last_below.watcher})"
                 )
     margin = f"; smallest margin {closest * 1000:.0f} ms" if crossings else ""
-    return Check(
-        "barrier never crossed", f"{len(by_partition)} partitions, {crossings} gate crossings{margin}", problems
-    )
+    summary = f"{len(by_partition)} partitions, {crossings} gate crossings{margin}"
+    return Check("barrier never crossed", summary, problems)
 
 
 def _committed(stored: Sequence[StoredItem], calls: Sequence[Call]) -> dict[int, Call | None]:
@@ -389,7 +448,7 @@ def _committed(stored: Sequence[StoredItem], calls: Sequence[Call]) -> dict[int,
 
 def check_completed_never_redelivered(stored: Sequence[StoredItem], calls: Sequence[Call]) -> Check:
     """Each complete item's stored answer came from one of its deliveries, and no delivery of the
-    item began after that delivery ended."""
+    item was dispatched after that delivery ended."""
     by_item: dict[int, list[Call]] = defaultdict(list)
     for call in calls:
         by_item[call.item].append(call)
@@ -403,10 +462,10 @@ def check_completed_never_redelivered(stored: Sequence[StoredItem], calls: Seque
         if keeper is None or keeper.item != item.id:
             problems.append(f"item {item.id} of {item.partition}: stored answer token {item.token} is not its delivery")
             continue
-        later = [c for c in by_item[item.id] if c.start > keeper.end]
+        later = [c for c in by_item[item.id] if c.sent > keeper.end]
         problems += [
             f"item {item.id} of {item.partition} completed by {keeper.watcher} (delivery ended {_at(keeper.end)}) "
-            f"was delivered again at {_at(c.start)} by {c.watcher} (gate {c.gate}, attempt {c.attempt})"
+            f"was delivered again at {_at(c.sent)} by {c.watcher} (gate {c.gate}, attempt {c.attempt})"
             for c in later
         ]
     return Check("completed items never delivered again", f"{len(complete)} complete items", problems)
@@ -438,14 +497,13 @@ def check_children_once(stored: Sequence[StoredItem]) -> Check:
 def check_redeliveries(stored: Sequence[StoredItem], calls: Sequence[Call], faults: Sequence[Fault]) -> Check:
     """A delivery is repeated only when the watcher that made it was killed, or stopped, while it
     was in flight: the delivery that counted began after that fault, and (for a stop) the repeated
-    one before the watcher was continued. (The handler may begin a request a moment after a kill
-    or stop: the watcher sent it before.)"""
-    committed = _committed(stored, calls)
-    final_gate = {i.id: i.gate for i in stored}
+    one was dispatched before the watcher was continued. (The handler may begin a request a moment
+    after a kill or stop: the watcher sent it before.)"""
+    keepers = _keepers(stored, calls)
     groups: dict[tuple[int, int], list[Call]] = defaultdict(list)
     for call in calls:
         groups[(call.item, call.gate)].append(call)
-    windows: list[tuple[Fault, float]] = []  # (kill or stop, when the watcher could send again)
+    windows: list[tuple[Fault, float]] = []  # (kill or stop, when the watcher could dispatch again)
     for n, fault in enumerate(faults):
         if fault.kind == "kill":
             windows.append((fault, float("inf")))
@@ -458,10 +516,8 @@ def check_redeliveries(stored: Sequence[StoredItem], calls: Sequence[Call], faul
     for (item, gate), group in sorted(groups.items()):
         if len(group) < 2:
             continue
-        group.sort(key=lambda c: c.start)
-        keeper = committed.get(item) if final_gate.get(item) == gate else None
-        keeper = keeper if keeper is not None and keeper in group else group[-1]
-        for call in group:
+        keeper = keepers[(item, gate)]
+        for call in sorted(group, key=lambda c: c.start):
             if call is keeper:
                 continue
             repeated += 1
@@ -469,15 +525,15 @@ def check_redeliveries(stored: Sequence[StoredItem], calls: Sequence[Call], faul
                 (
                     f
                     for f, resumed in windows
-                    if f.watcher == call.watcher and call.start < resumed and f.at < keeper.start
+                    if f.watcher == call.watcher and call.sent < resumed and f.at < keeper.start
                 ),
                 None,
             )
             if reason is None:
                 problems.append(
-                    f"item {item} (gate {gate}) delivered by {call.watcher} at {_at(call.start)} "
-                    f"and again by {keeper.watcher} at {_at(keeper.start)}, with no kill or stop of "
-                    f"{call.watcher} in flight"
+                    f"item {item} (gate {gate}) delivered by {call.watcher} at {_at(call.sent)} "
+                    f"and by {keeper.watcher} at {_at(keeper.start)} (the delivery that counted), with no kill "
+                    f"or stop of {call.watcher} while it was in flight"
                 )
             else:
                 excused[reason.kind] += 1
@@ -495,7 +551,7 @@ def workflow_checks(
     mine = [c for c in calls if c.partition in set(keys)]
     return [
         check_all_complete(parts, stored, keys),
-        check_barrier(mine),
+        check_barrier(mine, stored),
         check_completed_never_redelivered(stored, mine),
         check_children_once(stored),
         check_redeliveries(stored, mine, faults),

@@ -35,6 +35,7 @@ from sqlalchemy.exc import OperationalError
 from feedproc import Feed
 
 from .faults_support import (
+    WATCHER_HEADER,
     Call,
     FanOut,
     Fault,
@@ -66,9 +67,9 @@ UNAVAILABLE, REACHABLE = "database unavailable", "database reachable again"
 def fleet(watchers: WatcherProcesses) -> Iterator[Fleet]:
     """Named watcher processes from the `watchers` fixture (which stops them after the test)."""
 
-    def start(args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(name: str, args: Any) -> tuple[subprocess.Popen[bytes], Path]:
         log = watchers.log_dir / f"watch-{len(watchers.processes)}.log"
-        return watchers.start(*args), log
+        return watchers.start(*args, "--header", f"{WATCHER_HEADER}: {name}"), log
 
     group = Fleet(start)
     yield group
