@@ -1141,7 +1141,12 @@ _PG_FETCH_READY = text(
     """
 )
 _OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay")
-# One statement per batch of answers on PostgreSQL: the outcomes arrive as arrays.
+# One statement per batch of answers on PostgreSQL: the outcomes arrive as arrays. The version
+# match is the guard (every change of an item's status bumps its version, so an item dispatched
+# while available is still available if its version is unchanged). There is deliberately no
+# `status = 'available'` term: before the table has statistics PostgreSQL would read every
+# available item through the partial index and hash them all, per batch (O(backlog));
+# `id = ANY(...)` instead makes it look up the batch's own rows.
 _PG_UPDATE_ITEMS = text(
     """
     UPDATE feedproc_items AS i SET
@@ -1157,7 +1162,7 @@ _PG_UPDATE_ITEMS = text(
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
                 CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]))
         AS v(id, version, status, gate, data, attempts, error, clear, delay)
-    WHERE i.id = v.id AND i.version = v.version AND i.status = 'available'
+    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
 # The same update, one row per execution (SQLite runs executemany in-process).
