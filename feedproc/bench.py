@@ -151,6 +151,7 @@ class BenchOptions:
     pgqueuer_batches: list[int] = field(default_factory=lambda: [10, 500])
     procrastinate_jobs: int = 5000
     procrastinate_concurrency: int = 10
+    finished: int = 0  # finished items put in the tables before each feedproc run
     timeout: float = 900.0
     keep: bool = False
     json_path: Path | None = None
@@ -182,6 +183,7 @@ def parse_options(
     procrastinate_jobs: int,
     timeout: float,
     keep: bool,
+    finished: int = 0,
     json_path: Path | None,
     markdown_path: Path | None,
     command: str,
@@ -224,6 +226,7 @@ def parse_options(
         latency_seconds=latency_seconds if latency_seconds is not None else (0.5 if quick else 5.0),
         pgqueuer_batches=[_positive_int(v, "--pgqueuer-batches") for v in _csv(pgqueuer_batches, "--pgqueuer-batches")],
         procrastinate_jobs=procrastinate_jobs,
+        finished=finished,
         timeout=timeout,
         keep=keep,
         json_path=json_path,
@@ -481,7 +484,8 @@ class DbFacts:
     entered: dict[tuple[int, int], float]  # (partition id, gate) -> gate_advanced event time
 
 
-def read_db(url: str) -> DbFacts:
+def read_db(url: str, after: tuple[int, int] = (0, 0)) -> DbFacts:
+    """The run's partitions (id > after[0]), items (id > after[1]) and their events."""
     from sqlalchemy import select
 
     from .schema import events, items, partitions
@@ -498,17 +502,21 @@ def read_db(url: str) -> DbFacts:
                     items.c.status,
                     items.c.created_at,
                     items.c.updated_at,
-                ).order_by(items.c.id)
+                )
+                .where(items.c.id > after[1])
+                .order_by(items.c.id)
             ).all()
             parts = {
                 pid: (key, status)
-                for pid, key, status in conn.execute(select(partitions.c.id, partitions.c.key, partitions.c.status))
+                for pid, key, status in conn.execute(
+                    select(partitions.c.id, partitions.c.key, partitions.c.status).where(partitions.c.id > after[0])
+                )
             }
             leased: dict[int, float] = {}
             entered: dict[tuple[int, int], float] = {}
             for pid, kind, detail, at in conn.execute(
                 select(events.c.partition_id, events.c.kind, events.c.detail, events.c.at).where(
-                    events.c.kind.in_(["leased", "gate_advanced"])
+                    events.c.kind.in_(["leased", "gate_advanced"]), events.c.partition_id > after[0]
                 )
             ):
                 if kind == "leased":
@@ -518,6 +526,49 @@ def read_db(url: str) -> DbFacts:
     finally:
         store.close()
     return DbFacts(rows, parts, leased, entered)
+
+
+FINISHED_PER_PARTITION = 10_000
+
+
+def fill_finished(url: str, count: int) -> tuple[int, int]:
+    """Put `count` complete items (in complete partitions of 10,000) in the tables, as a long-lived
+    deployment has, then ANALYZE as autovacuum would have. Returns the highest partition and item
+    ids, so that the run's own rows can be told apart."""
+    from sqlalchemy import func, select, text
+
+    from .schema import items, partitions
+    from .store import Store
+
+    store = Store(url, pool_size=1)
+    try:
+        with store.write() as conn:
+            for start in range(0, count, FINISHED_PER_PARTITION):
+                n = min(FINISHED_PER_PARTITION, count - start)
+                conn.execute(
+                    text(
+                        "INSERT INTO feedproc_partitions (key, queue, status, gate, priority, sealed,"
+                        " manual_checkpoint, created_at, updated_at)"
+                        " VALUES (:key, 'default', 'complete', 0, 0, :yes, :no, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    ),
+                    {"key": f"finished-{start // FINISHED_PER_PARTITION}", "yes": True, "no": False},
+                )
+                conn.execute(
+                    text(
+                        "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < :n)"
+                        " INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at,"
+                        " updated_at) SELECT (SELECT max(id) FROM feedproc_partitions), 0, 'complete', :data,"
+                        " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM s"
+                    ),
+                    {"n": n, "data": b"{}"},
+                )
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE"))
+            last_partition = conn.execute(select(func.max(partitions.c.id))).scalar()
+            last_item = conn.execute(select(func.max(items.c.id))).scalar()
+        return (last_partition or 0, last_item or 0)
+    finally:
+        store.close()
 
 
 def drain_window(facts: DbFacts, backlog: int) -> tuple[float, float] | None:
@@ -654,6 +705,7 @@ class Bench:
         self.run_id = uuid.uuid4().hex[:8]
         self.sequence = itertools.count(1)
         self.work = Path(tempfile.mkdtemp(prefix="feedproc-bench-logs-"))
+        self.after = (0, 0)  # the highest partition and item ids before this run's own (see fill_finished)
 
     def log(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -679,6 +731,14 @@ class Bench:
 
             with Feed(url) as feed:
                 feed.migrate()
+            self.after = (0, 0)
+            if opts.finished:
+                started = time.perf_counter()
+                self.after = fill_finished(url, opts.finished)
+                result["finished_rows"] = opts.finished
+                took = time.perf_counter() - started
+                self.log(f"  {opts.finished:,} finished items put in the tables in {took:.1f}s")
+            with Feed(url) as feed:
                 shapes = partition_shapes(workload, opts.partitions, opts.items)
                 started = time.perf_counter()
                 for n, shape in enumerate(shapes):
@@ -701,7 +761,7 @@ class Bench:
 
             drain = self._drain(url, place, folder / "drain", target, watchers, total)
             result["drain"] = drain
-            window = drain_window(read_db(url), total)
+            window = drain_window(read_db(url, self.after), total)
             if opts.latency_seconds > 0 and window is not None:
                 rate = total / (window[1] - window[0])
                 result["paced"] = self._paced(url, folder / "paced", target, workload, watchers, rate / 2, committed)
@@ -869,7 +929,7 @@ class Bench:
         self, url: str, folder: Path, result: dict[str, Any], workload: str, committed: dict[str, float]
     ) -> None:
         """Rates, latencies and the exactly-once check, from the database and the call logs."""
-        facts = read_db(url)
+        facts = read_db(url, self.after)
         logs = [folder / "handler"] if workload == "http" else [folder / "drain", folder / "paced"]
         calls: list[Call] = []
         per_log: dict[str, int] = {}
@@ -1197,7 +1257,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             + " | ".join(
                 [
                     run["db"],
-                    run["workload"],
+                    run["workload"] + (f" (+{run['finished_rows']:,} finished)" if run.get("finished_rows") else ""),
                     str(run["watchers"]),
                     _num(run.get("items")),
                     _num((run.get("enqueue") or {}).get("rate")),

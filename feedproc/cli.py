@@ -378,6 +378,10 @@ def bench(
     pgqueuer_batches: Annotated[str, typer.Option(help="PgQueuer batch sizes to run (comma-separated).")] = "10,500",
     procrastinate_jobs: Annotated[int, typer.Option(min=1, help="Jobs for Procrastinate at most (it is slow).")] = 5000,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one phase of a run may take.")] = 900.0,
+    finished: Annotated[
+        int,
+        typer.Option(min=0, metavar="N", help="Finished items put in the tables before each run (flat-cost check)."),
+    ] = 0,
     keep: Annotated[
         bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
     ] = False,
@@ -401,6 +405,7 @@ def bench(
         procrastinate_jobs=procrastinate_jobs,
         timeout=timeout,
         keep=keep,
+        finished=finished,
         json_path=json_file,
         markdown_path=markdown,
         command=" ".join(["feedproc", *sys.argv[1:]]),

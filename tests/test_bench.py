@@ -64,3 +64,18 @@ def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: 
         finally:
             admin.dispose()
         assert not [name for name in names if name.startswith(f"bench_{report['meta']['run_id']}_")]
+
+
+def test_fill_finished_puts_complete_rows_before_the_runs_own(db_url: str) -> None:
+    from feedproc import Feed
+    from feedproc.bench import fill_finished, read_db
+
+    last_partition, last_item = fill_finished(db_url, 12_345)
+    with Feed(db_url) as feed:
+        summary = feed.summary()
+        feed.add_partition("run-0", [(0, b"{}")] * 3)
+    assert summary["partitions"]["complete"] == 2  # 10,000 + 2,345
+    assert summary["items"]["complete"] == summary["items"]["total"] == 12_345
+    facts = read_db(db_url, (last_partition, last_item))
+    assert [row.status for row in facts.items] == ["available"] * 3
+    assert [key for key, _ in facts.partitions.values()] == ["run-0"]
