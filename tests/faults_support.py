@@ -134,8 +134,9 @@ class StampedHTTP(HTTPProcessor):
         async def stamp(request: httpx.Request) -> None:
             request.headers[DISPATCHED_HEADER] = f"{_dispatched.get():.6f}"
 
-        assert self._client is not None
-        self._client.event_hooks["request"] = [stamp]
+        assert self._clients, "HTTPProcessor.start() made no clients"
+        for client in self._clients:  # requests are spread over several clients
+            client.event_hooks["request"] = [stamp]
 
     async def process(self, item: Item) -> Response:
         _dispatched.set(time.time())  # each worker is its own task: its own context
