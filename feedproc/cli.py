@@ -251,6 +251,34 @@ def status(
 
 
 @app.command()
+def wait(
+    key: str,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 124).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Block until KEY is complete (exit 0), failed or cancelled (exit 1); 124 on timeout."""
+    from .report import print_partition
+    from .wait import wait_final
+
+    with _feed(db) as feed:
+        try:
+            result = wait_final(feed.store, key, timeout)
+        except TimeoutError as error:
+            print(f"feedproc: {error}", file=sys.stderr)
+            result = getattr(error, "status", None)
+            code = 124
+        else:
+            code = 0 if result["status"] == "complete" else 1
+    if result is not None:
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            print_partition(result)
+    raise typer.Exit(code)
+
+
+@app.command()
 def watch(
     queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
     handler: Annotated[

@@ -93,6 +93,14 @@ class Feed:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)
 
+    def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
+        """Block until `key` is complete, failed or cancelled and return its status dict (as
+        `status`). KeyError if unknown; TimeoutError after `timeout` seconds. PostgreSQL wakes the
+        waiter by LISTEN/NOTIFY; SQLite polls with backoff."""
+        from .wait import wait_final
+
+        return wait_final(self.store, key, timeout)
+
     def items(
         self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[dict[str, Any]]:

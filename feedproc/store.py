@@ -53,7 +53,7 @@ from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_fr
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
-from .notify import notify_ready
+from .notify import notify_finished, notify_ready
 from .schema import events, items, partitions, watchers
 
 P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
@@ -319,6 +319,7 @@ class Store:
                 conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None, wanted_by=None
             )
             self._event(conn, row.id, "cancelled", detail={"items": count})
+            notify_finished(conn, key)
 
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns the new gate."""
@@ -1013,7 +1014,7 @@ class Store:
         lease when the partition finishes or has nothing to do.
         """
         row = conn.execute(
-            select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
+            select(P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
         ).one()
         outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
@@ -1037,9 +1038,11 @@ class Store:
         elif outcome.move is Move.FAIL:
             self._touch(conn, pid, status=FAILED, ready_at=None, **release)
             self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
             self._touch(conn, pid, status=COMPLETE, ready_at=None, **release)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
         return outcome.move
 
     # ------------------------------------------------------------ helpers
