@@ -153,10 +153,19 @@ def add(
         bool, typer.Option(help="Hold each drained gate until `feedproc checkpoint`.")
     ] = False,
     not_before: Annotated[str | None, typer.Option(help="ISO 8601 time before which nothing is dispatched.")] = None,
+    weight: Annotated[int, typer.Option(min=1, help="Share of the queue's concurrency limit per item in flight.")] = 1,
+    item_timeout: Annotated[
+        str | None, typer.Option(metavar="S", help="A processor call taking longer is a transient failure.")
+    ] = None,
+    window: Annotated[
+        list[str] | None, typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window (repeatable).")
+    ] = None,
+    timezone: Annotated[str | None, typer.Option(metavar="ZONE", help="Time zone of --window (default UTC).")] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction."""
     when = parse_time(not_before)
+    timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
     with _feed(db) as feed:
         count = feed.add_partition(
             key,
@@ -166,6 +175,10 @@ def add(
             sealed=not open_,
             manual_checkpoint=manual_checkpoint,
             not_before=when,
+            weight=weight,
+            item_timeout=timeout,
+            windows=window or None,
+            window_tz=timezone,
         )
     typer.echo(f"added partition {key} with {count} items")
 
@@ -298,6 +311,10 @@ def watch(
     max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Longest backoff delay.")] = 600.0,
     max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
     shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    item_timeout: Annotated[
+        str | None,
+        typer.Option(metavar="S", help="A processor call taking longer is abandoned as a transient failure."),
+    ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="HTTP request timeout in seconds.")] = 30.0,
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
@@ -330,6 +347,7 @@ def watch(
             max_retry_delay=max_retry_delay,
             shutdown_grace=shutdown_grace,
             retention=parse_duration(retention, "--retention") if retention else None,
+            item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,11 +47,17 @@ class Feed:
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
     ) -> int:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
         Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
-        input; nothing is written then. Returns the number of items added.
+        input; nothing is written then. Returns the number of items added. Scheduling controls:
+        `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
+        (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         """
         return self.store.add_partition(
             key,
@@ -61,6 +67,10 @@ class Feed:
             sealed=sealed,
             manual_checkpoint=manual_checkpoint,
             not_before=not_before,
+            weight=weight,
+            item_timeout=item_timeout,
+            windows=windows,
+            window_tz=window_tz,
         )
 
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
 from . import gates
+from . import windows as timewindows
 from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now, seconds_until
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
 from .notify import notify_finished, notify_ready
-from .schema import events, items, partitions, watchers
+from .schema import events, items, partitions, queues, watchers
 
-P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
+P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # Status tests in WHERE clauses are SQL literals, not bound parameters: the partial indexes are
 # defined on `status = 'available'` / `'failed'`, and once psycopg prepares a statement PostgreSQL
@@ -83,6 +84,12 @@ class Lease:
     epoch: int
     wanted_by: str | None = None
     remaining: float = 0.0  # seconds the lease had left on the database clock when read
+    # Scheduling controls of the partition (issue 7): its share of the queue's concurrency limit,
+    # its per-item time limit, and the windows of the day in which it may be dispatched.
+    weight: int = 1
+    item_timeout: float | None = None
+    windows: str | None = None
+    window_tz: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,43 @@ class Applied:
     written: list[int] = field(default_factory=list)  # item ids
     lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
     released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's scheduling settings: concurrency limit (< 1: none) and windows of the day."""
+
+    name: str
+    limit: int = 0
+    windows: str | None = None
+    window_tz: str | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.limit >= 1
+
+    @property
+    def parsed(self) -> tuple[timewindows.Window, ...]:
+        return timewindows.parse_windows(self.windows)
+
+    @property
+    def zone(self) -> Any:
+        return timewindows.zone(self.window_tz)
+
+    def is_open(self, at: datetime) -> bool:
+        return timewindows.is_open(self.parsed, self.zone, at)
+
+    def describe(self, now: datetime, in_use: int | None = None) -> dict[str, Any]:
+        opens = timewindows.next_opening(self.parsed, self.zone, now)
+        return {
+            "name": self.name,
+            "limit": self.limit if self.limited else None,
+            "slots_in_use": in_use,
+            "windows": self.windows,
+            "timezone": self.window_tz or "UTC",
+            "window_open": opens == now,
+            "next_window_opens_at": None if opens == now else _iso(opens),
+        }
 
 
 # ---------------------------------------------------------------- the store
@@ -223,12 +267,21 @@ class Store:
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
     ) -> int:
-        """Create a partition with its items in one transaction; returns the number of items."""
+        """Create a partition with its items in one transaction; returns the number of items.
+
+        `weight` is each of its items' share of the queue's concurrency limit, `item_timeout` the
+        seconds a processor call may take (overriding the watcher's), `windows` / `window_tz` the
+        windows of the day in which its items may be dispatched (see `windows.py`)."""
         check_key(key)
         check_queue(queue)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput(f"priority must be an integer, got {priority!r}")
+        schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         try:
             with self.write() as conn:
                 pid = conn.execute(
@@ -244,6 +297,7 @@ class Store:
                         not_before=not_before,
                         created_at=db_now(),
                         updated_at=db_now(),
+                        **schedule,
                     )
                     .returning(P.id)
                 ).scalar_one()
@@ -426,6 +480,7 @@ class Store:
                     {"id": f.id, "gate": f.gate, "attempts": f.attempts, "last_error": f.last_error} for f in failed
                 ],
             }
+            result.update(self._schedule_status(conn, row))
             if history:
                 result["history"] = self._history(conn, row.id, history)
             return result
@@ -596,11 +651,11 @@ class Store:
 
     def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
         rows = conn.execute(
-            select(P.id, P.key, P.lease_epoch, P.wanted_by, seconds_until(P.lease_expires_at).label("remaining"))
+            select(P.id, P.key, P.lease_epoch, P.wanted_by, *_LEASE_SCHEDULE, _REMAINING)
             .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
             .order_by(P.id)
         )
-        return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by, float(r.remaining or 0.0)) for r in rows]
+        return [_lease(r, r.wanted_by) for r in rows]
 
     # ------------------------------------------------------------ watchers: leasing
 
@@ -653,11 +708,9 @@ class Store:
                 ],
             )
             rows = conn.execute(
-                select(P.id, P.key, P.lease_epoch, seconds_until(P.lease_expires_at).label("remaining"))
-                .where(P.id.in_(ids))
-                .order_by(P.id)
+                select(P.id, P.key, P.lease_epoch, *_LEASE_SCHEDULE, _REMAINING).where(P.id.in_(ids)).order_by(P.id)
             )
-            return [Lease(r.id, r.key, r.lease_epoch, None, float(r.remaining or 0.0)) for r in rows]
+            return [_lease(r, None) for r in rows]
 
     def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
         """Ask overloaded watchers to hand over partitions, toward a fair share for this one.
@@ -983,6 +1036,119 @@ class Store:
             )
         return moves
 
+    # ------------------------------------------------------------ scheduling controls (issue 7)
+    #
+    # Queue settings (concurrency limit, windows) live in feedproc_queues; a queue without a row has
+    # neither. The limit is arbitrated here: slots are the weights of the items each live watcher has
+    # in flight (feedproc_watchers.slots), taken under the queue row's lock in the transaction that
+    # fetches the items, so a dead watcher's slots stop counting when it expires.
+
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+    ) -> QueueSettings:
+        """Create or change a queue's settings; arguments left None keep their current value.
+        A limit < 1 means no limit. Returns the settings now stored."""
+        check_queue(name)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidInput(f"limit must be an integer, got {limit!r}")
+        parsed = timewindows.parse_windows(windows) if windows is not None else None
+        if window_tz is not None:
+            timewindows.zone(window_tz)
+        with self.write() as conn:
+            current = self._queue(conn, name, lock=True)
+            values: dict[str, Any] = {
+                "concurrency_limit": current.limit if limit is None else max(limit, 0),
+                "windows": current.windows,
+                "window_tz": current.window_tz,
+            }
+            if clear_windows:
+                values.update(windows=None, window_tz=None)
+            if parsed is not None:
+                values["windows"] = timewindows.format_windows(parsed)
+            if window_tz is not None:
+                values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
+            exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
+            if exists_already:
+                conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
+            else:
+                conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
+            notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
+            return self._queue(conn, name)
+
+    def queue_settings(self, name: str) -> QueueSettings:
+        """A queue's settings (defaults when it has no row): read by watchers once per poll interval."""
+        with self.read() as conn:
+            return self._queue(conn, name)
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue with settings or partitions: its limit, slots in use, windows and whether open."""
+        now = _utcnow()
+        with self.read() as conn:
+            names = set(conn.execute(select(Q.name)).scalars()) | set(
+                conn.execute(select(P.queue).where(P.status == IS_AVAILABLE).distinct()).scalars()
+            )
+            return [self._queue(conn, name).describe(now, self._slots_in_use(conn, name)) for name in sorted(names)]
+
+    def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
+        query = select(Q.concurrency_limit, Q.windows, Q.window_tz).where(Q.name == name)
+        if lock and self.postgres:
+            query = query.with_for_update()
+        row = conn.execute(query).one_or_none()
+        if row is None:
+            return QueueSettings(name)
+        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz)
+
+    def _slots_in_use(self, conn: Connection, queue: str) -> int:
+        """Weights in flight for `queue`: the slots of its live watchers."""
+        return int(
+            conn.execute(
+                select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
+            ).scalar_one()
+        )
+
+    def _schedule_status(self, conn: Connection, row: Row[Any]) -> dict[str, Any]:
+        """The additive `status KEY` keys of issue 7: `schedule` (weight, item timeout, windows and
+        when the next one opens, the queue's limit) and `progress` (per gate done / total and the
+        mean progress of items in flight)."""
+        now = _utcnow()
+        queue = self._queue(conn, row.queue)
+        own = timewindows.parse_windows(row.windows)
+        own_tz = timewindows.zone(row.window_tz)
+        schedule: dict[str, Any] = {
+            "weight": row.weight,
+            "item_timeout": row.item_timeout,
+            "windows": row.windows,
+            "timezone": row.window_tz or "UTC",
+            "queue": queue.describe(now, self._slots_in_use(conn, row.queue)),
+        }
+        opens = _next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
+        schedule["window_open"] = opens == now
+        schedule["next_window_opens_at"] = None if opens == now else _iso(opens)
+        reported = conn.execute(
+            select(I.gate, func.count(I.progress), func.avg(I.progress))
+            .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))
+            .group_by(I.gate)
+        ).all()
+        in_flight = {gate: (n, float(mean)) for gate, n, mean in reported}
+        per_gate, done_all, total_all = {}, 0, 0
+        counts = conn.execute(
+            select(I.gate, func.count(), func.sum(case((I.status == IS_AVAILABLE, 0), else_=1)))
+            .where(I.partition_id == row.id)
+            .group_by(I.gate)
+            .order_by(I.gate)
+        ).all()
+        for gate, total, done in counts:
+            n, mean = in_flight.get(gate, (0, None))
+            per_gate[str(gate)] = {"done": int(done or 0), "total": total, "in_flight": n, "mean_progress": mean}
+            done_all, total_all = done_all + int(done or 0), total_all + total
+        return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}
+
     # ------------------------------------------------------------ the gate rules, applied
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
@@ -1202,6 +1368,42 @@ _PG_INSERT_ITEMS = text(
 )
 
 
+_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
+_REMAINING = seconds_until(P.lease_expires_at).label("remaining")
+
+
+def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
+    return Lease(
+        row.id,
+        row.key,
+        row.lease_epoch,
+        wanted_by,
+        float(row.remaining or 0.0),
+        row.weight,
+        row.item_timeout,
+        row.windows,
+        row.window_tz,
+    )
+
+
+def _schedule_values(
+    weight: int, item_timeout: float | None, windows: str | Sequence[str] | None, window_tz: str | None
+) -> dict[str, Any]:
+    """Validated scheduling columns of a partition (InvalidInput when malformed)."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+        raise InvalidInput(f"weight must be an integer >= 1, got {weight!r}")
+    if item_timeout is not None and (isinstance(item_timeout, bool) or not item_timeout > 0):
+        raise InvalidInput(f"item timeout must be a positive number of seconds, got {item_timeout!r}")
+    parsed = timewindows.parse_windows(windows)
+    timewindows.zone(window_tz)
+    return {
+        "weight": weight,
+        "item_timeout": float(item_timeout) if item_timeout is not None else None,
+        "windows": timewindows.format_windows(parsed),
+        "window_tz": window_tz if parsed and window_tz and window_tz.upper() not in ("UTC", "Z") else None,
+    }
+
+
 class WatcherGone(Exception):
     """The watcher's registration was removed (it was presumed dead)."""
 
@@ -1213,6 +1415,22 @@ def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _next_dispatch(schedules: Iterable[tuple[Any, Any]], now: datetime) -> datetime:
+    """The first moment from `now` when every (windows, zone) pair is open at once."""
+    pairs = [(w, z) for w, z in schedules if w]
+    at = now
+    for _ in range(50):
+        later = max((timewindows.next_opening(w, z, at) for w, z in pairs), default=at)
+        if later == at:
+            return at
+        at = later
+    return at
 
 
 def _is_unique_violation(error: IntegrityError) -> bool:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, RetryLater
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
@@ -60,6 +60,7 @@ class WatcherConfig:
     retention: float | None = None  # delete partitions finished longer ago than this (seconds)
     retention_every: float = 300.0
     steals_per_cycle: int = 2
+    item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -71,6 +72,8 @@ class WatcherConfig:
                 raise ValueError(f"{name} must be positive")
         if self.retry_delay < 0 or self.shutdown_grace < 0:
             raise ValueError("retry_delay and shutdown_grace must be >= 0")
+        if self.item_timeout is not None and self.item_timeout <= 0:
+            raise ValueError("item_timeout must be positive")
 
     @property
     def max_partitions(self) -> int:
@@ -468,7 +471,7 @@ class Watcher:
                 continue
             self.busy.add(item.id)
             try:
-                outcome = await self._deliver(item)
+                outcome = await self._deliver(item, lease)
             except Exception:  # a bug of ours, not the processor's: forget the item, it will come again
                 log.exception("internal error delivering item %s; it will be delivered again", item.id)
                 self.inflight.pop(item.id, None)
@@ -480,12 +483,18 @@ class Watcher:
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
 
-    async def _deliver(self, ready: ReadyItem) -> Outcome:
+    async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
         item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data)
+        limit = lease.item_timeout or self.config.item_timeout
         try:
-            response = await call_processor(self.processor, item)
+            async with asyncio.timeout(limit) as deadline:
+                response = await call_processor(self.processor, item)
         except asyncio.CancelledError:
             raise
+        except TimeoutError as error:
+            # Past the item timeout the call is abandoned (a plain-def processor's thread runs on, unheard).
+            late = RetryLater(f"item timed out after {limit:g}s") if deadline.expired() else error
+            return outcome_of(ready, self.policy, error=late)
         except Exception as error:
             return outcome_of(ready, self.policy, error=error)
         return outcome_of(ready, self.policy, response=response)
