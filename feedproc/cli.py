@@ -263,6 +263,58 @@ def status(
         print_partition(result)
 
 
+queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: global concurrency limit and time windows.")
+app.add_typer(queue_app, name="queue")
+
+
+@queue_app.command("set")
+def queue_set(
+    name: str,
+    limit: Annotated[
+        int | None, typer.Option(help="Sum of weights in flight across all watchers at most (< 1: no limit).")
+    ] = None,
+    window: Annotated[
+        list[str] | None,
+        typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window of the day (repeatable)."),
+    ] = None,
+    timezone: Annotated[
+        str | None, typer.Option(metavar="ZONE", help="Time zone of the windows (default UTC).")
+    ] = None,
+    no_windows: Annotated[bool, typer.Option("--no-windows", help="Remove the queue's windows.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Store queue NAME's concurrency limit and/or windows (options not given keep their value)."""
+    with _feed(db) as feed:
+        settings = feed.set_queue(name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows)
+    limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
+    windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
+    typer.echo(f"queue {name}: {limit_text}, {windows_text}")
+
+
+@queue_app.command("show")
+def queue_show(
+    name: Annotated[str | None, typer.Argument(help="One queue; omit for all.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show queues' limits, slots in use and windows (with when the next one opens)."""
+    with _feed(db) as feed:
+        rows = [q for q in feed.queues() if name is None or q["name"] == name]
+        if name is not None and not rows:
+            rows = [feed.queue(name)]
+    if as_json:
+        typer.echo(json.dumps(rows[0] if name is not None else rows))
+        return
+    for q in rows:
+        limit_text = f"limit {q['limit']} ({q['slots_in_use']} in use)" if q["limit"] else "no limit"
+        if q["windows"]:
+            state = "open" if q["window_open"] else f"closed, opens {q['next_window_opens_at']}"
+            windows_text = f"windows {q['windows']} {q['timezone']} ({state})"
+        else:
+            windows_text = "no windows"
+        typer.echo(f"{q['name']}: {limit_text}, {windows_text}")
+
+
 @app.command()
 def wait(
     key: str,

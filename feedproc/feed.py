@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from .models import NewItem
-from .store import Store
+from .store import QueueSettings, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 
@@ -102,6 +102,29 @@ class Feed:
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)
+
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+    ) -> QueueSettings:
+        """Store a queue's global concurrency limit (sum of weights in flight across all watchers; < 1
+        means none) and/or its windows of the day; arguments left None keep their value."""
+        return self.store.set_queue(
+            name, limit=limit, windows=windows, window_tz=window_tz, clear_windows=clear_windows
+        )
+
+    def queue(self, name: str) -> dict[str, Any]:
+        """One queue's settings and state (limit, slots in use, windows, next opening)."""
+        return self.store.queue(name)
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue with settings or unfinished partitions, as `queue`."""
+        return self.store.queues()
 
     def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
         """Block until `key` is complete, failed or cancelled and return its status dict (as

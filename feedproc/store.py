@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ class ReadyItem:
     gate: int
     attempts: int
     data: bytes
+    weight: int = 1  # its share of the queue's concurrency limit while in flight
 
 
 class Kind:
@@ -142,6 +143,14 @@ class Applied:
     written: list[int] = field(default_factory=list)  # item ids
     lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
     released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClaim:
+    """A watcher of a limited queue asking for slots: its queue and the weight it has in flight."""
+
+    queue: str
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,7 +613,16 @@ class Store:
     # ------------------------------------------------------------ watchers: membership
 
     def register_watcher(
-        self, watcher_id: str, *, host: str, pid: int, queue: str, concurrency: int, capacity: int, lease_seconds: float
+        self,
+        watcher_id: str,
+        *,
+        host: str,
+        pid: int,
+        queue: str,
+        concurrency: int,
+        capacity: int,
+        lease_seconds: float,
+        slots: int = 0,
     ) -> None:
         with self.write() as conn:
             conn.execute(
@@ -618,6 +636,7 @@ class Store:
                     started_at=db_now(),
                     heartbeat_at=db_now(),
                     expires_at=seconds_from_now(lease_seconds),
+                    slots=slots,
                 )
             )
 
@@ -834,20 +853,27 @@ class Store:
 
     # ------------------------------------------------------------ watchers: items
 
-    def fetch_ready(self, watcher_id: str, limit: int, exclude: Iterable[int] = ()) -> list[ReadyItem]:
+    def fetch_ready(
+        self, watcher_id: str, limit: int, exclude: Iterable[int] = (), *, slots: SlotClaim | None = None
+    ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): partitions by priority then age, items in
-        the order they became ready."""
+        the order they became ready.
+
+        With `slots` (the watcher's queue has a concurrency limit) the fetch is also the slot claim:
+        see `_fetch_within_limit`."""
+        excluded = sorted(set(exclude))
+        if slots is not None:
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots)
         if limit <= 0:
             return []
-        excluded = sorted(set(exclude))
         with self.read() as conn:
             if self.postgres:
                 return self._fetch_ready_pg(conn, watcher_id, limit, excluded)
             return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded)
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
-        return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at).where(
+        return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at, P.weight).where(
             P.lease_owner == watcher_id,
             P.status == IS_AVAILABLE,
             P.wanted_by.is_(None),
@@ -872,7 +898,8 @@ class Store:
     def _fetch_ready_pg(self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]) -> list[ReadyItem]:
         rows = conn.execute(_PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit})
         return [
-            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data) for r in rows
+            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data, r.weight)
+            for r in rows
         ]
 
     def _fetch_ready_sqlite(
@@ -892,14 +919,16 @@ class Store:
                 .limit(limit - len(found))
             )
             found += [
-                ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data)
+                ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data, p.weight)
                 for r in conn.execute(query)
             ]
             if len(found) >= limit:
                 break
         return found
 
-    def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
+    def apply(
+        self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0, release_slots: int = 0
+    ) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
         Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
@@ -911,6 +940,8 @@ class Store:
         if not outcomes:
             return applied
         with self.write() as conn:
+            if release_slots:  # a limited queue: these items' slots come back with their answers
+                self._release_slots(conn, watcher_id, release_slots)
             pids = sorted({o.partition_id for o in outcomes})
             held = dict(
                 conn.execute(
@@ -1095,6 +1126,12 @@ class Store:
             )
             return [self._queue(conn, name).describe(now, self._slots_in_use(conn, name)) for name in sorted(names)]
 
+    def queue(self, name: str) -> dict[str, Any]:
+        """One queue's settings and state (as in `queues`)."""
+        check_queue(name)
+        with self.read() as conn:
+            return self._queue(conn, name).describe(_utcnow(), self._slots_in_use(conn, name))
+
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
         query = select(Q.concurrency_limit, Q.windows, Q.window_tz).where(Q.name == name)
         if lock and self.postgres:
@@ -1110,6 +1147,55 @@ class Store:
             conn.execute(
                 select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
             ).scalar_one()
+        )
+
+    def _fetch_within_limit(
+        self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim
+    ) -> list[ReadyItem]:
+        """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
+        in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
+
+        Free = limit - slots of the queue's other live watchers - `claim.held` (the weight this
+        watcher still has in flight, which it knows exactly). Items are taken in dispatch order while
+        their weights fit (a weight above the limit counts as the limit, so such an item runs alone);
+        the watcher's row is then set to held + taken. A dead watcher's slots stop counting when its
+        registration expires."""
+        with self.write() as conn:
+            settings = self._queue(conn, claim.queue, lock=True)
+            taken: list[ReadyItem] = []
+            if not settings.limited:  # the limit was lifted meanwhile
+                self._set_slots(conn, watcher_id, 0)
+                if want > 0:
+                    fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
+                    taken = fetch(conn, watcher_id, want, excluded)
+                return taken
+            others = int(
+                conn.execute(
+                    select(func.coalesce(func.sum(W.slots), 0)).where(
+                        W.queue == claim.queue, W.expires_at > db_now(), W.id != watcher_id
+                    )
+                ).scalar_one()
+            )
+            free = settings.limit - others - claim.held
+            if free > 0 and want > 0:
+                fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
+                for item in fetch(conn, watcher_id, min(want, free), excluded):
+                    weight = min(item.weight, settings.limit)
+                    if weight > free:
+                        break  # strict dispatch order: a heavy item is not overtaken by lighter ones
+                    free -= weight
+                    taken.append(replace(item, weight=weight))
+            self._set_slots(conn, watcher_id, claim.held + sum(item.weight for item in taken))
+            return taken
+
+    def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
+        conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+
+    def _release_slots(self, conn: Connection, watcher_id: str, weight: int) -> None:
+        conn.execute(
+            update(watchers)
+            .where(W.id == watcher_id)
+            .values(slots=case((W.slots > weight, W.slots - weight), else_=0))
         )
 
     def _schedule_status(self, conn: Connection, row: Row[Any]) -> dict[str, Any]:
@@ -1289,9 +1375,10 @@ class Store:
 # compares each candidate with every excluded id (2-10x slower with a few hundred in flight).
 _PG_FETCH_READY = text(
     """
-    SELECT i.id, i.version, i.gate, i.attempts, i.data, best.pid, best.key, best.queue, best.lease_epoch
+    SELECT i.id, i.version, i.gate, i.attempts, i.data, best.pid, best.key, best.queue, best.lease_epoch, best.weight
     FROM (
-        SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at
+        SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
+               p.weight
         FROM feedproc_partitions AS p
         CROSS JOIN LATERAL (
             SELECT c.id, c.next_attempt_at

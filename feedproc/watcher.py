@@ -36,7 +36,7 @@ from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import call_processor
-from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
+from .store import Lease, Outcome, QueueSettings, ReadyItem, SlotClaim, StaleWrite, Store, WatcherGone
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
@@ -134,6 +134,8 @@ class Watcher:
         self._last_steal = 0.0
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
+        self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
+        self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
@@ -173,11 +175,13 @@ class Watcher:
             concurrency=cfg.concurrency,
             capacity=cfg.max_partitions,
             lease_seconds=cfg.lease_seconds,
+            slots=self._held_weight() if self.queue_settings.limited else 0,
         )
 
     async def run(self) -> None:
         """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
         cfg = self.config
+        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
         await self._register(self._db)
         log.info(
             "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
@@ -406,6 +410,7 @@ class Watcher:
 
     async def _maintain(self) -> None:
         cfg = self.config
+        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)
         if stray:
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
@@ -432,7 +437,13 @@ class Watcher:
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
 
+    def _held_weight(self) -> int:
+        """Weight of the items fetched and not yet written or dropped: the slots this watcher holds."""
+        return sum(item.weight for item in self.inflight.values())
+
     async def _fill_buffer(self) -> None:
+        if self.queue_settings.limited:
+            return await self._fill_within_limit()
         target = max(4 * self.config.concurrency, PREFETCH)
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
             return
@@ -444,6 +455,23 @@ class Watcher:
             lease = self.owned.get(item.partition_id)
             if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 continue
+            self.inflight[item.id] = item
+            self._buffer.put_nowait(item)
+
+    async def _fill_within_limit(self) -> None:
+        """A queue with a concurrency limit: fetch no more than idle workers can start now (a
+        prefetched item would hold a slot while it waits), claiming the slots in the same call."""
+        want = 0 if self.stopping else self.config.concurrency - len(self.busy) - self._buffer.qsize()
+        held = self._held_weight()
+        if (want <= 0 or not self.owned) and held == self._slots_reported:
+            return
+        claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
+        ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight), slots=claim)
+        self._slots_reported = held + sum(item.weight for item in ready)
+        for item in ready:
+            lease = self.owned.get(item.partition_id)
+            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                continue  # its slot stays counted until the next fetch sets the count again
             self.inflight[item.id] = item
             self._buffer.put_nowait(item)
 
@@ -526,11 +554,19 @@ class Watcher:
             before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr,arg-type]
             reraise=True,
         )
+        release = 0
+        if self.queue_settings.limited:  # their slots come back in the transaction that writes them
+            release = sum(item.weight for o in batch if (item := self.inflight.get(o.item_id)) is not None)
         try:
             async for attempt in retrying:
                 with attempt:
                     applied = await self._db_call(
-                        self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
+                        self._writer,
+                        self.store.apply,
+                        self.id,
+                        batch,
+                        idle_after=self.config.lease_seconds / 3,
+                        release_slots=release,
                     )
         except (StaleWrite, DatabaseUnavailable) as error:
             log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)

@@ -8,13 +8,18 @@ concurrency limit across several watchers is checked with real `feedproc watch` 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import threading
 import time
 from typing import Any
 
-from feedproc import Feed, Item, Processor, Response
+import pytest
 
-from .support import HandlerService, run_cli
+from feedproc import Feed, Item, Processor, Response
+from feedproc.store import Store
+
+from .support import HandlerService, run_cli, wait_until
 from .test_watcher import history_of, wait_status, watching
 
 
@@ -105,3 +110,182 @@ def test_a_non_positive_item_timeout_is_malformed_input(db_url: str) -> None:
     assert "--item-timeout" in result.stderr
     watch = run_cli(db_url, "watch", "--handler", "http://127.0.0.1:9/x", "--item-timeout", "-1")
     assert watch.returncode == 2
+
+
+# ---------------------------------------------------------------- global concurrency limit, with weights
+
+
+def register(store: Store, watcher_id: str, queue: str = "default") -> None:
+    store.register_watcher(watcher_id, host="test", pid=1, queue=queue, concurrency=10, capacity=10, lease_seconds=30)
+
+
+def lease_all(store: Store, watcher_id: str, queue: str = "default") -> None:
+    assert store.acquire(watcher_id, queue, 100, 30)
+
+
+def test_queue_set_limit_is_stored_and_a_limit_below_1_means_none(feed: Feed) -> None:
+    assert feed.set_queue("q", limit=4).limit == 4
+    assert feed.queue("q")["limit"] == 4
+    assert feed.set_queue("q", limit=0).limited is False
+    assert feed.queue("q")["limit"] is None
+
+
+def test_a_fetch_takes_no_more_than_the_limit_in_slots(feed: Feed, store: Store) -> None:
+    from feedproc.store import SlotClaim
+
+    feed.set_queue("default", limit=3)
+    feed.add_partition("p", [(0, b"{}")] * 10)
+    register(store, "w1")
+    lease_all(store, "w1")
+    assert len(store.fetch_ready("w1", 10, slots=SlotClaim("default"))) == 3
+    assert feed.queue("default")["slots_in_use"] == 3
+
+
+def test_slots_held_by_one_watcher_are_not_given_to_another(feed: Feed, store: Store) -> None:
+    from feedproc.store import SlotClaim
+
+    feed.set_queue("default", limit=3)
+    feed.add_partition("a", [(0, b"{}")] * 5)
+    feed.add_partition("b", [(0, b"{}")] * 5)
+    register(store, "w1")
+    register(store, "w2")
+    assert store.acquire("w1", "default", 1, 30) and store.acquire("w2", "default", 1, 30)
+    first = store.fetch_ready("w1", 2, slots=SlotClaim("default"))
+    second = store.fetch_ready("w2", 10, slots=SlotClaim("default"))
+    assert (len(first), len(second)) == (2, 1)
+    assert store.fetch_ready("w2", 10, [i.id for i in second], slots=SlotClaim("default", held=1)) == []
+
+
+def test_weights_count_against_the_limit_and_a_heavier_item_than_the_limit_runs_alone(feed: Feed, store: Store) -> None:
+    from feedproc.store import SlotClaim
+
+    feed.set_queue("default", limit=4)
+    feed.add_partition("heavy", [(0, b"{}")] * 3, weight=3, priority=1)
+    register(store, "w1")
+    lease_all(store, "w1")
+    taken = store.fetch_ready("w1", 10, slots=SlotClaim("default"))
+    assert [i.weight for i in taken] == [3]  # 3 + 3 > 4
+    feed.set_queue("default", limit=2)
+    again = store.fetch_ready("w1", 10, [i.id for i in taken], slots=SlotClaim("default", held=0))
+    assert [i.weight for i in again] == [2]  # weight 3 > limit 2 counts as 2: it runs, alone
+
+
+def test_answers_written_give_their_slots_back(feed: Feed, store: Store) -> None:
+    from feedproc.store import Kind, Outcome, SlotClaim
+
+    feed.set_queue("default", limit=2)
+    feed.add_partition("p", [(0, b"{}")] * 4)
+    register(store, "w1")
+    lease_all(store, "w1")
+    taken = store.fetch_ready("w1", 10, slots=SlotClaim("default"))
+    assert feed.queue("default")["slots_in_use"] == 2
+    done = [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken]
+    store.apply("w1", done, release_slots=2)
+    assert feed.queue("default")["slots_in_use"] == 0
+
+
+def test_a_dead_watchers_slots_come_back_when_its_registration_expires(feed: Feed, store: Store) -> None:
+    from sqlalchemy import update
+
+    from feedproc.dialects import seconds_from_now
+    from feedproc.schema import watchers
+    from feedproc.store import SlotClaim
+
+    feed.set_queue("default", limit=2)
+    feed.add_partition("a", [(0, b"{}")] * 4)
+    feed.add_partition("b", [(0, b"{}")] * 4)
+    register(store, "dead")
+    register(store, "alive")
+    assert store.acquire("dead", "default", 1, 30) and store.acquire("alive", "default", 1, 30)
+    assert len(store.fetch_ready("dead", 10, slots=SlotClaim("default"))) == 2
+    assert store.fetch_ready("alive", 10, slots=SlotClaim("default")) == []
+    with store.write() as conn:  # it stopped heartbeating: its registration ran out
+        conn.execute(update(watchers).where(watchers.c.id == "dead").values(expires_at=seconds_from_now(-1)))
+    assert len(store.fetch_ready("alive", 10, slots=SlotClaim("default"))) == 2
+
+
+def test_queue_set_command_stores_the_limit_and_queue_show_reports_it(db_url: str) -> None:
+    result = run_cli(db_url, "queue", "set", "imports", "--limit", "5")
+    assert result.returncode == 0, result.stderr
+    assert "limit 5" in result.stdout
+    shown = json.loads(run_cli(db_url, "queue", "show", "imports", "--json").stdout)
+    assert shown["limit"] == 5 and shown["slots_in_use"] == 0
+
+
+class ConcurrencyMeter:
+    """A handler behaviour that records how many requests (and how much weight) are in flight at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.active = self.weight = self.peak = self.peak_weight = 0
+        self.samples: list[tuple[float, int]] = []  # (time, weight in flight) at each change
+
+    def __call__(self, body: dict[str, Any]) -> tuple[Any, ...]:
+        weight = body["data"].get("weight", 1)
+        with self.lock:
+            self.active += 1
+            self.weight += weight
+            self.peak, self.peak_weight = max(self.peak, self.active), max(self.peak_weight, self.weight)
+            self.samples.append((time.monotonic(), self.weight))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active -= 1
+            self.weight -= weight
+            self.samples.append((time.monotonic(), self.weight))
+        return (200, {"done": True})
+
+    def throughput(self) -> float:
+        """Requests answered per second from the first request to the last answer."""
+        with self.lock:
+            samples = list(self.samples)
+        return len(samples) / 2 / max(samples[-1][0] - samples[0][0], 1e-9)
+
+    def mean_weight(self) -> float:
+        """Time-averaged weight in flight from the first request to the last answer."""
+        with self.lock:
+            samples = list(self.samples)
+        area = sum(w * (t2 - t1) for (t1, w), (t2, _) in itertools.pairwise(samples))
+        return area / max(samples[-1][0] - samples[0][0], 1e-9)
+
+
+@pytest.mark.slow
+def test_several_watcher_processes_never_exceed_the_queue_limit_and_reach_it(
+    db_url: str, feed: Feed, handler: HandlerService, watchers: Any
+) -> None:
+    limit, seconds, items = 4, 0.2, 60
+    meter = ConcurrencyMeter(seconds)
+    handler.behavior = meter
+    feed.set_queue("default", limit=limit)
+    for n in range(6):
+        feed.add_partition(f"p{n}", [(0, js({"n": i})) for i in range(items // 6)])
+    for _ in range(3):
+        watchers.start("--handler", handler.url, "--concurrency", "5", "--poll-interval", "0.05")
+    for n in range(6):
+        wait_status(feed, f"p{n}", "complete", timeout=120)
+    mean, rate = meter.mean_weight(), meter.throughput()
+    print(
+        f"\nlimit {limit}: observed peak {meter.peak} in flight, mean {mean:.2f}; {rate:.1f} items/s "
+        f"while busy (at most {limit / seconds:.0f}/s at the limit)"
+    )
+    assert meter.peak <= limit
+    assert meter.peak == limit  # throughput reaches the limit
+    assert mean >= 0.6 * limit, f"mean concurrency {mean:.2f} is far below the limit {limit}"
+    wait_until(lambda: feed.queue("default")["slots_in_use"] == 0, timeout=10, what="the slots to come back")
+
+
+@pytest.mark.slow
+def test_weighted_items_in_flight_never_exceed_the_limit_across_watcher_processes(
+    db_url: str, feed: Feed, handler: HandlerService, watchers: Any
+) -> None:
+    meter = ConcurrencyMeter(0.15)
+    handler.behavior = meter
+    feed.set_queue("default", limit=5)
+    feed.add_partition("heavy", [(0, js({"weight": 2})) for _ in range(12)], weight=2)
+    feed.add_partition("light", [(0, js({"weight": 1})) for _ in range(12)])
+    for _ in range(2):
+        watchers.start("--handler", handler.url, "--concurrency", "5", "--poll-interval", "0.05")
+    wait_status(feed, "heavy", "complete", timeout=120)
+    wait_status(feed, "light", "complete", timeout=120)
+    assert meter.peak_weight <= 5
+    assert meter.peak_weight >= 4
