@@ -134,6 +134,7 @@ class Outcome:
     delay: float = 0.0
     attempts: int = 0  # the item's attempts after this outcome
     error: str | None = None
+    progress: float | None = None  # reported with a "not yet" answer (0..1)
 
 
 @dataclass(slots=True)
@@ -143,6 +144,17 @@ class Applied:
     written: list[int] = field(default_factory=list)  # item ids
     lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
     released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """How far an item in flight has got, as its processor reported (written with the heartbeat)."""
+
+    item_id: int
+    partition_id: int
+    epoch: int
+    gate: int
+    fraction: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -644,8 +656,9 @@ class Store:
         with self.write() as conn:
             conn.execute(sa_delete(watchers).where(W.id == watcher_id))
 
-    def heartbeat(self, watcher_id: str, lease_seconds: float) -> list[Lease]:
-        """Renew the watcher and all its leases; returns the leases it still holds."""
+    def heartbeat(self, watcher_id: str, lease_seconds: float, progress: Sequence[ProgressReport] = ()) -> list[Lease]:
+        """Renew the watcher and all its leases; returns the leases it still holds. `progress`
+        reports of items in flight are stored in the same transaction, fenced by lease epoch."""
         with self.write() as conn:
             alive = conn.execute(
                 update(watchers)
@@ -661,7 +674,10 @@ class Store:
             )
             # Forget watchers that have been dead for a while (their leases expire on their own).
             conn.execute(sa_delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
-            return self._owned(conn, watcher_id)
+            leases = self._owned(conn, watcher_id)
+            if progress:  # the renewal above locked this watcher's partition rows: the fence holds
+                self._store_progress(conn, leases, progress)
+            return leases
 
     def owned(self, watcher_id: str) -> list[Lease]:
         """The partitions currently leased to a watcher (with any steal request on them)."""
@@ -982,6 +998,7 @@ class Store:
                     "error": error,
                     "clear": o.kind in (Kind.DONE, Kind.MOVE),
                     "delay": float(o.delay),
+                    "progress": o.progress,
                 }
             )
             children += [
@@ -1149,9 +1166,7 @@ class Store:
             ).scalar_one()
         )
 
-    def _fetch_within_limit(
-        self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim
-    ) -> list[ReadyItem]:
+    def _fetch_within_limit(self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
         in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
 
@@ -1193,10 +1208,25 @@ class Store:
 
     def _release_slots(self, conn: Connection, watcher_id: str, weight: int) -> None:
         conn.execute(
-            update(watchers)
-            .where(W.id == watcher_id)
-            .values(slots=case((W.slots > weight, W.slots - weight), else_=0))
+            update(watchers).where(W.id == watcher_id).values(slots=case((W.slots > weight, W.slots - weight), else_=0))
         )
+
+    def _store_progress(self, conn: Connection, leases: list[Lease], reports: Sequence[ProgressReport]) -> None:
+        """Write progress reports of items still available at the gate they were dispatched at, in
+        partitions still leased under the epoch they were dispatched with (others are dropped)."""
+        epochs = {lease.partition_id: lease.epoch for lease in leases}
+        rows = [
+            {"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction}
+            for r in reports
+            if epochs.get(r.partition_id) == r.epoch
+        ]
+        if rows:
+            conn.execute(
+                update(items)
+                .where(I.id == bindparam("b_id"), I.gate == bindparam("b_gate"), I.status == IS_AVAILABLE)
+                .values(progress=bindparam("b_progress")),
+                rows,
+            )
 
     def _schedule_status(self, conn: Connection, row: Row[Any]) -> dict[str, Any]:
         """The additive `status KEY` keys of issue 7: `schedule` (weight, item timeout, windows and
@@ -1396,7 +1426,7 @@ _PG_FETCH_READY = text(
     ORDER BY best.priority DESC, best.created_at, best.pid, best.next_attempt_at, best.id
     """
 )
-_OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay")
+_OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay", "progress")
 # One statement per batch of answers on PostgreSQL: the outcomes arrive as arrays. The version
 # match is the guard (every change of an item's status bumps its version, so an item dispatched
 # while available is still available if its version is unchanged). There is deliberately no
@@ -1412,12 +1442,14 @@ _PG_UPDATE_ITEMS = text(
         attempts = v.attempts,
         last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         next_attempt_at = now() + v.delay * interval '1 second',
+        progress = CASE WHEN v.clear THEN NULL ELSE COALESCE(v.progress, i.progress) END,
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
-                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]))
-        AS v(id, version, status, gate, data, attempts, error, clear, delay)
+                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
+                CAST(:progress AS double precision[]))
+        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
@@ -1436,6 +1468,10 @@ _UPDATE_ITEM = (
             else_=I.last_error,
         ),
         next_attempt_at=seconds_from_now(bindparam("b_delay")),
+        progress=case(
+            (bindparam("b_clear", type_=Boolean()).is_(True), None),
+            else_=func.coalesce(bindparam("b_progress", type_=items.c.progress.type), I.progress),
+        ),
         version=I.version + 1,
         updated_at=db_now(),
     )

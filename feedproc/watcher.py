@@ -36,7 +36,18 @@ from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import call_processor
-from .store import Lease, Outcome, QueueSettings, ReadyItem, SlotClaim, StaleWrite, Store, WatcherGone
+from .store import (
+    Kind,
+    Lease,
+    Outcome,
+    ProgressReport,
+    QueueSettings,
+    ReadyItem,
+    SlotClaim,
+    StaleWrite,
+    Store,
+    WatcherGone,
+)
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
@@ -135,6 +146,7 @@ class Watcher:
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
+        self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
         self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
@@ -281,14 +293,18 @@ class Watcher:
         while True:
             await asyncio.sleep(delay)
             delay = interval
+            reports, self._progress = self._progress, {}
             try:
-                await self._refresh_leases(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
+                await self._refresh_leases(
+                    self._hb, self.store.heartbeat, self.id, self.config.lease_seconds, list(reports.values())
+                )
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
                     await self._register(self._hb)
                 continue
             except Exception as error:
+                self._progress = {**reports, **self._progress}  # keep them for the next beat; newer win
                 self._health.failed("heartbeat", error)
                 delay = self._outage_delay(interval)  # retry sooner: renew before the leases expire
                 if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:
@@ -506,13 +522,19 @@ class Watcher:
                 continue
             finally:
                 self.busy.discard(item.id)
+                report = self._progress.pop(item.id, None)  # its answer is written instead
+            if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
+                outcome.progress = report.fraction
             self.results.append(outcome)
             self._results_ready.set()
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
 
     async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
-        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data)
+        def report(fraction: float) -> None:  # may be called from a plain-def processor's thread
+            self._progress[ready.id] = ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction)
+
+        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, report)
         limit = lease.item_timeout or self.config.item_timeout
         try:
             async with asyncio.timeout(limit) as deadline:

@@ -289,3 +289,107 @@ def test_weighted_items_in_flight_never_exceed_the_limit_across_watcher_processe
     wait_status(feed, "light", "complete", timeout=120)
     assert meter.peak_weight <= 5
     assert meter.peak_weight >= 4
+
+
+# ---------------------------------------------------------------- progress
+
+
+class ReportsThenWaits(Processor):
+    """Reports `fraction` for every item, then holds it until `release` is set."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self.release = threading.Event()
+
+    async def process(self, item: Item) -> Response:
+        await item.progress(self.fraction)
+        while not self.release.is_set():
+            await asyncio.sleep(0.02)
+        return Response(done=True)
+
+
+def gate_progress(feed: Feed, key: str, gate: int = 0) -> dict[str, Any]:
+    return feed.status(key)["progress"]["gates"][str(gate)]
+
+
+def test_python_processor_progress_is_stored_with_the_heartbeat_and_shown_per_gate(db_url: str, feed: Feed) -> None:
+    feed.add_partition("long", [(0, b"{}"), (0, b"{}"), (0, b"{}")])
+    processor = ReportsThenWaits(0.4)
+    with watching(db_url, processor, concurrency=2, lease_seconds=1.5):
+        shown = wait_until(
+            lambda: (g := gate_progress(feed, "long"))["in_flight"] == 2 and g,
+            timeout=20,
+            what="the progress of two items in flight",
+        )
+        assert shown["mean_progress"] == pytest.approx(0.4)
+        assert (shown["done"], shown["total"]) == (0, 3)
+        processor.release.set()
+        wait_status(feed, "long", "complete")
+    final = gate_progress(feed, "long")
+    assert (final["done"], final["total"], final["in_flight"], final["mean_progress"]) == (3, 3, 0, None)
+
+
+def test_a_plain_def_processor_may_report_progress_without_await(db_url: str, feed: Feed) -> None:
+    feed.add_partition("sync", [(0, b"{}")])
+    release = threading.Event()
+
+    class Sync(Processor):
+        def process(self, item: Item) -> Response:
+            item.progress(0.25)
+            release.wait(20)
+            return Response(done=True)
+
+    with watching(db_url, Sync(), lease_seconds=1.5):
+        wait_until(lambda: gate_progress(feed, "sync")["mean_progress"] == 0.25, timeout=20, what="progress 0.25")
+        release.set()
+        wait_status(feed, "sync", "complete")
+
+
+def test_progress_outside_0_to_1_is_refused() -> None:
+    item = Item(1, "p", "default", 0, 1, b"{}", lambda fraction: None)
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        item.progress(1.5)
+
+
+def test_http_not_yet_answer_with_progress_is_accepted_and_shown(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    from feedproc import HTTPProcessor
+
+    asked = threading.Event()
+
+    def behavior(body: dict[str, Any]) -> tuple[Any, ...]:
+        if not asked.is_set():
+            return (200, {"gate": 0, "progress": 0.4, "retry_after": 0.1})
+        return (200, {"done": True})
+
+    handler.behavior = behavior
+    feed.add_partition("web", [(0, b"{}")])
+    with watching(db_url, HTTPProcessor(handler.url)):
+        wait_until(lambda: gate_progress(feed, "web")["mean_progress"] == 0.4, timeout=20, what="progress 0.4")
+        assert feed.status("web")["items"]["failed"] == 0
+        asked.set()
+        wait_status(feed, "web", "complete")
+    assert history_of(feed, "web", "item_retried") == []  # "not yet" is not a failure
+
+
+def test_http_answer_with_progress_out_of_range_is_an_invalid_answer() -> None:
+    from feedproc.processors import InvalidAnswer, read_answer
+
+    with pytest.raises(InvalidAnswer, match="progress"):
+        read_answer(200, b'{"gate": 0, "progress": 1.5}', None)
+    assert read_answer(200, b'{"gate": 0, "progress": 0.4}', None).progress == 0.4
+
+
+def test_a_progress_report_under_a_lost_lease_is_not_stored(feed: Feed, store: Store) -> None:
+    from feedproc.store import ProgressReport
+
+    feed.add_partition("p", [(0, b"{}")])
+    register(store, "w1")
+    (lease,) = store.acquire("w1", "default", 1, 30)
+    (item,) = store.fetch_ready("w1", 10)
+    stale = ProgressReport(item.id, item.partition_id, lease.epoch - 1, item.gate, 0.9)
+    store.heartbeat("w1", 30, [stale])
+    assert gate_progress(feed, "p")["mean_progress"] is None
+    store.heartbeat("w1", 30, [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, 0.5)])
+    assert gate_progress(feed, "p")["mean_progress"] == 0.5
