@@ -36,6 +36,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
@@ -870,23 +871,29 @@ class Store:
     # ------------------------------------------------------------ watchers: items
 
     def fetch_ready(
-        self, watcher_id: str, limit: int, exclude: Iterable[int] = (), *, slots: SlotClaim | None = None
+        self,
+        watcher_id: str,
+        limit: int,
+        exclude: Iterable[int] = (),
+        *,
+        slots: SlotClaim | None = None,
+        closed: Iterable[int] = (),
     ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): partitions by priority then age, items in
-        the order they became ready.
+        the order they became ready. Partitions in `closed` (outside their time windows) are skipped.
 
         With `slots` (the watcher's queue has a concurrency limit) the fetch is also the slot claim:
         see `_fetch_within_limit`."""
-        excluded = sorted(set(exclude))
+        excluded, shut = sorted(set(exclude)), sorted(set(closed))
         if slots is not None:
-            return self._fetch_within_limit(watcher_id, limit, excluded, slots)
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut)
         if limit <= 0:
             return []
         with self.read() as conn:
             if self.postgres:
-                return self._fetch_ready_pg(conn, watcher_id, limit, excluded)
-            return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded)
+                return self._fetch_ready_pg(conn, watcher_id, limit, excluded, shut)
+            return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded, shut)
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
         return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at, P.weight).where(
@@ -911,15 +918,19 @@ class Store:
             query = query.where(I.id.not_in(bindparam("excluded", excluded, expanding=True)))
         return query
 
-    def _fetch_ready_pg(self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]) -> list[ReadyItem]:
-        rows = conn.execute(_PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit})
+    def _fetch_ready_pg(
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+    ) -> list[ReadyItem]:
+        rows = conn.execute(
+            _PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit, "closed": closed}
+        )
         return [
             ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data, r.weight)
             for r in rows
         ]
 
     def _fetch_ready_sqlite(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
     ) -> list[ReadyItem]:
         # SQLite has no LATERAL; it is in-process, so one short query per partition costs little.
         owned = conn.execute(
@@ -927,6 +938,8 @@ class Store:
         ).all()
         found: list[ReadyItem] = []
         for p in owned:
+            if p.id in closed:
+                continue
             alias = partitions.alias("p")
             query = (
                 self._ready_items_of(alias, excluded)
@@ -1166,7 +1179,9 @@ class Store:
             ).scalar_one()
         )
 
-    def _fetch_within_limit(self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim) -> list[ReadyItem]:
+    def _fetch_within_limit(
+        self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim, closed: list[int]
+    ) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
         in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
 
@@ -1182,7 +1197,7 @@ class Store:
                 self._set_slots(conn, watcher_id, 0)
                 if want > 0:
                     fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
-                    taken = fetch(conn, watcher_id, want, excluded)
+                    taken = fetch(conn, watcher_id, want, excluded, closed)
                 return taken
             others = int(
                 conn.execute(
@@ -1194,7 +1209,7 @@ class Store:
             free = settings.limit - others - claim.held
             if free > 0 and want > 0:
                 fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
-                for item in fetch(conn, watcher_id, min(want, free), excluded):
+                for item in fetch(conn, watcher_id, min(want, free), excluded, closed):
                     weight = min(item.weight, settings.limit)
                     if weight > free:
                         break  # strict dispatch order: a heavy item is not overtaken by lighter ones
@@ -1202,6 +1217,43 @@ class Store:
                     taken.append(replace(item, weight=weight))
             self._set_slots(conn, watcher_id, claim.held + sum(item.weight for item in taken))
             return taken
+
+    def defer(self, watcher_id: str, deferred: Sequence[tuple[Lease, datetime]]) -> int:
+        """Give up leased partitions whose time window is closed until it opens: the lease is
+        released (fenced by epoch) and `ready_at` moved to the opening, so no watcher leases them
+        before then. Returns how many were deferred."""
+        if not deferred:
+            return 0
+        with self.write() as conn:
+            opens = {lease.partition_id: (lease.epoch, when) for lease, when in deferred}
+            held = conn.execute(
+                select(P.id, P.lease_epoch)
+                .where(P.id.in_(sorted(opens)), P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
+                .order_by(P.id)
+                .with_for_update()
+            ).all()
+            done = 0
+            for row in held:
+                epoch, when = opens[row.id]
+                if row.lease_epoch != epoch:
+                    continue
+                opening = literal(when, partitions.c.ready_at.type)
+                conn.execute(
+                    update(partitions)
+                    .where(P.id == row.id)
+                    .values(
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        wanted_by=None,
+                        ready_at=case((P.ready_at.is_(None), None), (P.ready_at > opening, P.ready_at), else_=opening),
+                        version=P.version + 1,
+                        updated_at=db_now(),
+                    )
+                )
+                detail = {"reason": "window closed", "opens_at": _iso(when)}
+                self._event(conn, row.id, "deferred", watcher=watcher_id, detail=detail)
+                done += 1
+            return done
 
     def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
         conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
@@ -1243,7 +1295,7 @@ class Store:
             "timezone": row.window_tz or "UTC",
             "queue": queue.describe(now, self._slots_in_use(conn, row.queue)),
         }
-        opens = _next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
+        opens = timewindows.next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
         schedule["window_open"] = opens == now
         schedule["next_window_opens_at"] = None if opens == now else _iso(opens)
         reported = conn.execute(
@@ -1420,6 +1472,7 @@ _PG_FETCH_READY = text(
             LIMIT :limit) AS ready
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
+          AND p.id NOT IN (SELECT unnest(CAST(:closed AS bigint[])))
         ORDER BY p.priority DESC, p.created_at, p.id, ready.next_attempt_at, ready.id
         LIMIT :limit) AS best
     JOIN feedproc_items AS i ON i.id = best.id
@@ -1542,18 +1595,6 @@ def _iso(value: datetime | None) -> str | None:
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _next_dispatch(schedules: Iterable[tuple[Any, Any]], now: datetime) -> datetime:
-    """The first moment from `now` when every (windows, zone) pair is open at once."""
-    pairs = [(w, z) for w, z in schedules if w]
-    at = now
-    for _ in range(50):
-        later = max((timewindows.next_opening(w, z, at) for w, z in pairs), default=at)
-        if later == at:
-            return at
-        at = later
-    return at
 
 
 def _is_unique_violation(error: IntegrityError) -> bool:

@@ -27,10 +27,12 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
+from . import windows
 from .errors import DatabaseUnavailable, RetryLater
 from .models import Item, check_queue
 from .notify import Listener
@@ -424,15 +426,41 @@ class Watcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
+    def _opens_at(self, lease: Lease, now: datetime) -> datetime:
+        """When `lease`'s partition may next be dispatched: `now` if its windows and its queue's are open."""
+        queue = self.queue_settings
+        if lease.windows is None and queue.windows is None:
+            return now
+        own = (windows.parse_windows(lease.windows), windows.zone(lease.window_tz))
+        return windows.next_dispatch((own, (queue.parsed, queue.zone)), now)
+
+    def _closed(self) -> set[int]:
+        """Owned partitions outside their time windows now."""
+        now = datetime.now(UTC)
+        return {pid for pid, lease in self.owned.items() if self._opens_at(lease, now) != now}
+
+    async def _defer_closed(self) -> None:
+        """Release partitions whose window is closed (once their items in flight are done) until it opens."""
+        now = datetime.now(UTC)
+        busy = Counter(item.partition_id for item in self.inflight.values())
+        closed = [(lease, opens) for lease in self.owned.values() if (opens := self._opens_at(lease, now)) != now]
+        closed = [(lease, opens) for lease, opens in closed if not busy[lease.partition_id]]
+        if closed:
+            deferred = await self._db_call(self._db, self.store.defer, self.id, closed)
+            log.info("deferred %d partitions until their time window opens", deferred)
+            for lease, _ in closed:
+                self._forget(lease.partition_id)
+
     async def _maintain(self) -> None:
         cfg = self.config
         self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+        await self._defer_closed()
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)
         if stray:
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
-        if self.stopping:
-            return
+        if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
+            return  # a closed queue: lease nothing until its window opens
         room = cfg.max_partitions - len(self.owned)
         if room > 0:
             started = time.monotonic()
@@ -458,6 +486,8 @@ class Watcher:
         return sum(item.weight for item in self.inflight.values())
 
     async def _fill_buffer(self) -> None:
+        if self.queue_settings.windows is not None and not self.queue_settings.is_open(datetime.now(UTC)):
+            return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited:
             return await self._fill_within_limit()
         target = max(4 * self.config.concurrency, PREFETCH)
@@ -466,7 +496,9 @@ class Watcher:
         want = target - self._buffer.qsize() - len(self.busy)
         if want <= 0 or not self.owned or self.stopping:
             return
-        ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight))
+        ready = await self._db_call(
+            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), closed=self._closed()
+        )
         for item in ready:
             lease = self.owned.get(item.partition_id)
             if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
@@ -482,7 +514,9 @@ class Watcher:
         if (want <= 0 or not self.owned) and held == self._slots_reported:
             return
         claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
-        ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight), slots=claim)
+        ready = await self._db_call(
+            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), slots=claim, closed=self._closed()
+        )
         self._slots_reported = held + sum(item.weight for item in ready)
         for item in ready:
             lease = self.owned.get(item.partition_id)
@@ -506,6 +540,9 @@ class Watcher:
         while (item := await self._buffer.get()) is not None:
             lease = self.owned.get(item.partition_id)
             if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                self.inflight.pop(item.id, None)
+                continue
+            if self._opens_at(lease, now := datetime.now(UTC)) != now:  # its window closed since the fetch
                 self.inflight.pop(item.id, None)
                 continue
             if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first

@@ -12,6 +12,7 @@ import itertools
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -393,3 +394,62 @@ def test_a_progress_report_under_a_lost_lease_is_not_stored(feed: Feed, store: S
     assert gate_progress(feed, "p")["mean_progress"] is None
     store.heartbeat("w1", 30, [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, 0.5)])
     assert gate_progress(feed, "p")["mean_progress"] == 0.5
+
+
+# ---------------------------------------------------------------- time windows
+
+
+def window_around_now(start_minutes: int, end_minutes: int) -> str:
+    """A UTC window from now + start to now + end minutes (it may wrap midnight)."""
+    now = datetime.now(UTC)
+    minute = now.hour * 60 + now.minute
+
+    def hhmm(offset: int) -> str:
+        value = (minute + offset) % (24 * 60)
+        return f"{value // 60:02d}:{value % 60:02d}"
+
+    return f"{hhmm(start_minutes)}-{hhmm(end_minutes)}"
+
+
+def test_a_partition_whose_window_is_closed_is_not_dispatched_while_an_open_one_is(db_url: str, feed: Feed) -> None:
+    closed, opened = window_around_now(120, 180), window_around_now(-60, 60)
+    feed.add_partition("night", [(0, b"{}")] * 3, windows=closed)
+    feed.add_partition("now", [(0, b"{}")] * 3, windows=opened)
+    recorder = SlowFirstAttempt(0)
+    with watching(db_url, recorder):
+        wait_status(feed, "now", "complete")
+        wait_until(lambda: history_of(feed, "night", "deferred"), timeout=10, what="the closed partition deferred")
+    night = feed.status("night")
+    assert night["items"]["available"] == 3 and recorder.attempts == [1, 1, 1]
+    schedule = night["schedule"]
+    assert schedule["window_open"] is False
+    opens = datetime.fromisoformat(schedule["next_window_opens_at"].replace("Z", "+00:00"))
+    assert timedelta(minutes=118) < opens - datetime.now(UTC) < timedelta(minutes=121)
+    assert feed.status("now")["schedule"]["window_open"] is True
+
+
+def test_a_queue_window_closed_now_holds_all_its_partitions_until_it_is_removed(db_url: str, feed: Feed) -> None:
+    feed.set_queue("default", windows=window_around_now(120, 180))
+    feed.add_partition("held", [(0, b"{}")])
+    processor = SlowFirstAttempt(0)
+    with watching(db_url, processor):
+        time.sleep(1.0)  # many poll intervals (0.05 s): a dispatch would have happened by now
+        assert processor.attempts == []
+        assert feed.queue("default")["window_open"] is False
+        feed.set_queue("default", clear_windows=True)
+        wait_status(feed, "held", "complete")
+
+
+def test_window_options_are_checked_and_stored(db_url: str) -> None:
+    bad = run_cli(db_url, "add", "job", "--window", "25:00-06:00")
+    assert bad.returncode == 2 and "window" in bad.stderr
+    zone = run_cli(db_url, "queue", "set", "q", "--window", "22:00-06:00", "--timezone", "Nowhere/Land")
+    assert zone.returncode == 2 and "time zone" in zone.stderr
+    ok = run_cli(
+        db_url, "add", "job", "--window", "22:00-06:00", "--window", "12:00-13:00", "--timezone", "Europe/Paris"
+    )
+    assert ok.returncode == 0, ok.stderr
+    schedule = json.loads(run_cli(db_url, "status", "job", "--json").stdout)["schedule"]
+    assert (schedule["windows"], schedule["timezone"]) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
+    shown = run_cli(db_url, "queue", "set", "q", "--window", "22:00-06:00")
+    assert shown.returncode == 0 and "22:00-06:00" in shown.stdout
