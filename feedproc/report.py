@@ -44,7 +44,9 @@ def print_partition(status: dict[str, Any]) -> None:
             parts.append(f"queue limit {queue['limit']} ({queue['slots_in_use']} in use)")
         if queue.get("windows"):
             parts.append(f"queue windows {queue['windows']} {queue['timezone']}")
-        if not schedule["window_open"]:
+        if schedule.get("windows_never_overlap"):
+            parts.append("its windows and the queue's never overlap: nothing will be dispatched")
+        elif not schedule["window_open"]:
             parts.append(f"window closed, opens {schedule['next_window_opens_at']}")
         if parts:
             typer.echo(", ".join(parts))

@@ -502,7 +502,7 @@ class Store:
                     {"id": f.id, "gate": f.gate, "attempts": f.attempts, "last_error": f.last_error} for f in failed
                 ],
             }
-            result.update(self._schedule_status(conn, row))
+            result.update(self._schedule_status(conn, row, per_gate))
             if history:
                 result["history"] = self._history(conn, row.id, history)
             return result
@@ -1280,7 +1280,7 @@ class Store:
                 rows,
             )
 
-    def _schedule_status(self, conn: Connection, row: Row[Any]) -> dict[str, Any]:
+    def _schedule_status(self, conn: Connection, row: Row[Any], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         """The additive `status KEY` keys of issue 7: `schedule` (weight, item timeout, windows and
         when the next one opens, the queue's limit) and `progress` (per gate done / total and the
         mean progress of items in flight)."""
@@ -1297,7 +1297,9 @@ class Store:
         }
         opens = timewindows.next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
         schedule["window_open"] = opens == now
-        schedule["next_window_opens_at"] = None if opens == now else _iso(opens)
+        schedule["next_window_opens_at"] = None if opens in (now, None) else _iso(opens)
+        if opens is None:
+            schedule["windows_never_overlap"] = True  # the partition's and the queue's
         reported = conn.execute(
             select(I.gate, func.count(I.progress), func.avg(I.progress))
             .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))
@@ -1305,16 +1307,12 @@ class Store:
         ).all()
         in_flight = {gate: (n, float(mean)) for gate, n, mean in reported}
         per_gate, done_all, total_all = {}, 0, 0
-        counts = conn.execute(
-            select(I.gate, func.count(), func.sum(case((I.status == IS_AVAILABLE, 0), else_=1)))
-            .where(I.partition_id == row.id)
-            .group_by(I.gate)
-            .order_by(I.gate)
-        ).all()
-        for gate, total, done in counts:
-            n, mean = in_flight.get(gate, (0, None))
-            per_gate[str(gate)] = {"done": int(done or 0), "total": total, "in_flight": n, "mean_progress": mean}
-            done_all, total_all = done_all + int(done or 0), total_all + total
+        for gate, by_status in counts.items():  # the per-gate counts `status` read already
+            total = sum(by_status.values())
+            done = total - by_status.get(AVAILABLE, 0)
+            n, mean = in_flight.get(int(gate), (0, None))
+            per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
+            done_all, total_all = done_all + done, total_all + total
         return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}
 
     # ------------------------------------------------------------ the gate rules, applied

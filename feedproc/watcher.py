@@ -27,7 +27,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
@@ -427,12 +427,14 @@ class Watcher:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
     def _opens_at(self, lease: Lease, now: datetime) -> datetime:
-        """When `lease`'s partition may next be dispatched: `now` if its windows and its queue's are open."""
+        """When `lease`'s partition may next be dispatched: `now` if its windows and its queue's are
+        open (windows that never overlap: look again in an hour)."""
         queue = self.queue_settings
         if lease.windows is None and queue.windows is None:
             return now
         own = (windows.parse_windows(lease.windows), windows.zone(lease.window_tz))
-        return windows.next_dispatch((own, (queue.parsed, queue.zone)), now)
+        opens = windows.next_dispatch((own, (queue.parsed, queue.zone)), now)
+        return opens if opens is not None else now + timedelta(hours=1)
 
     def _closed(self) -> set[int]:
         """Owned partitions outside their time windows now."""

@@ -113,15 +113,16 @@ def next_closing(windows: Iterable[Window], tz: tzinfo, at: datetime) -> datetim
     return None  # windows cover the whole day
 
 
-def next_dispatch(schedules: Iterable[tuple[Iterable[Window], tzinfo]], at: datetime) -> datetime:
+def next_dispatch(schedules: Iterable[tuple[Iterable[Window], tzinfo]], at: datetime) -> datetime | None:
     """The first moment from `at` when every (windows, zone) schedule is open at once: `at` itself
-    if they all are now. Schedules without windows are always open."""
+    if they all are now; None when they do not overlap within a week. Schedules without windows are
+    always open."""
     pairs = [(tuple(w), z) for w, z in schedules]
     pairs = [(w, z) for w, z in pairs if w]
-    moment = at
-    for _ in range(100):
+    moment, horizon = at, at + timedelta(days=8)
+    while moment <= horizon:
         later = max((next_opening(w, z, moment) for w, z in pairs), default=moment)
         if later == moment:
             return moment
         moment = later
-    return moment  # schedules that never overlap: the best guess
+    return None

@@ -106,6 +106,11 @@ def test_next_dispatch_waits_for_the_queue_and_the_partition_windows_to_overlap(
     assert next_dispatch([queue, ((), UTC)], at("2026-03-02 13:00")) == at("2026-03-03 08:00")
 
 
+def test_next_dispatch_is_none_when_the_windows_never_overlap() -> None:
+    nights, days = (parse_windows("22:00-06:00"), UTC), (parse_windows("09:00-17:00"), PARIS)
+    assert next_dispatch([nights, days], at("2026-03-02 12:00")) is None
+
+
 minutes = st.integers(min_value=0, max_value=24 * 60 - 1)
 moments = st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC))
 
