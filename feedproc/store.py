@@ -955,9 +955,7 @@ class Store:
                 break
         return found
 
-    def apply(
-        self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0, release_slots: int = 0
-    ) -> Applied:
+    def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
         Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
@@ -969,8 +967,6 @@ class Store:
         if not outcomes:
             return applied
         with self.write() as conn:
-            if release_slots:  # a limited queue: these items' slots come back with their answers
-                self._release_slots(conn, watcher_id, release_slots)
             pids = sorted({o.partition_id for o in outcomes})
             held = dict(
                 conn.execute(
@@ -1101,8 +1097,9 @@ class Store:
     #
     # Queue settings (concurrency limit, windows) live in feedproc_queues; a queue without a row has
     # neither. The limit is arbitrated here: slots are the weights of the items each live watcher has
-    # in flight (feedproc_watchers.slots), taken under the queue row's lock in the transaction that
-    # fetches the items, so a dead watcher's slots stop counting when it expires.
+    # in flight (feedproc_watchers.slots), set under the queue row's lock in the transaction that
+    # fetches the items (to what the watcher still runs plus what it takes), so answered items' slots
+    # come back with the watcher's next fetch and a dead watcher's stop counting when it expires.
 
     def set_queue(
         self,
@@ -1257,11 +1254,6 @@ class Store:
 
     def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
         conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
-
-    def _release_slots(self, conn: Connection, watcher_id: str, weight: int) -> None:
-        conn.execute(
-            update(watchers).where(W.id == watcher_id).values(slots=case((W.slots > weight, W.slots - weight), else_=0))
-        )
 
     def _store_progress(self, conn: Connection, leases: list[Lease], reports: Sequence[ProgressReport]) -> None:
         """Write progress reports of items still available at the gate they were dispatched at, in

@@ -150,6 +150,7 @@ class Watcher:
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
         self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
         self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
+        self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
@@ -484,8 +485,9 @@ class Watcher:
                     log.info("asked for %d partitions toward a fair share", marked)
 
     def _held_weight(self) -> int:
-        """Weight of the items fetched and not yet written or dropped: the slots this watcher holds."""
-        return sum(item.weight for item in self.inflight.values())
+        """Weight of the items fetched whose processor call has not returned (buffered or running):
+        the slots this watcher holds. An answered item's slot is free even before its answer is written."""
+        return sum(item.weight for item_id, item in self.inflight.items() if item_id not in self._answered)
 
     async def _fill_buffer(self) -> None:
         if self.queue_settings.windows is not None and not self.queue_settings.is_open(datetime.now(UTC)):
@@ -510,7 +512,9 @@ class Watcher:
 
     async def _fill_within_limit(self) -> None:
         """A queue with a concurrency limit: fetch no more than idle workers can start now (a
-        prefetched item would hold a slot while it waits), claiming the slots in the same call."""
+        prefetched item would hold a slot while it waits). The same call gives back the slots of
+        items answered since the last one and claims the new items' slots (workers wake the poller
+        on every answer, so a freed slot is reused or returned at once)."""
         want = 0 if self.stopping else self.config.concurrency - len(self.busy) - self._buffer.qsize()
         held = self._held_weight()
         if (want <= 0 or not self.owned) and held == self._slots_reported:
@@ -565,6 +569,7 @@ class Watcher:
             if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
                 outcome.progress = report.fraction
             self.results.append(outcome)
+            self._answered.add(item.id)
             self._results_ready.set()
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
@@ -615,9 +620,6 @@ class Watcher:
             before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr,arg-type]
             reraise=True,
         )
-        release = 0
-        if self.queue_settings.limited:  # their slots come back in the transaction that writes them
-            release = sum(item.weight for o in batch if (item := self.inflight.get(o.item_id)) is not None)
         try:
             async for attempt in retrying:
                 with attempt:
@@ -627,16 +629,17 @@ class Watcher:
                         self.id,
                         batch,
                         idle_after=self.config.lease_seconds / 3,
-                        release_slots=release,
                     )
         except (StaleWrite, DatabaseUnavailable) as error:
             log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
             for outcome in batch:
                 self.inflight.pop(outcome.item_id, None)
+                self._answered.discard(outcome.item_id)
             return
         self._health.ok()
         for outcome in batch:
             self.inflight.pop(outcome.item_id, None)
+            self._answered.discard(outcome.item_id)
         self.processed += len(applied.written)
         if applied.lost or applied.released:
             self._maintain_now = True  # capacity freed: lease more at once

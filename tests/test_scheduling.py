@@ -171,8 +171,8 @@ def test_weights_count_against_the_limit_and_a_heavier_item_than_the_limit_runs_
     assert [i.weight for i in again] == [2]  # weight 3 > limit 2 counts as 2: it runs, alone
 
 
-def test_answers_written_give_their_slots_back(feed: Feed, store: Store) -> None:
-    from feedproc.store import Kind, Outcome, SlotClaim
+def test_the_next_fetch_gives_back_the_slots_of_answered_items(feed: Feed, store: Store) -> None:
+    from feedproc.store import SlotClaim
 
     feed.set_queue("default", limit=2)
     feed.add_partition("p", [(0, b"{}")] * 4)
@@ -180,8 +180,8 @@ def test_answers_written_give_their_slots_back(feed: Feed, store: Store) -> None
     lease_all(store, "w1")
     taken = store.fetch_ready("w1", 10, slots=SlotClaim("default"))
     assert feed.queue("default")["slots_in_use"] == 2
-    done = [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken]
-    store.apply("w1", done, release_slots=2)
+    # Both calls returned (held 0), no worker is idle: the fetch only hands the slots back.
+    assert store.fetch_ready("w1", 0, [i.id for i in taken], slots=SlotClaim("default", held=0)) == []
     assert feed.queue("default")["slots_in_use"] == 0
 
 
