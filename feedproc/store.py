@@ -4,7 +4,9 @@ Two kinds of caller use the store:
 
 * producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status;
 * watchers: register and heartbeat, lease / renew / steal / hand over / release partitions, fetch
-  ready items, and apply a batch of answers.
+  ready items, and apply a batch of answers;
+* scheduling controls (their own section): queue settings, the slot claim of a limited queue,
+  progress reports, and deferring partitions whose time window is closed.
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to

@@ -624,11 +624,7 @@ class Watcher:
             async for attempt in retrying:
                 with attempt:
                     applied = await self._db_call(
-                        self._writer,
-                        self.store.apply,
-                        self.id,
-                        batch,
-                        idle_after=self.config.lease_seconds / 3,
+                        self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
                     )
         except (StaleWrite, DatabaseUnavailable) as error:
             log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
