@@ -292,6 +292,26 @@ def test_weighted_items_in_flight_never_exceed_the_limit_across_watcher_processe
     assert meter.peak_weight >= 4
 
 
+def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
+    from sqlalchemy import event
+
+    from feedproc.store import Kind, Outcome
+
+    feed.add_partition("p", [(0, b"{}")] * 3)
+    register(store, "w1")
+    lease_all(store, "w1")
+    statements: list[str] = []
+    listener = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
+    event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        taken = store.fetch_ready("w1", 10)
+        store.apply("w1", [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken])
+    finally:
+        event.remove(store.engine, "before_cursor_execute", listener)
+    assert len(taken) == 3
+    assert not [s for s in statements if "feedproc_watchers" in s or "feedproc_queues" in s], statements
+
+
 # ---------------------------------------------------------------- progress
 
 
@@ -453,23 +473,3 @@ def test_window_options_are_checked_and_stored(db_url: str) -> None:
     assert (schedule["windows"], schedule["timezone"]) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
     shown = run_cli(db_url, "queue", "set", "q", "--window", "22:00-06:00")
     assert shown.returncode == 0 and "22:00-06:00" in shown.stdout
-
-
-def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
-    from sqlalchemy import event
-
-    from feedproc.store import Kind, Outcome
-
-    feed.add_partition("p", [(0, b"{}")] * 3)
-    register(store, "w1")
-    lease_all(store, "w1")
-    statements: list[str] = []
-    listener = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
-    event.listen(store.engine, "before_cursor_execute", listener)
-    try:
-        taken = store.fetch_ready("w1", 10)
-        store.apply("w1", [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken])
-    finally:
-        event.remove(store.engine, "before_cursor_execute", listener)
-    assert len(taken) == 3
-    assert not [s for s in statements if "feedproc_watchers" in s or "feedproc_queues" in s], statements
