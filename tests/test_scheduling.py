@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import signal
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -288,8 +290,34 @@ def test_weighted_items_in_flight_never_exceed_the_limit_across_watcher_processe
         watchers.start("--handler", handler.url, "--concurrency", "5", "--poll-interval", "0.05")
     wait_status(feed, "heavy", "complete", timeout=120)
     wait_status(feed, "light", "complete", timeout=120)
+    print(f"\nlimit 5 with weights 2 and 1: observed peak weight {meter.peak_weight}, mean {meter.mean_weight():.2f}")
     assert meter.peak_weight <= 5
     assert meter.peak_weight >= 4
+
+
+@pytest.mark.slow
+def test_a_killed_watchers_slots_come_back_and_another_watcher_goes_on(
+    db_url: str, feed: Feed, handler: HandlerService, watchers: Any
+) -> None:
+    release = threading.Event()
+    meter = ConcurrencyMeter(0.05)
+
+    def behavior(body: dict[str, Any]) -> tuple[Any, ...]:
+        release.wait(30)  # the first watcher's calls hang until it has been killed
+        return meter(body)
+
+    handler.behavior = behavior
+    feed.set_queue("default", limit=3)
+    feed.add_partition("p", [(0, js({"n": i})) for i in range(9)])
+    fast = ("--handler", handler.url, "--concurrency", "5", "--poll-interval", "0.05", "--lease-seconds", "2")
+    first = watchers.start(*fast)
+    wait_until(lambda: feed.queue("default")["slots_in_use"] == 3, timeout=30, what="the first watcher's 3 slots")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    release.set()
+    watchers.start(*fast)
+    wait_status(feed, "p", "complete", timeout=60)
+    assert meter.peak <= 3
 
 
 def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
