@@ -153,10 +153,19 @@ def add(
         bool, typer.Option(help="Hold each drained gate until `feedproc checkpoint`.")
     ] = False,
     not_before: Annotated[str | None, typer.Option(help="ISO 8601 time before which nothing is dispatched.")] = None,
+    weight: Annotated[int, typer.Option(min=1, help="Share of the queue's concurrency limit per item in flight.")] = 1,
+    item_timeout: Annotated[
+        str | None, typer.Option(metavar="S", help="A processor call taking longer is a transient failure.")
+    ] = None,
+    window: Annotated[
+        list[str] | None, typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window (repeatable).")
+    ] = None,
+    timezone: Annotated[str | None, typer.Option(metavar="ZONE", help="Time zone of --window (default UTC).")] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction."""
     when = parse_time(not_before)
+    timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
     with _feed(db) as feed:
         count = feed.add_partition(
             key,
@@ -166,6 +175,10 @@ def add(
             sealed=not open_,
             manual_checkpoint=manual_checkpoint,
             not_before=when,
+            weight=weight,
+            item_timeout=timeout,
+            windows=window or None,
+            window_tz=timezone,
         )
     typer.echo(f"added partition {key} with {count} items")
 
@@ -250,6 +263,86 @@ def status(
         print_partition(result)
 
 
+queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: global concurrency limit and time windows.")
+app.add_typer(queue_app, name="queue")
+
+
+@queue_app.command("set")
+def queue_set(
+    name: str,
+    limit: Annotated[
+        int | None, typer.Option(help="Sum of weights in flight across all watchers at most (< 1: no limit).")
+    ] = None,
+    window: Annotated[
+        list[str] | None,
+        typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window of the day (repeatable)."),
+    ] = None,
+    timezone: Annotated[
+        str | None, typer.Option(metavar="ZONE", help="Time zone of the windows (default UTC).")
+    ] = None,
+    no_windows: Annotated[bool, typer.Option("--no-windows", help="Remove the queue's windows.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Store queue NAME's concurrency limit and/or windows (options not given keep their value)."""
+    with _feed(db) as feed:
+        settings = feed.set_queue(name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows)
+    limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
+    windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
+    typer.echo(f"queue {name}: {limit_text}, {windows_text}")
+
+
+@queue_app.command("show")
+def queue_show(
+    name: Annotated[str | None, typer.Argument(help="One queue; omit for all.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show queues' limits, slots in use and windows (with when the next one opens)."""
+    with _feed(db) as feed:
+        rows = [q for q in feed.queues() if name is None or q["name"] == name]
+        if name is not None and not rows:
+            rows = [feed.queue(name)]
+    if as_json:
+        typer.echo(json.dumps(rows[0] if name is not None else rows))
+        return
+    for q in rows:
+        limit_text = f"limit {q['limit']} ({q['slots_in_use']} in use)" if q["limit"] else "no limit"
+        if q["windows"]:
+            state = "open" if q["window_open"] else f"closed, opens {q['next_window_opens_at']}"
+            windows_text = f"windows {q['windows']} {q['timezone']} ({state})"
+        else:
+            windows_text = "no windows"
+        typer.echo(f"{q['name']}: {limit_text}, {windows_text}")
+
+
+@app.command()
+def wait(
+    key: str,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 124).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Block until KEY is complete (exit 0), failed or cancelled (exit 1); 124 on timeout."""
+    from .report import print_partition
+    from .wait import wait_final
+
+    with _feed(db) as feed:
+        try:
+            result = wait_final(feed.store, key, timeout)
+        except TimeoutError as error:
+            print(f"feedproc: {error}", file=sys.stderr)
+            result = getattr(error, "status", None)
+            code = 124
+        else:
+            code = 0 if result["status"] == "complete" else 1
+    if result is not None:
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            print_partition(result)
+    raise typer.Exit(code)
+
+
 @app.command()
 def watch(
     queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
@@ -270,6 +363,10 @@ def watch(
     max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Longest backoff delay.")] = 600.0,
     max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
     shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    item_timeout: Annotated[
+        str | None,
+        typer.Option(metavar="S", help="A processor call taking longer is abandoned as a transient failure."),
+    ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="HTTP request timeout in seconds.")] = 30.0,
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
@@ -302,6 +399,7 @@ def watch(
             max_retry_delay=max_retry_delay,
             shutdown_grace=shutdown_grace,
             retention=parse_duration(retention, "--retention") if retention else None,
+            item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

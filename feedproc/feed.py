@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from .models import NewItem
-from .store import Store
+from .store import QueueSettings, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 
@@ -47,11 +47,17 @@ class Feed:
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
     ) -> int:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
         Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
-        input; nothing is written then. Returns the number of items added.
+        input; nothing is written then. Returns the number of items added. Scheduling controls:
+        `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
+        (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         """
         return self.store.add_partition(
             key,
@@ -61,6 +67,10 @@ class Feed:
             sealed=sealed,
             manual_checkpoint=manual_checkpoint,
             not_before=not_before,
+            weight=weight,
+            item_timeout=item_timeout,
+            windows=windows,
+            window_tz=window_tz,
         )
 
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
@@ -92,6 +102,37 @@ class Feed:
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)
+
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+    ) -> QueueSettings:
+        """Store a queue's global concurrency limit (sum of weights in flight across all watchers; < 1
+        means none) and/or its windows of the day; arguments left None keep their value."""
+        return self.store.set_queue(
+            name, limit=limit, windows=windows, window_tz=window_tz, clear_windows=clear_windows
+        )
+
+    def queue(self, name: str) -> dict[str, Any]:
+        """One queue's settings and state (limit, slots in use, windows, next opening)."""
+        return self.store.queue(name)
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue with settings or unfinished partitions, as `queue`."""
+        return self.store.queues()
+
+    def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
+        """Block until `key` is complete, failed or cancelled and return its status dict (as
+        `status`). KeyError if unknown; TimeoutError after `timeout` seconds. PostgreSQL wakes the
+        waiter by LISTEN/NOTIFY; SQLite polls with backoff."""
+        from .wait import wait_final
+
+        return wait_final(self.store, key, timeout)
 
     def items(
         self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000

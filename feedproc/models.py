@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -94,10 +94,19 @@ class Item:
     gate: int
     attempt: int  # failed deliveries at this gate + 1
     data: bytes
+    reporter: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
     def json(self) -> Any:
         """The item's data parsed as JSON."""
         return json.loads(self.data)
+
+    def progress(self, fraction: float) -> Awaitable[None]:
+        """Report how far this item has got (0..1): `await item.progress(0.4)` (a plain-def processor
+        may call it without await). Stored with the watcher's next lease heartbeat, fenced like every
+        write; status shows the mean progress of a gate's items in flight."""
+        if self.reporter is not None:
+            self.reporter(check_progress(fraction))
+        return _DONE
 
 
 @dataclass(slots=True)
@@ -115,6 +124,7 @@ class Response:
     data: bytes | None = None
     items: Sequence[tuple[int, bytes]] | Iterable[NewItem] = field(default_factory=tuple)
     retry_after: float | None = None
+    progress: float | None = None  # with a "not yet" answer: how far the item has got (0..1)
 
     def __post_init__(self) -> None:
         if self.done == (self.gate is not None):
@@ -124,3 +134,22 @@ class Response:
         if isinstance(self.data, str):
             self.data = self.data.encode()
         self.items = tuple(NewItem.coerce(child) for child in self.items)
+        if self.progress is not None:
+            self.progress = check_progress(self.progress)
+
+
+def check_progress(fraction: Any) -> float:
+    """A progress figure: a number from 0 to 1."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
+    return float(fraction)
+
+
+class _Done:
+    """An awaitable that is already finished (what `Item.progress` returns)."""
+
+    def __await__(self) -> Any:
+        return iter(())
+
+
+_DONE = _Done()

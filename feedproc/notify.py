@@ -4,10 +4,15 @@ Producers (and watchers, when they hand a partition over) send `NOTIFY feedproc_
 in the same transaction as the change, so it is delivered exactly when the change is visible. A
 watcher's `Listener` holds one extra connection in LISTEN mode on a thread of its own and calls back
 on each notification for its queue; polling remains the fallback (and the only mechanism on SQLite).
+
+A partition that reaches a final state (complete, failed, cancelled) sends
+`NOTIFY feedproc_finished, '<key>'`, in the transaction that finishes it; `FinishedListener` is
+what `Feed.wait` / `feedproc wait` block on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -19,6 +24,8 @@ from sqlalchemy.engine import Connection
 log = logging.getLogger("feedproc.notify")
 CHANNEL = "feedproc_ready"
 _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
+FINISHED_CHANNEL = "feedproc_finished"
+_NOTIFY_FINISHED = text(f"SELECT pg_notify('{FINISHED_CHANNEL}', :key)")
 
 
 def notify_ready(conn: Connection, queue: str) -> None:
@@ -27,11 +34,43 @@ def notify_ready(conn: Connection, queue: str) -> None:
         conn.execute(_NOTIFY, {"queue": queue})
 
 
+def notify_finished(conn: Connection, key: str) -> None:
+    """Tell waiters that partition `key` reached a final state (delivered at commit; PostgreSQL only)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_NOTIFY_FINISHED, {"key": key})
+
+
+def _dsn(engine: Engine) -> str:
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class FinishedListener:
+    """A LISTEN connection on `feedproc_finished` for one waiter (PostgreSQL). Listen first, then read
+    the partition's status, then `wait_for(key, seconds)`: no notification can fall in between."""
+
+    def __init__(self, engine: Engine) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(_dsn(engine), autocommit=True, connect_timeout=10)
+        self._conn.execute(f"LISTEN {FINISHED_CHANNEL}")
+
+    def wait_for(self, key: str, seconds: float) -> bool:
+        """Block up to `seconds` for a notification about `key`; True if one came. Raises on a lost
+        connection (the caller falls back to polling)."""
+        if seconds <= 0:
+            return False
+        return any(note.payload == key for note in self._conn.notifies(timeout=seconds))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+
 class Listener:
     """Listens for work notifications on PostgreSQL and calls `on_ready()` for `queue`."""
 
     def __init__(self, engine: Engine, queue: str, on_ready: Callable[[], Any]) -> None:
-        self.dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.dsn = _dsn(engine)
         self.queue = queue
         self.on_ready = on_ready
         self._stop = threading.Event()

@@ -66,7 +66,14 @@ def outcome_of(
             return Outcome(**base, kind=Kind.DONE, data=response.data, children=children)
         if response.gate == item.gate:
             delay = response.retry_after if response.retry_after is not None else policy.not_yet_delay
-            return Outcome(**base, kind=Kind.LATER, data=response.data, delay=delay, attempts=item.attempts)
+            return Outcome(
+                **base,
+                kind=Kind.LATER,
+                data=response.data,
+                delay=delay,
+                attempts=item.attempts,
+                progress=response.progress,
+            )
         return Outcome(**base, kind=Kind.MOVE, new_gate=response.gate, data=response.data, children=children)
     attempts = item.attempts + 1
     message = describe(error)

@@ -24,7 +24,7 @@ import httpx
 
 from . import __version__
 from .errors import InvalidInput, PermanentError, RetryLater
-from .models import Item, NewItem, Response, encode_json
+from .models import Item, NewItem, Response, check_progress, encode_json
 
 BODY_KEPT = 500  # characters of a failed answer's body kept in last_error
 CONNECTIONS_PER_CLIENT = 2
@@ -198,6 +198,12 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
         if isinstance(field_retry, bool) or not isinstance(field_retry, int | float) or field_retry < 0:
             raise InvalidAnswer(f"retry_after must be a number of seconds >= 0, got {field_retry!r}")
         retry_after = max(float(field_retry), retry_after or 0.0)
+    progress = answer.get("progress")
+    if progress is not None:
+        try:
+            progress = check_progress(progress)
+        except ValueError as error:
+            raise InvalidAnswer(str(error)) from None
     children_value = answer.get("items") or []
     if not isinstance(children_value, list):
         raise InvalidAnswer('items must be a list of {"gate": G, "data": ...}')
@@ -210,13 +216,13 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
             raise InvalidAnswer(f"child {n} has gate {gate!r}, not an integer")
         children.append(NewItem(gate, encode_json(child.get("data"))))
     if done is True:
-        return Response(done=True, data=data, items=children, retry_after=retry_after)
+        return Response(done=True, data=data, items=children, retry_after=retry_after, progress=progress)
     gate = answer.get("gate")
     if gate is None:
         raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
     if isinstance(gate, bool) or not isinstance(gate, int):
         raise InvalidAnswer(f"gate must be an integer, got {gate!r}")
-    return Response(gate=gate, data=data, items=children, retry_after=retry_after)
+    return Response(gate=gate, data=data, items=children, retry_after=retry_after, progress=progress)
 
 
 _MISSING = object()

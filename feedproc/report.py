@@ -30,16 +30,40 @@ def print_partition(status: dict[str, Any]) -> None:
     if lease:
         wanted = f" (wanted by {lease['wanted_by']})" if lease.get("wanted_by") else ""
         typer.echo(f"leased by {lease['owner']} until {lease['expires_at']}{wanted}")
+    schedule = status.get("schedule")
+    if schedule:
+        parts = []
+        if schedule["weight"] != 1:
+            parts.append(f"weight {schedule['weight']}")
+        if schedule["item_timeout"]:
+            parts.append(f"item timeout {schedule['item_timeout']:g}s")
+        if schedule["windows"]:
+            parts.append(f"windows {schedule['windows']} {schedule['timezone']}")
+        queue = schedule.get("queue") or {}
+        if queue.get("limit"):
+            parts.append(f"queue limit {queue['limit']} ({queue['slots_in_use']} in use)")
+        if queue.get("windows"):
+            parts.append(f"queue windows {queue['windows']} {queue['timezone']}")
+        if schedule.get("windows_never_overlap"):
+            parts.append("its windows and the queue's never overlap: nothing will be dispatched")
+        elif not schedule["window_open"]:
+            parts.append(f"window closed, opens {schedule['next_window_opens_at']}")
+        if parts:
+            typer.echo(", ".join(parts))
     totals = status["items"]
     typer.echo(f"items: {totals['total']} total, " + ", ".join(f"{totals[s]} {s}" for s in STATUSES))
     if status["gates"]:
         rows = []
+        progress = (status.get("progress") or {}).get("gates", {})
         for gate, counts in sorted(status["gates"].items(), key=lambda kv: int(kv[0])):
-            total = sum(counts.values())
+            total = sum(counts[s] for s in STATUSES)
             done = counts["complete"] + counts["cancelled"] + counts["failed"]
             marker = "<" if int(gate) == status["gate"] else ""
-            rows.append([gate, *(counts[s] for s in STATUSES), f"{100 * done // max(total, 1)}%", marker])
-        _table(["gate", *STATUSES, "done", ""], rows)
+            reported = progress.get(gate) or {}
+            mean = reported.get("mean_progress")
+            in_flight = f"{reported['in_flight']} at {100 * mean:.0f}%" if mean is not None else ""
+            rows.append([gate, *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker])
+        _table(["gate", *STATUSES, "done", "in progress", ""], rows)
     if status["failed_items"]:
         typer.echo("failed items:")
         _table(

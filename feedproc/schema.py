@@ -12,6 +12,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -52,6 +53,12 @@ partitions = Table(
     Column("version", BigInteger, nullable=False, server_default=text("0")),  # optimistic concurrency
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
+    # Scheduling controls (revision 0002): share of the queue's concurrency limit each item in
+    # flight takes, per-item time limit (seconds), and windows of the day for dispatch.
+    Column("weight", Integer, nullable=False, server_default=text("1")),
+    Column("item_timeout", Float, nullable=True),
+    Column("windows", Text, nullable=True),  # e.g. "22:00-06:00,12:00-13:00"
+    Column("window_tz", String(64), nullable=True),  # IANA zone of the windows; NULL is UTC
     Index(
         "feedproc_partitions_leasable",
         "queue",
@@ -88,6 +95,7 @@ items = Table(
     Column("seq", Integer, nullable=True),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
+    Column("progress", Float, nullable=True),  # 0..1 reported by the processor while in flight (0002)
     Index(
         "feedproc_items_ready",
         "partition_id",
@@ -128,7 +136,21 @@ watchers = Table(
     Column("started_at", UTCDateTime(), nullable=False),
     Column("heartbeat_at", UTCDateTime(), nullable=False),
     Column("expires_at", UTCDateTime(), nullable=False),  # heartbeat + lease length: alive until then
+    # Weight of the items this watcher has in flight, counted against its queue's concurrency limit
+    # while the watcher is alive (0002): a dead watcher's slots come back when it expires.
+    Column("slots", Integer, nullable=False, server_default=text("0")),
     Index("feedproc_watchers_queue", "queue", "expires_at"),
+)
+
+# Per-queue scheduling settings (0002); a queue without a row has no limit and no windows.
+queues = Table(
+    "feedproc_queues",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("concurrency_limit", Integer, nullable=False, server_default=text("0")),  # < 1: no limit
+    Column("windows", Text, nullable=True),
+    Column("window_tz", String(64), nullable=True),
+    Column("updated_at", UTCDateTime(), nullable=False),
 )
 
 events = Table(

@@ -4,7 +4,9 @@ Two kinds of caller use the store:
 
 * producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status;
 * watchers: register and heartbeat, lease / renew / steal / hand over / release partitions, fetch
-  ready items, and apply a batch of answers.
+  ready items, and apply a batch of answers;
+* scheduling controls (their own section): queue settings, the slot claim of a limited queue,
+  progress reports, and deferring partitions whose time window is closed.
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
@@ -21,8 +23,8 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
@@ -49,14 +52,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
 from . import gates
+from . import windows as timewindows
 from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now, seconds_until
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
-from .notify import notify_ready
-from .schema import events, items, partitions, watchers
+from .notify import notify_finished, notify_ready
+from .schema import events, items, partitions, queues, watchers
 
-P, I, W, E = partitions.c, items.c, watchers.c, events.c  # noqa: E741 - column namespaces, read as table initials
+P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # Status tests in WHERE clauses are SQL literals, not bound parameters: the partial indexes are
 # defined on `status = 'available'` / `'failed'`, and once psycopg prepares a statement PostgreSQL
@@ -83,6 +87,12 @@ class Lease:
     epoch: int
     wanted_by: str | None = None
     remaining: float = 0.0  # seconds the lease had left on the database clock when read
+    # Scheduling controls of the partition (issue 7): its share of the queue's concurrency limit,
+    # its per-item time limit, and the windows of the day in which it may be dispatched.
+    weight: int = 1
+    item_timeout: float | None = None
+    windows: str | None = None
+    window_tz: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,7 @@ class ReadyItem:
     gate: int
     attempts: int
     data: bytes
+    weight: int = 1  # its share of the queue's concurrency limit while in flight
 
 
 class Kind:
@@ -126,6 +137,7 @@ class Outcome:
     delay: float = 0.0
     attempts: int = 0  # the item's attempts after this outcome
     error: str | None = None
+    progress: float | None = None  # reported with a "not yet" answer (0..1)
 
 
 @dataclass(slots=True)
@@ -135,6 +147,62 @@ class Applied:
     written: list[int] = field(default_factory=list)  # item ids
     lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
     released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """How far an item in flight has got, as its processor reported (written with the heartbeat)."""
+
+    item_id: int
+    partition_id: int
+    epoch: int
+    gate: int
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClaim:
+    """A watcher of a limited queue asking for slots: its queue and the weight it has in flight."""
+
+    queue: str
+    held: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's scheduling settings: concurrency limit (< 1: none) and windows of the day."""
+
+    name: str
+    limit: int = 0
+    windows: str | None = None
+    window_tz: str | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.limit >= 1
+
+    @property
+    def parsed(self) -> tuple[timewindows.Window, ...]:
+        return timewindows.parse_windows(self.windows)
+
+    @property
+    def zone(self) -> Any:
+        return timewindows.zone(self.window_tz)
+
+    def is_open(self, at: datetime) -> bool:
+        return timewindows.is_open(self.parsed, self.zone, at)
+
+    def describe(self, now: datetime, in_use: int | None = None) -> dict[str, Any]:
+        opens = timewindows.next_opening(self.parsed, self.zone, now)
+        return {
+            "name": self.name,
+            "limit": self.limit if self.limited else None,
+            "slots_in_use": in_use,
+            "windows": self.windows,
+            "timezone": self.window_tz or "UTC",
+            "window_open": opens == now,
+            "next_window_opens_at": None if opens == now else _iso(opens),
+        }
 
 
 # ---------------------------------------------------------------- the store
@@ -223,12 +291,21 @@ class Store:
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
     ) -> int:
-        """Create a partition with its items in one transaction; returns the number of items."""
+        """Create a partition with its items in one transaction; returns the number of items.
+
+        `weight` is each of its items' share of the queue's concurrency limit, `item_timeout` the
+        seconds a processor call may take (overriding the watcher's), `windows` / `window_tz` the
+        windows of the day in which its items may be dispatched (see `windows.py`)."""
         check_key(key)
         check_queue(queue)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput(f"priority must be an integer, got {priority!r}")
+        schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         try:
             with self.write() as conn:
                 pid = conn.execute(
@@ -244,6 +321,7 @@ class Store:
                         not_before=not_before,
                         created_at=db_now(),
                         updated_at=db_now(),
+                        **schedule,
                     )
                     .returning(P.id)
                 ).scalar_one()
@@ -319,6 +397,7 @@ class Store:
                 conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None, wanted_by=None
             )
             self._event(conn, row.id, "cancelled", detail={"items": count})
+            notify_finished(conn, key)
 
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns the new gate."""
@@ -425,6 +504,7 @@ class Store:
                     {"id": f.id, "gate": f.gate, "attempts": f.attempts, "last_error": f.last_error} for f in failed
                 ],
             }
+            result.update(self._schedule_status(conn, row, per_gate))
             if history:
                 result["history"] = self._history(conn, row.id, history)
             return result
@@ -548,7 +628,16 @@ class Store:
     # ------------------------------------------------------------ watchers: membership
 
     def register_watcher(
-        self, watcher_id: str, *, host: str, pid: int, queue: str, concurrency: int, capacity: int, lease_seconds: float
+        self,
+        watcher_id: str,
+        *,
+        host: str,
+        pid: int,
+        queue: str,
+        concurrency: int,
+        capacity: int,
+        lease_seconds: float,
+        slots: int = 0,
     ) -> None:
         with self.write() as conn:
             conn.execute(
@@ -562,6 +651,7 @@ class Store:
                     started_at=db_now(),
                     heartbeat_at=db_now(),
                     expires_at=seconds_from_now(lease_seconds),
+                    slots=slots,
                 )
             )
 
@@ -569,8 +659,9 @@ class Store:
         with self.write() as conn:
             conn.execute(sa_delete(watchers).where(W.id == watcher_id))
 
-    def heartbeat(self, watcher_id: str, lease_seconds: float) -> list[Lease]:
-        """Renew the watcher and all its leases; returns the leases it still holds."""
+    def heartbeat(self, watcher_id: str, lease_seconds: float, progress: Sequence[ProgressReport] = ()) -> list[Lease]:
+        """Renew the watcher and all its leases; returns the leases it still holds. `progress`
+        reports of items in flight are stored in the same transaction, fenced by lease epoch."""
         with self.write() as conn:
             alive = conn.execute(
                 update(watchers)
@@ -586,7 +677,10 @@ class Store:
             )
             # Forget watchers that have been dead for a while (their leases expire on their own).
             conn.execute(sa_delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
-            return self._owned(conn, watcher_id)
+            leases = self._owned(conn, watcher_id)
+            if progress:  # the renewal above locked this watcher's partition rows: the fence holds
+                self._store_progress(conn, leases, progress)
+            return leases
 
     def owned(self, watcher_id: str) -> list[Lease]:
         """The partitions currently leased to a watcher (with any steal request on them)."""
@@ -595,11 +689,11 @@ class Store:
 
     def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
         rows = conn.execute(
-            select(P.id, P.key, P.lease_epoch, P.wanted_by, seconds_until(P.lease_expires_at).label("remaining"))
+            select(P.id, P.key, P.lease_epoch, P.wanted_by, *_LEASE_SCHEDULE, _REMAINING)
             .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
             .order_by(P.id)
         )
-        return [Lease(r.id, r.key, r.lease_epoch, r.wanted_by, float(r.remaining or 0.0)) for r in rows]
+        return [_lease(r, r.wanted_by) for r in rows]
 
     # ------------------------------------------------------------ watchers: leasing
 
@@ -652,11 +746,9 @@ class Store:
                 ],
             )
             rows = conn.execute(
-                select(P.id, P.key, P.lease_epoch, seconds_until(P.lease_expires_at).label("remaining"))
-                .where(P.id.in_(ids))
-                .order_by(P.id)
+                select(P.id, P.key, P.lease_epoch, *_LEASE_SCHEDULE, _REMAINING).where(P.id.in_(ids)).order_by(P.id)
             )
-            return [Lease(r.id, r.key, r.lease_epoch, None, float(r.remaining or 0.0)) for r in rows]
+            return [_lease(r, None) for r in rows]
 
     def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
         """Ask overloaded watchers to hand over partitions, toward a fair share for this one.
@@ -780,20 +872,33 @@ class Store:
 
     # ------------------------------------------------------------ watchers: items
 
-    def fetch_ready(self, watcher_id: str, limit: int, exclude: Iterable[int] = ()) -> list[ReadyItem]:
+    def fetch_ready(
+        self,
+        watcher_id: str,
+        limit: int,
+        exclude: Iterable[int] = (),
+        *,
+        slots: SlotClaim | None = None,
+        closed: Iterable[int] = (),
+    ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): partitions by priority then age, items in
-        the order they became ready."""
+        the order they became ready. Partitions in `closed` (outside their time windows) are skipped.
+
+        With `slots` (the watcher's queue has a concurrency limit) the fetch is also the slot claim:
+        see `_fetch_within_limit`."""
+        excluded, shut = sorted(set(exclude)), sorted(set(closed))
+        if slots is not None:
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut)
         if limit <= 0:
             return []
-        excluded = sorted(set(exclude))
         with self.read() as conn:
             if self.postgres:
-                return self._fetch_ready_pg(conn, watcher_id, limit, excluded)
-            return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded)
+                return self._fetch_ready_pg(conn, watcher_id, limit, excluded, shut)
+            return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded, shut)
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
-        return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at).where(
+        return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at, P.weight).where(
             P.lease_owner == watcher_id,
             P.status == IS_AVAILABLE,
             P.wanted_by.is_(None),
@@ -815,14 +920,19 @@ class Store:
             query = query.where(I.id.not_in(bindparam("excluded", excluded, expanding=True)))
         return query
 
-    def _fetch_ready_pg(self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]) -> list[ReadyItem]:
-        rows = conn.execute(_PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit})
+    def _fetch_ready_pg(
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+    ) -> list[ReadyItem]:
+        rows = conn.execute(
+            _PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit, "closed": closed}
+        )
         return [
-            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data) for r in rows
+            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data, r.weight)
+            for r in rows
         ]
 
     def _fetch_ready_sqlite(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
     ) -> list[ReadyItem]:
         # SQLite has no LATERAL; it is in-process, so one short query per partition costs little.
         owned = conn.execute(
@@ -830,6 +940,8 @@ class Store:
         ).all()
         found: list[ReadyItem] = []
         for p in owned:
+            if p.id in closed:
+                continue
             alias = partitions.alias("p")
             query = (
                 self._ready_items_of(alias, excluded)
@@ -838,7 +950,7 @@ class Store:
                 .limit(limit - len(found))
             )
             found += [
-                ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data)
+                ReadyItem(r.id, r.version, p.id, p.key, p.queue, p.lease_epoch, r.gate, r.attempts, r.data, p.weight)
                 for r in conn.execute(query)
             ]
             if len(found) >= limit:
@@ -897,6 +1009,7 @@ class Store:
                     "error": error,
                     "clear": o.kind in (Kind.DONE, Kind.MOVE),
                     "delay": float(o.delay),
+                    "progress": o.progress,
                 }
             )
             children += [
@@ -982,6 +1095,220 @@ class Store:
             )
         return moves
 
+    # ------------------------------------------------------------ scheduling controls (issue 7)
+    #
+    # Queue settings (concurrency limit, windows) live in feedproc_queues; a queue without a row has
+    # neither. The limit is arbitrated here: slots are the weights of the items each live watcher has
+    # in flight (feedproc_watchers.slots), set under the queue row's lock in the transaction that
+    # fetches the items (to what the watcher still runs plus what it takes), so answered items' slots
+    # come back with the watcher's next fetch and a dead watcher's stop counting when it expires.
+
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+    ) -> QueueSettings:
+        """Create or change a queue's settings; arguments left None keep their current value.
+        A limit < 1 means no limit. Returns the settings now stored."""
+        check_queue(name)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidInput(f"limit must be an integer, got {limit!r}")
+        parsed = timewindows.parse_windows(windows) if windows is not None else None
+        if window_tz is not None:
+            timewindows.zone(window_tz)
+        with self.write() as conn:
+            current = self._queue(conn, name, lock=True)
+            values: dict[str, Any] = {
+                "concurrency_limit": current.limit if limit is None else max(limit, 0),
+                "windows": current.windows,
+                "window_tz": current.window_tz,
+            }
+            if clear_windows:
+                values.update(windows=None, window_tz=None)
+            if parsed is not None:
+                values["windows"] = timewindows.format_windows(parsed)
+            if window_tz is not None:
+                values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
+            exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
+            if exists_already:
+                conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
+            else:
+                conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
+            notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
+            return self._queue(conn, name)
+
+    def queue_settings(self, name: str) -> QueueSettings:
+        """A queue's settings (defaults when it has no row): read by watchers once per poll interval."""
+        with self.read() as conn:
+            return self._queue(conn, name)
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue with settings or partitions: its limit, slots in use, windows and whether open."""
+        now = _utcnow()
+        with self.read() as conn:
+            names = set(conn.execute(select(Q.name)).scalars()) | set(
+                conn.execute(select(P.queue).where(P.status == IS_AVAILABLE).distinct()).scalars()
+            )
+            return [self._queue(conn, name).describe(now, self._slots_in_use(conn, name)) for name in sorted(names)]
+
+    def queue(self, name: str) -> dict[str, Any]:
+        """One queue's settings and state (as in `queues`)."""
+        check_queue(name)
+        with self.read() as conn:
+            return self._queue(conn, name).describe(_utcnow(), self._slots_in_use(conn, name))
+
+    def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
+        query = select(Q.concurrency_limit, Q.windows, Q.window_tz).where(Q.name == name)
+        if lock and self.postgres:
+            query = query.with_for_update()
+        row = conn.execute(query).one_or_none()
+        if row is None:
+            return QueueSettings(name)
+        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz)
+
+    def _slots_in_use(self, conn: Connection, queue: str) -> int:
+        """Weights in flight for `queue`: the slots of its live watchers."""
+        return int(
+            conn.execute(
+                select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
+            ).scalar_one()
+        )
+
+    def _fetch_within_limit(
+        self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim, closed: list[int]
+    ) -> list[ReadyItem]:
+        """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
+        in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
+
+        Free = limit - slots of the queue's other live watchers - `claim.held` (the weight this
+        watcher still has in flight, which it knows exactly). Items are taken in dispatch order while
+        their weights fit (a weight above the limit counts as the limit, so such an item runs alone);
+        the watcher's row is then set to held + taken. A dead watcher's slots stop counting when its
+        registration expires."""
+        with self.write() as conn:
+            settings = self._queue(conn, claim.queue, lock=True)
+            taken: list[ReadyItem] = []
+            if not settings.limited:  # the limit was lifted meanwhile
+                self._set_slots(conn, watcher_id, 0)
+                if want > 0:
+                    fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
+                    taken = fetch(conn, watcher_id, want, excluded, closed)
+                return taken
+            others = int(
+                conn.execute(
+                    select(func.coalesce(func.sum(W.slots), 0)).where(
+                        W.queue == claim.queue, W.expires_at > db_now(), W.id != watcher_id
+                    )
+                ).scalar_one()
+            )
+            free = settings.limit - others - claim.held
+            if free > 0 and want > 0:
+                fetch = self._fetch_ready_pg if self.postgres else self._fetch_ready_sqlite
+                for item in fetch(conn, watcher_id, min(want, free), excluded, closed):
+                    weight = min(item.weight, settings.limit)
+                    if weight > free:
+                        break  # strict dispatch order: a heavy item is not overtaken by lighter ones
+                    free -= weight
+                    taken.append(replace(item, weight=weight))
+            self._set_slots(conn, watcher_id, claim.held + sum(item.weight for item in taken))
+            return taken
+
+    def defer(self, watcher_id: str, deferred: Sequence[tuple[Lease, datetime]]) -> int:
+        """Give up leased partitions whose time window is closed until it opens: the lease is
+        released (fenced by epoch) and `ready_at` moved to the opening, so no watcher leases them
+        before then. Returns how many were deferred."""
+        if not deferred:
+            return 0
+        with self.write() as conn:
+            opens = {lease.partition_id: (lease.epoch, when) for lease, when in deferred}
+            held = conn.execute(
+                select(P.id, P.lease_epoch)
+                .where(P.id.in_(sorted(opens)), P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
+                .order_by(P.id)
+                .with_for_update()
+            ).all()
+            done = 0
+            for row in held:
+                epoch, when = opens[row.id]
+                if row.lease_epoch != epoch:
+                    continue
+                opening = literal(when, partitions.c.ready_at.type)
+                conn.execute(
+                    update(partitions)
+                    .where(P.id == row.id)
+                    .values(
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        wanted_by=None,
+                        ready_at=case((P.ready_at.is_(None), None), (P.ready_at > opening, P.ready_at), else_=opening),
+                        version=P.version + 1,
+                        updated_at=db_now(),
+                    )
+                )
+                detail = {"reason": "window closed", "opens_at": _iso(when)}
+                self._event(conn, row.id, "deferred", watcher=watcher_id, detail=detail)
+                done += 1
+            return done
+
+    def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
+        conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+
+    def _store_progress(self, conn: Connection, leases: list[Lease], reports: Sequence[ProgressReport]) -> None:
+        """Write progress reports of items still available at the gate they were dispatched at, in
+        partitions still leased under the epoch they were dispatched with (others are dropped)."""
+        epochs = {lease.partition_id: lease.epoch for lease in leases}
+        rows = [
+            {"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction}
+            for r in reports
+            if epochs.get(r.partition_id) == r.epoch
+        ]
+        if rows:
+            conn.execute(
+                update(items)
+                .where(I.id == bindparam("b_id"), I.gate == bindparam("b_gate"), I.status == IS_AVAILABLE)
+                .values(progress=bindparam("b_progress")),
+                rows,
+            )
+
+    def _schedule_status(self, conn: Connection, row: Row[Any], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+        """The additive `status KEY` keys of issue 7: `schedule` (weight, item timeout, windows and
+        when the next one opens, the queue's limit) and `progress` (per gate done / total and the
+        mean progress of items in flight)."""
+        now = _utcnow()
+        queue = self._queue(conn, row.queue)
+        own = timewindows.parse_windows(row.windows)
+        own_tz = timewindows.zone(row.window_tz)
+        schedule: dict[str, Any] = {
+            "weight": row.weight,
+            "item_timeout": row.item_timeout,
+            "windows": row.windows,
+            "timezone": row.window_tz or "UTC",
+            "queue": queue.describe(now, self._slots_in_use(conn, row.queue)),
+        }
+        opens = timewindows.next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
+        schedule["window_open"] = opens == now
+        schedule["next_window_opens_at"] = None if opens in (now, None) else _iso(opens)
+        if opens is None:
+            schedule["windows_never_overlap"] = True  # the partition's and the queue's
+        reported = conn.execute(
+            select(I.gate, func.count(I.progress), func.avg(I.progress))
+            .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))
+            .group_by(I.gate)
+        ).all()
+        in_flight = {gate: (n, float(mean)) for gate, n, mean in reported}
+        per_gate, done_all, total_all = {}, 0, 0
+        for gate, by_status in counts.items():  # the per-gate counts `status` read already
+            total = sum(by_status.values())
+            done = total - by_status.get(AVAILABLE, 0)
+            n, mean = in_flight.get(int(gate), (0, None))
+            per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
+            done_all, total_all = done_all + done, total_all + total
+        return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}
+
     # ------------------------------------------------------------ the gate rules, applied
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
@@ -1013,7 +1340,7 @@ class Store:
         lease when the partition finishes or has nothing to do.
         """
         row = conn.execute(
-            select(P.id, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
+            select(P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
         ).one()
         outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
@@ -1037,9 +1364,11 @@ class Store:
         elif outcome.move is Move.FAIL:
             self._touch(conn, pid, status=FAILED, ready_at=None, **release)
             self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
             self._touch(conn, pid, status=COMPLETE, ready_at=None, **release)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
         return outcome.move
 
     # ------------------------------------------------------------ helpers
@@ -1120,9 +1449,10 @@ class Store:
 # compares each candidate with every excluded id (2-10x slower with a few hundred in flight).
 _PG_FETCH_READY = text(
     """
-    SELECT i.id, i.version, i.gate, i.attempts, i.data, best.pid, best.key, best.queue, best.lease_epoch
+    SELECT i.id, i.version, i.gate, i.attempts, i.data, best.pid, best.key, best.queue, best.lease_epoch, best.weight
     FROM (
-        SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at
+        SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
+               p.weight
         FROM feedproc_partitions AS p
         CROSS JOIN LATERAL (
             SELECT c.id, c.next_attempt_at
@@ -1134,13 +1464,14 @@ _PG_FETCH_READY = text(
             LIMIT :limit) AS ready
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
+          AND p.id NOT IN (SELECT unnest(CAST(:closed AS bigint[])))
         ORDER BY p.priority DESC, p.created_at, p.id, ready.next_attempt_at, ready.id
         LIMIT :limit) AS best
     JOIN feedproc_items AS i ON i.id = best.id
     ORDER BY best.priority DESC, best.created_at, best.pid, best.next_attempt_at, best.id
     """
 )
-_OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay")
+_OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "error", "clear", "delay", "progress")
 # One statement per batch of answers on PostgreSQL: the outcomes arrive as arrays. The version
 # match is the guard (every change of an item's status bumps its version, so an item dispatched
 # while available is still available if its version is unchanged). There is deliberately no
@@ -1156,12 +1487,14 @@ _PG_UPDATE_ITEMS = text(
         attempts = v.attempts,
         last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         next_attempt_at = now() + v.delay * interval '1 second',
+        progress = CASE WHEN v.clear THEN NULL ELSE COALESCE(v.progress, i.progress) END,
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
-                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]))
-        AS v(id, version, status, gate, data, attempts, error, clear, delay)
+                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
+                CAST(:progress AS double precision[]))
+        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
@@ -1180,6 +1513,10 @@ _UPDATE_ITEM = (
             else_=I.last_error,
         ),
         next_attempt_at=seconds_from_now(bindparam("b_delay")),
+        progress=case(
+            (bindparam("b_clear", type_=Boolean()).is_(True), None),
+            else_=func.coalesce(bindparam("b_progress", type_=items.c.progress.type), I.progress),
+        ),
         version=I.version + 1,
         updated_at=db_now(),
     )
@@ -1199,6 +1536,42 @@ _PG_INSERT_ITEMS = text(
 )
 
 
+_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
+_REMAINING = seconds_until(P.lease_expires_at).label("remaining")
+
+
+def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
+    return Lease(
+        row.id,
+        row.key,
+        row.lease_epoch,
+        wanted_by,
+        float(row.remaining or 0.0),
+        row.weight,
+        row.item_timeout,
+        row.windows,
+        row.window_tz,
+    )
+
+
+def _schedule_values(
+    weight: int, item_timeout: float | None, windows: str | Sequence[str] | None, window_tz: str | None
+) -> dict[str, Any]:
+    """Validated scheduling columns of a partition (InvalidInput when malformed)."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+        raise InvalidInput(f"weight must be an integer >= 1, got {weight!r}")
+    if item_timeout is not None and (isinstance(item_timeout, bool) or not item_timeout > 0):
+        raise InvalidInput(f"item timeout must be a positive number of seconds, got {item_timeout!r}")
+    parsed = timewindows.parse_windows(windows)
+    timewindows.zone(window_tz)
+    return {
+        "weight": weight,
+        "item_timeout": float(item_timeout) if item_timeout is not None else None,
+        "windows": timewindows.format_windows(parsed),
+        "window_tz": window_tz if parsed and window_tz and window_tz.upper() not in ("UTC", "Z") else None,
+    }
+
+
 class WatcherGone(Exception):
     """The watcher's registration was removed (it was presumed dead)."""
 
@@ -1210,6 +1583,10 @@ def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 def _is_unique_violation(error: IntegrityError) -> bool:

@@ -27,16 +27,29 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
-from .errors import DatabaseUnavailable
+from . import windows
+from .errors import DatabaseUnavailable, RetryLater
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import call_processor
-from .store import Lease, Outcome, ReadyItem, StaleWrite, Store, WatcherGone
+from .store import (
+    Kind,
+    Lease,
+    Outcome,
+    ProgressReport,
+    QueueSettings,
+    ReadyItem,
+    SlotClaim,
+    StaleWrite,
+    Store,
+    WatcherGone,
+)
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
@@ -60,6 +73,7 @@ class WatcherConfig:
     retention: float | None = None  # delete partitions finished longer ago than this (seconds)
     retention_every: float = 300.0
     steals_per_cycle: int = 2
+    item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -71,6 +85,8 @@ class WatcherConfig:
                 raise ValueError(f"{name} must be positive")
         if self.retry_delay < 0 or self.shutdown_grace < 0:
             raise ValueError("retry_delay and shutdown_grace must be >= 0")
+        if self.item_timeout is not None and self.item_timeout <= 0:
+            raise ValueError("item_timeout must be positive")
 
     @property
     def max_partitions(self) -> int:
@@ -131,6 +147,10 @@ class Watcher:
         self._last_steal = 0.0
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
+        self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
+        self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
+        self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
+        self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
@@ -170,11 +190,13 @@ class Watcher:
             concurrency=cfg.concurrency,
             capacity=cfg.max_partitions,
             lease_seconds=cfg.lease_seconds,
+            slots=self._held_weight() if self.queue_settings.limited else 0,
         )
 
     async def run(self) -> None:
         """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
         cfg = self.config
+        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
         await self._register(self._db)
         log.info(
             "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
@@ -274,14 +296,18 @@ class Watcher:
         while True:
             await asyncio.sleep(delay)
             delay = interval
+            reports, self._progress = self._progress, {}
             try:
-                await self._refresh_leases(self._hb, self.store.heartbeat, self.id, self.config.lease_seconds)
+                await self._refresh_leases(
+                    self._hb, self.store.heartbeat, self.id, self.config.lease_seconds, list(reports.values())
+                )
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
                     await self._register(self._hb)
                 continue
             except Exception as error:
+                self._progress = {**reports, **self._progress}  # keep them for the next beat; newer win
                 self._health.failed("heartbeat", error)
                 delay = self._outage_delay(interval)  # retry sooner: renew before the leases expire
                 if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:
@@ -401,14 +427,43 @@ class Watcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
+    def _opens_at(self, lease: Lease, now: datetime) -> datetime:
+        """When `lease`'s partition may next be dispatched: `now` if its windows and its queue's are
+        open (windows that never overlap: look again in an hour)."""
+        queue = self.queue_settings
+        if lease.windows is None and queue.windows is None:
+            return now
+        own = (windows.parse_windows(lease.windows), windows.zone(lease.window_tz))
+        opens = windows.next_dispatch((own, (queue.parsed, queue.zone)), now)
+        return opens if opens is not None else now + timedelta(hours=1)
+
+    def _closed(self) -> set[int]:
+        """Owned partitions outside their time windows now."""
+        now = datetime.now(UTC)
+        return {pid for pid, lease in self.owned.items() if self._opens_at(lease, now) != now}
+
+    async def _defer_closed(self) -> None:
+        """Release partitions whose window is closed (once their items in flight are done) until it opens."""
+        now = datetime.now(UTC)
+        busy = Counter(item.partition_id for item in self.inflight.values())
+        closed = [(lease, opens) for lease in self.owned.values() if (opens := self._opens_at(lease, now)) != now]
+        closed = [(lease, opens) for lease, opens in closed if not busy[lease.partition_id]]
+        if closed:
+            deferred = await self._db_call(self._db, self.store.defer, self.id, closed)
+            log.info("deferred %d partitions until their time window opens", deferred)
+            for lease, _ in closed:
+                self._forget(lease.partition_id)
+
     async def _maintain(self) -> None:
         cfg = self.config
+        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+        await self._defer_closed()
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)
         if stray:
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
-        if self.stopping:
-            return
+        if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
+            return  # a closed queue: lease nothing until its window opens
         room = cfg.max_partitions - len(self.owned)
         if room > 0:
             started = time.monotonic()
@@ -429,18 +484,50 @@ class Watcher:
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
 
+    def _held_weight(self) -> int:
+        """Weight of the items fetched whose processor call has not returned (buffered or running):
+        the slots this watcher holds. An answered item's slot is free even before its answer is written."""
+        return sum(item.weight for item_id, item in self.inflight.items() if item_id not in self._answered)
+
     async def _fill_buffer(self) -> None:
+        if self.queue_settings.windows is not None and not self.queue_settings.is_open(datetime.now(UTC)):
+            return  # in-flight items finish; nothing new is fetched
+        if self.queue_settings.limited:
+            return await self._fill_within_limit()
         target = max(4 * self.config.concurrency, PREFETCH)
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
             return
         want = target - self._buffer.qsize() - len(self.busy)
         if want <= 0 or not self.owned or self.stopping:
             return
-        ready = await self._db_call(self._db, self.store.fetch_ready, self.id, want, list(self.inflight))
+        ready = await self._db_call(
+            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), closed=self._closed()
+        )
         for item in ready:
             lease = self.owned.get(item.partition_id)
             if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 continue
+            self.inflight[item.id] = item
+            self._buffer.put_nowait(item)
+
+    async def _fill_within_limit(self) -> None:
+        """A queue with a concurrency limit: fetch no more than idle workers can start now (a
+        prefetched item would hold a slot while it waits). The same call gives back the slots of
+        items answered since the last one and claims the new items' slots (workers wake the poller
+        on every answer, so a freed slot is reused or returned at once)."""
+        want = 0 if self.stopping else self.config.concurrency - len(self.busy) - self._buffer.qsize()
+        held = self._held_weight()
+        if (want <= 0 or not self.owned) and held == self._slots_reported:
+            return
+        claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
+        ready = await self._db_call(
+            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), slots=claim, closed=self._closed()
+        )
+        self._slots_reported = held + sum(item.weight for item in ready)
+        for item in ready:
+            lease = self.owned.get(item.partition_id)
+            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                continue  # its slot stays counted until the next fetch sets the count again
             self.inflight[item.id] = item
             self._buffer.put_nowait(item)
 
@@ -461,6 +548,9 @@ class Watcher:
             if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 self.inflight.pop(item.id, None)
                 continue
+            if self._opens_at(lease, now := datetime.now(UTC)) != now:  # its window closed since the fetch
+                self.inflight.pop(item.id, None)
+                continue
             if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
                 self.inflight.pop(item.id, None)
                 self._maintain_now = True
@@ -468,24 +558,37 @@ class Watcher:
                 continue
             self.busy.add(item.id)
             try:
-                outcome = await self._deliver(item)
+                outcome = await self._deliver(item, lease)
             except Exception:  # a bug of ours, not the processor's: forget the item, it will come again
                 log.exception("internal error delivering item %s; it will be delivered again", item.id)
                 self.inflight.pop(item.id, None)
                 continue
             finally:
                 self.busy.discard(item.id)
+                report = self._progress.pop(item.id, None)  # its answer is written instead
+            if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
+                outcome.progress = report.fraction
             self.results.append(outcome)
+            self._answered.add(item.id)
             self._results_ready.set()
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
 
-    async def _deliver(self, ready: ReadyItem) -> Outcome:
-        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data)
+    async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
+        def report(fraction: float) -> None:  # may be called from a plain-def processor's thread
+            self._progress[ready.id] = ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction)
+
+        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, report)
+        limit = lease.item_timeout or self.config.item_timeout
         try:
-            response = await call_processor(self.processor, item)
+            async with asyncio.timeout(limit) as deadline:
+                response = await call_processor(self.processor, item)
         except asyncio.CancelledError:
             raise
+        except TimeoutError as error:
+            # Past the item timeout the call is abandoned (a plain-def processor's thread runs on, unheard).
+            late = RetryLater(f"item timed out after {limit:g}s") if deadline.expired() else error
+            return outcome_of(ready, self.policy, error=late)
         except Exception as error:
             return outcome_of(ready, self.policy, error=error)
         return outcome_of(ready, self.policy, response=response)
@@ -527,10 +630,12 @@ class Watcher:
             log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
             for outcome in batch:
                 self.inflight.pop(outcome.item_id, None)
+                self._answered.discard(outcome.item_id)
             return
         self._health.ok()
         for outcome in batch:
             self.inflight.pop(outcome.item_id, None)
+            self._answered.discard(outcome.item_id)
         self.processed += len(applied.written)
         if applied.lost or applied.released:
             self._maintain_now = True  # capacity freed: lease more at once

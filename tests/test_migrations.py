@@ -146,3 +146,22 @@ def test_migrated_schema_has_the_unique_partition_key(store):
     uniques = [c["column_names"] for c in inspector.get_unique_constraints("feedproc_partitions")]
     indexes = [i["column_names"] for i in inspector.get_indexes("feedproc_partitions") if i["unique"]]
     assert ["key"] in uniques + indexes
+
+
+# ---------------------------------------------------------------- 0002: scheduling controls
+
+
+def test_scheduling_revision_downgrades_to_0001_and_upgrades_again_keeping_the_data(empty_store, unmigrated_url):
+    from alembic import command
+
+    empty_store.migrate()
+    empty_store.add_partition("kept", [(0, b"x")], sealed=False)
+    config = _alembic_config(unmigrated_url)
+    with empty_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
+    assert empty_store.schema_revision() == "0001"
+    assert "feedproc_queues" not in inspect(empty_store.engine).get_table_names()
+    empty_store.migrate()
+    empty_store.check_schema()
+    assert empty_store.status("kept")["items"]["total"] == 1
