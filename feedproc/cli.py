@@ -22,7 +22,7 @@ from typer.exceptions import Abort, TyperException
 
 from . import __version__
 from .errors import FeedprocError, InvalidInput
-from .models import NewItem, check_gate
+from .models import NewItem, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
 
@@ -95,13 +95,7 @@ def read_items(source: str | None) -> Iterator[NewItem]:
                 row = json.loads(line)
             except ValueError as error:
                 raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
-            if not isinstance(row, dict):
-                raise InvalidInput(f'line {number}: expected an object like {{"gate": 0, "data": ...}}')
-            unknown = set(row) - {"gate", "data"}
-            if unknown:
-                raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
-            gate = check_gate(row.get("gate", 0), where=f"line {number}: ")
-            yield NewItem(gate, json.dumps(row.get("data"), separators=(",", ":"), ensure_ascii=False).encode())
+            yield item_from_row(row, where=f"line {number}: ")
 
 
 def parse_time(value: str | None) -> datetime | None:
