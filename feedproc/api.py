@@ -357,6 +357,21 @@ def create_app(store: Store, *, token: str | None = None, max_body: int = DEFAUL
     return app
 
 
+def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until SIGINT/SIGTERM; then shut down gracefully (exit 0, like `watch`)."""
+    import signal
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's, minus re-raising the signal at exit
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")).run(sockets=[sock])
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 

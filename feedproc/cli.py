@@ -378,9 +378,7 @@ def serve(
     import socket
 
     try:
-        import uvicorn
-
-        from .api import create_app
+        from .api import create_app, run
     except ImportError as error:
         raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
     from .store import Store
@@ -409,9 +407,7 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
-        app_ = create_app(store, token=token, max_body=max_body_bytes)
-        config = uvicorn.Config(app_, log_level=log_level.lower(), access_log=False, lifespan="off")
-        uvicorn.Server(config).run(sockets=[sock])
+        run(create_app(store, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
     finally:
         store.close()
 
