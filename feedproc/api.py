@@ -21,7 +21,7 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -188,7 +188,7 @@ def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
 
 api = APIRouter(prefix="/api/v1")
 Mutating = [Depends(require_token)]
-KeyPath = Annotated[str, "a partition key; may contain '/'"]
+KeyPath = Annotated[str, Path(pattern=KEY_PATTERN.pattern, description="a partition key; may contain '/'")]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
 
 
