@@ -86,7 +86,7 @@ def _overview(store: Store, status: str | None, prefix: str | None, after: str |
     for lease in store.leases(limit=500):
         leases.setdefault(lease["owner"], []).append(lease)
     return {
-        "summary": store.summary(),
+        "counts": store.partition_counts(),  # not item totals: those would count every item, every refresh
         "partitions": partitions,
         "next": partitions[-1]["key"] if len(partitions) == PAGE else None,
         "status": status,

@@ -630,6 +630,14 @@ class Store:
                 entry["items"]["total"] += n
         return result
 
+    def partition_counts(self) -> dict[str, int]:
+        """Partitions by status (reads the partitions' status index only: cheap enough to poll)."""
+        counts = {s.value: 0 for s in Status}
+        with self.read() as conn:
+            for status, n in conn.execute(select(P.status, func.count()).group_by(P.status)):
+                counts[status] = n
+        return counts
+
     def history(self, key: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
         """A partition's history, oldest first, a page at a time (keyset: pass the last `id` as `after`)."""
         limit = max(1, min(limit, MAX_PAGE))

@@ -96,3 +96,27 @@ def test_health_and_metrics_can_share_one_port(watchers: WatcherProcesses, handl
     watchers.start("--handler", handler.url, *FAST, "--health-port", str(port), "--metrics-port", str(port))
     assert wait_until(lambda: get(port, "/healthz"), timeout=60, what="/healthz").status_code == 200
     scrape(port, 'feedproc_leases_held{queue="default"} 0')
+
+
+@dialect_independent
+def test_healthz_turns_503_once_the_heartbeat_is_older_than_a_lease(db_url: str) -> None:
+    """A watcher that never renews its leases (here: one that is not running) is reported unhealthy."""
+    from feedproc.health import MonitorServer, WatcherProbe
+    from feedproc.store import Store
+    from feedproc.watcher import Watcher, WatcherConfig
+
+    store = Store(db_url)
+    watcher = Watcher(store, processor=None, config=WatcherConfig(lease_seconds=1.0))
+    server = MonitorServer("127.0.0.1", 0, {"/healthz": WatcherProbe(watcher).health}).start()
+    try:
+        assert get(server.port, "/healthz").status_code == 200
+        stale = wait_until(
+            lambda: (r := get(server.port, "/healthz")) is not None and r.status_code == 503 and r,
+            timeout=30,
+            what="/healthz to report the stale heartbeat",
+        )
+        [reason] = stale.json()["reasons"]
+        assert reason.startswith("heartbeat: leases last renewed") and "(lease 1s)" in reason
+    finally:
+        server.close()
+        store.close()
