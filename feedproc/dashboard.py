@@ -20,7 +20,7 @@ from jinja2 import Environment, FileSystemLoader
 from starlette.datastructures import URL
 
 from .errors import InvalidInput, NotFound
-from .models import STATUSES, check_key
+from .models import KEY_PATTERN, STATUSES, check_key
 from .store import Store
 
 HERE = Path(__file__).resolve().parent
@@ -78,6 +78,9 @@ def _render(request: Request, name: str, context: dict[str, Any], status: int = 
 def _overview(store: Store, status: str | None, prefix: str | None, after: str | None) -> dict[str, Any]:
     if status not in STATUSES:
         status = None
+    # Filters come from the address bar: anything a key could not contain is dropped, never sent on.
+    prefix = prefix if prefix and KEY_PATTERN.match(prefix) else None
+    after = after if after and KEY_PATTERN.match(after) else None
     partitions = store.list_partitions(status=status, prefix=prefix or None, after=after or None, limit=PAGE)
     for p in partitions:
         p["bars"] = gate_bars(p["gates"], p["gate"])

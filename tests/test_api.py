@@ -4,6 +4,7 @@ bearer-token auth on every mutation, keyset pagination and a body size limit."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,6 @@ def test_get_partition_is_the_status_json_of_the_command_line(api: ApiServer, db
     assert cli.returncode == 0, cli.stderr
     response = api.get("/api/v1/partitions/a/b:c")
     assert response.status_code == 200
-    import json
-
     assert response.json() == json.loads(cli.stdout)
 
 

@@ -128,3 +128,9 @@ def test_dashboard_shows_live_progress_and_retries_a_failed_partition(
         assert "retried" in [event["kind"] for event in status["history"]]
     finally:
         serve.stop()
+
+
+def test_overview_ignores_filters_no_key_could_match(api: ApiServer, feed: Feed) -> None:
+    feed.add_partition("p", [(0, b"1")])
+    page = api.get("/", params={"prefix": "a\x00<b>", "after": "\x00", "status": "nonsense"})
+    assert page.status_code == 200 and 'data-key="p"' in page.text
