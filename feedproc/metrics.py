@@ -9,6 +9,7 @@ monitoring thread only reads them, so no lock is needed.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,7 +40,8 @@ class WatcherMetrics:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self.outcomes = dict.fromkeys(OUTCOMES, 0)  # answers written, by what they did to the item
+        # Answers written, by what they did to the item (a Counter: a kind added later counts too).
+        self.outcomes: Counter[str] = Counter(dict.fromkeys(OUTCOMES, 0))
         self.latency = Histogram()  # seconds a Processor took per delivery
         self.gate_advances = 0
         self.steal_requests = 0  # partitions this watcher asked another one for
