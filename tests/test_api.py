@@ -20,7 +20,8 @@ from .support import run_cli
 from .test_cli import db_state
 from .test_store import register, work_off
 
-# Requests rejected by the schema before any database access behave the same on every database.
+# Requests rejected before any database access (schema, auth, size) behave the same on every database:
+# those tests run on SQLite only, to keep the suite fast.
 before_any_database_access = pytest.mark.sqlite_only
 
 
@@ -296,6 +297,7 @@ def test_failures_lists_recently_failed_partitions_with_an_error(api: ApiServer,
 # ---------------------------------------------------------------- auth and limits
 
 
+@before_any_database_access
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}])
 def test_mutations_without_the_right_bearer_token_are_401_and_change_nothing(
     api: ApiServer, feed: Feed, headers: dict[str, str]
@@ -314,12 +316,14 @@ def test_mutations_without_the_right_bearer_token_are_401_and_change_nothing(
     assert db_state(feed) == before
 
 
+@before_any_database_access
 def test_reads_need_no_token(api: ApiServer) -> None:
     create(api, "p")
     for path in ("/api/v1/partitions", "/api/v1/partitions/p", "/api/v1/watchers", "/api/v1/status"):
         assert api.get(path).status_code == 200, path
 
 
+@before_any_database_access
 def test_a_server_without_a_token_is_read_only(db_url: str, feed: Feed) -> None:
     server = ApiServer(db_url, token=None)
     try:
@@ -330,6 +334,7 @@ def test_a_server_without_a_token_is_read_only(db_url: str, feed: Feed) -> None:
     assert feed.summary()["partitions"]["complete"] == 0
 
 
+@before_any_database_access
 def test_a_body_over_the_limit_is_413_and_writes_nothing(db_url: str, feed: Feed) -> None:
     server = ApiServer(db_url, max_body=1000)
     try:

@@ -16,7 +16,7 @@ from feedproc import Feed
 
 from .api_support import TOKEN, ApiServer
 
-MAX_EXAMPLES = int(os.environ.get("FEEDPROC_SCHEMATHESIS_EXAMPLES", "30"))
+MAX_EXAMPLES = int(os.environ.get("FEEDPROC_SCHEMATHESIS_EXAMPLES", "20"))
 # PostgreSQL only: it is the stricter database (integer ranges, NUL in text), and time is bounded.
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
