@@ -21,8 +21,8 @@ import typer
 from typer.exceptions import Abort, TyperException
 
 from . import __version__
-from .errors import FeedprocError, InvalidInput
-from .models import NewItem, check_gate
+from .errors import FeedprocError, InvalidInput, Refused
+from .models import NewItem, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
 
@@ -95,13 +95,7 @@ def read_items(source: str | None) -> Iterator[NewItem]:
                 row = json.loads(line)
             except ValueError as error:
                 raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
-            if not isinstance(row, dict):
-                raise InvalidInput(f'line {number}: expected an object like {{"gate": 0, "data": ...}}')
-            unknown = set(row) - {"gate", "data"}
-            if unknown:
-                raise InvalidInput(f"line {number}: unknown field(s) {', '.join(sorted(unknown))}")
-            gate = check_gate(row.get("gate", 0), where=f"line {number}: ")
-            yield NewItem(gate, json.dumps(row.get("data"), separators=(",", ":"), ensure_ascii=False).encode())
+            yield item_from_row(row, where=f"line {number}: ")
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -375,6 +369,15 @@ def watch(
         str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    health_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz on this port.")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
+    ] = None,
+    monitor_host: Annotated[
+        str, typer.Option(metavar="ADDR", help="Address of the --health-port/--metrics-port server.")
+    ] = "0.0.0.0",
     db: DbOption = None,
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
@@ -419,7 +422,90 @@ def watch(
     store = Store(database_url(db), pool_size=4, pre_ping=False)
     try:
         store.check_schema()
-        asyncio.run(_run_watcher(Watcher(store, target, config)))
+        watcher = Watcher(store, target, config)
+        monitors = _start_monitors(watcher, handler, monitor_host, health_port, metrics_port)
+        try:
+            asyncio.run(_run_watcher(watcher))
+        finally:
+            for monitor in monitors:
+                monitor.close()
+    finally:
+        store.close()
+
+
+def _start_monitors(
+    watcher: Any, handler: str | None, host: str, health_port: int | None, metrics_port: int | None
+) -> list[Any]:
+    """The watcher's /healthz and /metrics servers (one server when both ports are the same)."""
+    from .health import MonitorServer, WatcherProbe
+
+    probe = WatcherProbe(watcher, handler)
+    by_port: dict[int, dict[str, Any]] = {}
+    if health_port:
+        by_port.setdefault(health_port, {})["/healthz"] = probe.health
+    if metrics_port:
+        by_port.setdefault(metrics_port, {})["/metrics"] = probe.metrics
+    servers = []
+    try:
+        for port, routes in by_port.items():
+            servers.append(MonitorServer(host, port, routes).start())
+            logging.getLogger("feedproc.watcher").info("serving %s on %s:%d", " and ".join(routes), host, port)
+    except OSError as error:
+        for server in servers:
+            server.close()
+        raise Refused(f"cannot listen on {host}: {error}") from None
+    return servers
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; other than loopback only with a token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    db: DbOption = None,
+) -> None:
+    """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
+
+    Mutating API calls need `Authorization: Bearer $FEEDPROC_API_TOKEN`; without the variable the
+    server is read-only, and it refuses to listen on anything but loopback.
+    """
+    import ipaddress
+    import socket
+
+    try:
+        from .api import create_app, run
+    except ImportError as error:
+        raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
+    from .store import Store
+
+    if logging.getLevelName(log_level.upper()) not in (10, 20, 30, 40):
+        raise InvalidInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    token = os.environ.get("FEEDPROC_API_TOKEN") or None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    store = Store(database_url(db))
+    try:
+        store.check_schema()
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            sock = socket.create_server((host, port), family=family)
+        except OSError as error:
+            raise Refused(f"cannot listen on {host}:{port}: {error}") from None
+        shown = f"[{host}]" if ":" in host else host
+        typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
+        sys.stdout.flush()
+        run(create_app(store, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
     finally:
         store.close()
 

@@ -80,6 +80,17 @@ class NewItem:
         return cls(gate, bytes(data))
 
 
+def item_from_row(row: Any, where: str = "") -> NewItem:
+    """One `{"gate": int, "data": <any JSON>}` object (a JSON Lines row, or an HTTP body's item) as a
+    NewItem; the data is stored as its JSON text. Shared by `feedproc add` and the HTTP API."""
+    if not isinstance(row, dict):
+        raise InvalidInput(f'{where}expected an object like {{"gate": 0, "data": ...}}')
+    unknown = set(row) - {"gate", "data"}
+    if unknown:
+        raise InvalidInput(f"{where}unknown field(s) {', '.join(sorted(unknown))}")
+    return NewItem(check_gate(row.get("gate", 0), where=where), encode_json(row.get("data")))
+
+
 def encode_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 

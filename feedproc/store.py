@@ -69,6 +69,7 @@ IS_AVAILABLE = literal_column("'available'")
 IS_FAILED = literal_column("'failed'")
 INSERT_CHUNK = 5000  # rows per INSERT statement
 FAILED_ITEMS_SHOWN = 100
+MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
 
 
 class StaleWrite(Exception):
@@ -147,6 +148,7 @@ class Applied:
     written: list[int] = field(default_factory=list)  # item ids
     lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
     released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
+    advanced: int = 0  # gate advances the batch caused (for metrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,6 +627,211 @@ class Store:
             for r in reversed(rows)
         ]
 
+    # ------------------------------------------------------------ operators: HTTP API, dashboard, metrics (issue 6)
+    # Reads for `feedproc serve` and the watchers' /healthz and /metrics. Every one is bounded: a
+    # capped page (keyset cursor), or an aggregate with one row per queue/status.
+
+    def ping(self) -> None:
+        """Raise DatabaseUnavailable or SchemaMissing unless the database answers (schema included)."""
+        with self.read() as conn:
+            conn.execute(select(P.id).limit(1)).all()
+
+    def list_partitions(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Partitions in key order, a page at a time (keyset: pass the last key as `after`), with
+        their item counts in total and per gate (the `status` object's `items` and `gates`)."""
+        limit = max(1, min(limit, MAX_PAGE))
+        query = select(
+            P.id,
+            P.key,
+            P.queue,
+            P.status,
+            P.gate,
+            P.priority,
+            P.sealed,
+            P.manual_checkpoint,
+            P.lease_owner,
+            P.lease_expires_at,
+            P.created_at,
+            P.updated_at,
+        )
+        if queue is not None:
+            query = query.where(P.queue == queue)
+        if status is not None:
+            query = query.where(P.status == status)
+        if prefix:
+            # substr, not LIKE: exact and case-sensitive on both databases; `>=` lets the key index start there.
+            query = query.where(P.key >= prefix, func.substr(P.key, 1, len(prefix)) == prefix)
+        if after is not None:
+            query = query.where(P.key > after)
+        with self.read() as conn:
+            rows = conn.execute(query.order_by(P.key).limit(limit)).all()
+            counts = self._item_counts(conn, [r.id for r in rows])
+        return [
+            {
+                "key": r.key,
+                "queue": r.queue,
+                "status": r.status,
+                "gate": r.gate,
+                "priority": r.priority,
+                "sealed": bool(r.sealed),
+                "manual_checkpoint": bool(r.manual_checkpoint),
+                "lease": {"owner": r.lease_owner, "expires_at": _iso(r.lease_expires_at)} if r.lease_owner else None,
+                "created_at": _iso(r.created_at),
+                "updated_at": _iso(r.updated_at),
+                **counts[r.id],
+            }
+            for r in rows
+        ]
+
+    def _item_counts(self, conn: Connection, pids: list[int]) -> dict[int, dict[str, Any]]:
+        """{partition id: {"items": totals, "gates": {gate: counts}}} for a page of partitions."""
+        result: dict[int, dict[str, Any]] = {
+            pid: {"items": {"total": 0, **{s.value: 0 for s in Status}}, "gates": {}} for pid in pids
+        }
+        if pids:
+            rows = conn.execute(
+                select(I.partition_id, I.gate, I.status, func.count())
+                .where(I.partition_id.in_(pids))
+                .group_by(I.partition_id, I.gate, I.status)
+                .order_by(I.partition_id, I.gate)
+            )
+            for pid, gate, status, n in rows:
+                entry = result[pid]
+                entry["gates"].setdefault(str(gate), {s.value: 0 for s in Status})[status] = n
+                entry["items"][status] += n
+                entry["items"]["total"] += n
+        return result
+
+    def partition_counts(self) -> dict[str, int]:
+        """Partitions by status (reads the partitions' status index only: cheap enough to poll)."""
+        counts = {s.value: 0 for s in Status}
+        with self.read() as conn:
+            for status, n in conn.execute(select(P.status, func.count()).group_by(P.status)):
+                counts[status] = n
+        return counts
+
+    def history(self, key: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """A partition's history, oldest first, a page at a time (keyset: pass the last `id` as `after`)."""
+        limit = max(1, min(limit, MAX_PAGE))
+        with self.read() as conn:
+            pid = conn.execute(select(P.id).where(P.key == key)).scalar_one_or_none()
+            if pid is None:
+                raise NotFound(f"no partition {key!r}")
+            rows = conn.execute(
+                select(E.id, E.kind, E.item_id, E.watcher, E.detail, E.at)
+                .where(E.partition_id == pid, E.id > after)
+                .order_by(E.id)
+                .limit(limit)
+            ).all()
+        return [
+            {
+                "id": r.id,
+                "at": _iso(r.at),
+                "kind": r.kind,
+                "item": r.item_id,
+                "watcher": r.watcher,
+                "detail": json.loads(r.detail) if r.detail else None,
+            }
+            for r in rows
+        ]
+
+    def recent_failures(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The most recently failed partitions, each with the error of one of its failed items."""
+        limit = max(1, min(limit, MAX_PAGE))
+        first_error = (
+            select(I.last_error)
+            .where(I.partition_id == P.id, I.status == IS_FAILED)
+            .order_by(I.id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        with self.read() as conn:
+            rows = conn.execute(
+                select(P.key, P.queue, P.gate, P.updated_at, first_error.label("error"))
+                .where(P.status == IS_FAILED)
+                .order_by(P.updated_at.desc(), P.id.desc())
+                .limit(limit)
+            ).all()
+        return [
+            {"key": r.key, "queue": r.queue, "gate": r.gate, "failed_at": _iso(r.updated_at), "error": r.error}
+            for r in rows
+        ]
+
+    def leases(self, *, limit: int = 500) -> list[dict[str, Any]]:
+        """Partitions leased now (at most `limit`), by owner then key."""
+        limit = max(1, min(limit, 5000))
+        with self.read() as conn:
+            rows = conn.execute(
+                select(P.key, P.queue, P.gate, P.lease_owner, P.lease_expires_at, P.wanted_by)
+                .where(P.lease_owner.is_not(None), P.status == IS_AVAILABLE)
+                .order_by(P.lease_owner, P.key)
+                .limit(limit)
+            ).all()
+        return [
+            {
+                "key": r.key,
+                "queue": r.queue,
+                "gate": r.gate,
+                "owner": r.lease_owner,
+                "expires_at": _iso(r.lease_expires_at),
+                "wanted_by": r.wanted_by,
+            }
+            for r in rows
+        ]
+
+    def queue_gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
+        """Aggregates for /metrics, one row per queue (and status): partitions by status, backlog
+        (available items of available partitions), failed items, leases held, live watchers."""
+        only = (lambda column, q: q.where(column == queue)) if queue is not None else (lambda column, q: q)
+        with self.read() as conn:
+            partitions_by_status = conn.execute(
+                only(P.queue, select(P.queue, P.status, func.count()).group_by(P.queue, P.status))
+            ).all()
+            backlog = conn.execute(
+                only(
+                    P.queue,
+                    select(P.queue, func.count())
+                    .select_from(items.join(partitions, I.partition_id == P.id))
+                    .where(I.status == IS_AVAILABLE, P.status == IS_AVAILABLE)
+                    .group_by(P.queue),
+                )
+            ).all()
+            failed = conn.execute(
+                only(
+                    P.queue,
+                    select(P.queue, func.count())
+                    .select_from(items.join(partitions, I.partition_id == P.id))
+                    .where(I.status == IS_FAILED)
+                    .group_by(P.queue),
+                )
+            ).all()
+            leased = conn.execute(
+                only(
+                    P.queue,
+                    select(P.queue, func.count())
+                    .where(P.lease_owner.is_not(None), P.status == IS_AVAILABLE, P.lease_expires_at > db_now())
+                    .group_by(P.queue),
+                )
+            ).all()
+            alive = conn.execute(
+                only(W.queue, select(W.queue, func.count()).where(W.expires_at > db_now()).group_by(W.queue))
+            ).all()
+        return {
+            "partitions": {(q, st): n for q, st, n in partitions_by_status},
+            "backlog": {(q,): n for q, n in backlog},
+            "failed_items": {(q,): n for q, n in failed},
+            "leases": {(q,): n for q, n in leased},
+            "watchers": {(q,): n for q, n in alive},
+        }
+
     # ------------------------------------------------------------ watchers: membership
 
     def register_watcher(
@@ -982,9 +1189,11 @@ class Store:
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
                 self._write_outcomes(conn, kept, watcher_id)
-                for pid, move in self._settle_after_answers(conn, kept, watcher_id, idle_after).items():
+                advanced: list[int] = []
+                for pid, move in self._settle_after_answers(conn, kept, watcher_id, idle_after, advanced).items():
                     if move in (Move.COMPLETE, Move.FAIL, Move.WAIT):
                         applied.released.add(pid)
+                applied.advanced = len(advanced)
             applied.written = [o.item_id for o in kept]
         return applied
 
@@ -1049,7 +1258,7 @@ class Store:
         self._events(conn, history)
 
     def _settle_after_answers(
-        self, conn: Connection, kept: list[Outcome], watcher_id: str, idle_after: float
+        self, conn: Connection, kept: list[Outcome], watcher_id: str, idle_after: float, advanced: list[int]
     ) -> dict[int, Move]:
         """Settle the partitions a batch touched, cheaply: one statement refreshes each one's
         `ready_at`; partitions whose gate drained go through the full gate rules, and partitions
@@ -1071,7 +1280,7 @@ class Store:
         idle = []
         for row in rows:
             if row.ready_at is None:
-                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id)
+                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced)
             elif row.idle:
                 idle.append(row.id)
                 moves[row.id] = Move.WAIT
@@ -1332,12 +1541,21 @@ class Store:
             bool(row.manual_checkpoint),
         )
 
-    def _settle(self, conn: Connection, pid: int, *, checkpoint: bool = False, watcher: str | None = None) -> Move:
+    def _settle(
+        self,
+        conn: Connection,
+        pid: int,
+        *,
+        checkpoint: bool = False,
+        watcher: str | None = None,
+        advanced: list[int] | None = None,
+    ) -> Move:
         """Apply the gate rules to a (locked) available partition and record what happened.
 
         Sets `ready_at` (earliest due item at the current gate), moves the gate past drained and
         empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
-        lease when the partition finishes or has nothing to do.
+        lease when the partition finishes or has nothing to do. Each gate advance appends `pid` to
+        `advanced`, when given.
         """
         row = conn.execute(
             select(P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
@@ -1347,7 +1565,9 @@ class Store:
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
             self._touch(conn, pid, gate=outcome.gate)
-            return self._settle(conn, pid, watcher=watcher)  # the new gate holds work: STAY
+            if advanced is not None:
+                advanced.append(pid)
+            return self._settle(conn, pid, watcher=watcher, advanced=advanced)  # the new gate holds work: STAY
         if outcome.move is Move.STAY:
             ready = (
                 select(func.min(I.next_attempt_at))

@@ -34,6 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from . import windows
 from .errors import DatabaseUnavailable, RetryLater
+from .metrics import WatcherMetrics
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
@@ -138,6 +139,7 @@ class Watcher:
         self.busy: set[int] = set()  # items a worker is processing now
         self.results: list[Outcome] = []
         self.processed = 0
+        self.metrics = WatcherMetrics(self.config.queue)  # plain int counters, read by /metrics
         self._buffer: asyncio.Queue[ReadyItem | None] = asyncio.Queue()  # None: a worker's stop signal
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()
@@ -176,6 +178,11 @@ class Watcher:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    @property
+    def heartbeat_age(self) -> float:
+        """Seconds since the leases were last renewed (or the watcher started)."""
+        return time.monotonic() - self._last_renewal
 
     async def _register(self, executor: ThreadPoolExecutor) -> None:
         """Record this watcher (host, pid, queue, capacity) so others count it for fair shares."""
@@ -352,6 +359,7 @@ class Watcher:
                 continue
             if pid not in self.owned and not self.stopping:
                 log.info("received partition %s", lease.key)
+                self.metrics.stolen += 1
             self.owned[pid] = lease
             if lease.wanted_by:
                 self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
@@ -483,6 +491,7 @@ class Watcher:
                 )
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
+                    self.metrics.steal_requests += marked
 
     def _held_weight(self) -> int:
         """Weight of the items fetched whose processor call has not returned (buffered or running):
@@ -538,6 +547,7 @@ class Watcher:
                 thief = await self._db_call(self._db, self.store.hand_over, self.id, lease, self.config.lease_seconds)
                 if thief:
                     log.info("handed partition %s over to %s", lease.key, thief)
+                    self.metrics.handed_over += 1
                     self._forget(pid)
 
     # ------------------------------------------------------------ dispatch
@@ -580,6 +590,7 @@ class Watcher:
 
         item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, report)
         limit = lease.item_timeout or self.config.item_timeout
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(limit) as deadline:
                 response = await call_processor(self.processor, item)
@@ -588,9 +599,12 @@ class Watcher:
         except TimeoutError as error:
             # Past the item timeout the call is abandoned (a plain-def processor's thread runs on, unheard).
             late = RetryLater(f"item timed out after {limit:g}s") if deadline.expired() else error
+            self.metrics.latency.observe(time.perf_counter() - started)
             return outcome_of(ready, self.policy, error=late)
         except Exception as error:
+            self.metrics.latency.observe(time.perf_counter() - started)
             return outcome_of(ready, self.policy, error=error)
+        self.metrics.latency.observe(time.perf_counter() - started)
         return outcome_of(ready, self.policy, response=response)
 
     # ------------------------------------------------------------ writing results
@@ -637,6 +651,11 @@ class Watcher:
             self.inflight.pop(outcome.item_id, None)
             self._answered.discard(outcome.item_id)
         self.processed += len(applied.written)
+        counts = self.metrics.outcomes
+        for outcome in batch:
+            if outcome.partition_id not in applied.lost:
+                counts[outcome.kind] += 1
+        self.metrics.gate_advances += applied.advanced
         if applied.lost or applied.released:
             self._maintain_now = True  # capacity freed: lease more at once
         for pid in applied.lost:

@@ -1,0 +1,408 @@
+"""The HTTP API of `feedproc serve` (FastAPI), under /api/v1, plus /healthz and /metrics.
+
+The same operations as the command line, through the same `Store` methods, with the same rules and
+errors: malformed input is 400 (422 when the request does not match the OpenAPI schema), an unknown
+partition 404, a refusal (duplicate key, sealed or finished partition, gate too low) 409, a missing
+schema or an unreachable database 503; every error is `{"error": "..."}` and changes nothing.
+
+Partition keys may contain `/`, so a key is the rest of the path: `GET /api/v1/partitions/a/b` is
+partition `a/b`, and `POST /api/v1/partitions/a/b/seal` seals it (only POST routes end in an action).
+Lists are keyset-paginated: pass the last key (or history id) seen as `after`.
+
+Mutating endpoints need `Authorization: Bearer <FEEDPROC_API_TOKEN>`, compared in constant time;
+a server started without a token is read-only. Request bodies are limited in size.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import __version__
+from .errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
+from .health import serve_health
+from .metrics import CONTENT_TYPE, render_down, render_gauges
+from .models import KEY_PATTERN, QUEUE_PATTERN, check_key, item_from_row
+from .store import MAX_PAGE, Store
+
+DEFAULT_MAX_BODY = 10 * 1024 * 1024
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+StatusName = Literal["available", "complete", "failed", "cancelled"]
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": message}` with `status`."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+class ItemIn(BaseModel):
+    """One item: its gate (default 0) and its data (any JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gate: int = Field(0, ge=0, le=INT32, strict=True)
+    data: Any = None
+
+
+class NewPartition(BaseModel):
+    """`feedproc add` as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(..., description="1-200 characters of A-Z a-z 0-9 . _ : / -", examples=["upload-42"])
+    items: list[ItemIn] = Field(default_factory=list)
+    queue: str = "default"
+    priority: int = Field(0, ge=-(2**31), le=INT32, strict=True)
+    open: bool = Field(False, strict=True, description="leave unsealed: more items may be added")
+    manual_checkpoint: bool = Field(False, strict=True)
+    not_before: str | None = Field(None, description="ISO 8601; without a zone it is UTC")
+
+
+class NewItems(BaseModel):
+    """`feedproc add-items` as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    items: list[ItemIn] = Field(..., min_length=1)
+
+
+# ---------------------------------------------------------------- auth and limits
+
+_bearer = HTTPBearer(auto_error=False, description="FEEDPROC_API_TOKEN")
+
+
+def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Mutating endpoints: the bearer token must equal FEEDPROC_API_TOKEN (constant-time)."""
+    expected: str | None = request.app.state.token
+    if not expected:
+        raise ApiError(403, "this server has no FEEDPROC_API_TOKEN: it is read-only")
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+class BodyLimit:
+    """ASGI middleware: a request body larger than `limit` bytes is answered 413 before any handler."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._reject(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._reject(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse({"error": f"request body larger than {self.limit} bytes"}, status_code=413)
+        await response(scope, receive, send)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def _key(key: str) -> str:
+    try:
+        return check_key(key)
+    except InvalidInput as error:
+        raise ApiError(400, str(error)) from None
+
+
+def _not_before(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ApiError(400, f"not_before {value!r} is not an ISO 8601 time") from None
+
+
+def _items(items: list[ItemIn]) -> list[Any]:
+    return [item_from_row(item.model_dump(), where=f"item {n}: ") for n, item in enumerate(items, start=1)]
+
+
+def _data(raw: bytes) -> dict[str, Any]:
+    try:
+        return {"data": json.loads(raw)}
+    except ValueError:
+        return {"data_base64": base64.b64encode(raw).decode()}
+
+
+def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]:
+    """A page and the cursor of the next one (None on the last page)."""
+    return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
+
+
+# ---------------------------------------------------------------- routes
+
+api = APIRouter(prefix="/api/v1")
+Mutating = [Depends(require_token)]
+KeyPath = Annotated[str, Path(pattern=KEY_PATTERN.pattern, description="a partition key; may contain '/'")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
+
+
+@api.post("/partitions", status_code=201, dependencies=Mutating, tags=["partitions"])
+def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
+    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
+    store = _store(request)
+    count = store.add_partition(
+        body.key,
+        _items(body.items),
+        queue=body.queue,
+        priority=body.priority,
+        sealed=not body.open,
+        manual_checkpoint=body.manual_checkpoint,
+        not_before=_not_before(body.not_before),
+    )
+    return {"added": count, "partition": store.status(body.key)}
+
+
+@api.get("/partitions", tags=["partitions"])
+def list_partitions(
+    request: Request,
+    queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
+    status: StatusName | None = None,
+    prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:/-]{0,200}$", description="key prefix")] = None,
+    after: Annotated[str | None, Query(pattern=KEY_PATTERN.pattern, description="last key of the page before")] = None,
+    limit: Limit = 50,
+) -> dict[str, Any]:
+    """Partitions in key order with their item counts per gate; filter by queue, status, key prefix."""
+    rows = _store(request).list_partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
+    return _page(rows, limit, "key")
+
+
+@api.get("/status", tags=["partitions"])
+def summary(request: Request) -> dict[str, Any]:
+    """Counts of partitions and items by status (`feedproc status --json`)."""
+    return _store(request).summary()
+
+
+@api.get("/partitions/{key:path}", tags=["partitions"])
+def partition_status(
+    key: KeyPath, request: Request, history: Annotated[int, Query(ge=0, le=1000)] = 0
+) -> dict[str, Any]:
+    """One partition: the `feedproc status KEY --json` object (with `history` events when asked)."""
+    return _store(request).status(_key(key), history=history)
+
+
+@api.get("/items", tags=["partitions"])
+def list_items(
+    request: Request,
+    key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
+    gate: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    status: StatusName | None = None,
+    after: Annotated[int, Query(ge=0, le=INT64, description="last item id of the page before")] = 0,
+    limit: Limit = 100,
+) -> dict[str, Any]:
+    """A partition's items in id order (data as JSON, or `data_base64`)."""
+    rows = _store(request).items(key, gate=gate, status=status, after_id=after, limit=limit)
+    return _page([{**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])} for r in rows], limit, "id")
+
+
+@api.get("/history", tags=["partitions"])
+def history(
+    request: Request,
+    key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
+    after: Annotated[int, Query(ge=0, le=INT64, description="last event id of the page before")] = 0,
+    limit: Limit = 100,
+) -> dict[str, Any]:
+    """A partition's history (leases, steals, gate advances, failures, retries...), oldest first."""
+    return _page(_store(request).history(key, after=after, limit=limit), limit, "id")
+
+
+@api.post("/partitions/{key:path}/items", dependencies=Mutating, tags=["actions"])
+def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
+    """Add items to an open partition (`feedproc add-items`)."""
+    store = _store(request)
+    count = store.add_items(_key(key), _items(body.items))
+    return {"added": count, "partition": store.status(key)}
+
+
+@api.post("/partitions/{key:path}/seal", dependencies=Mutating, tags=["actions"])
+def seal(key: KeyPath, request: Request) -> dict[str, Any]:
+    """No more items will be added (`feedproc seal`)."""
+    store = _store(request)
+    store.seal(_key(key))
+    return {"partition": store.status(key)}
+
+
+@api.post("/partitions/{key:path}/retry", dependencies=Mutating, tags=["actions"])
+def retry(key: KeyPath, request: Request) -> dict[str, Any]:
+    """A failed partition and its failed items back to work (`feedproc retry`); 409 unless failed."""
+    store = _store(request)
+    count = store.retry(_key(key))
+    return {"retried": count, "partition": store.status(key)}
+
+
+@api.post("/partitions/{key:path}/cancel", dependencies=Mutating, tags=["actions"])
+def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
+    """Cancel a partition and its available items (`feedproc cancel`); 409 if complete."""
+    store = _store(request)
+    store.cancel(_key(key))
+    return {"partition": store.status(key)}
+
+
+@api.post("/partitions/{key:path}/checkpoint", dependencies=Mutating, tags=["actions"])
+def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
+    """Advance a manual-checkpoint partition whose gate has drained (`feedproc checkpoint`)."""
+    store = _store(request)
+    gate = store.checkpoint(_key(key))
+    return {"gate": gate, "partition": store.status(key)}
+
+
+@api.get("/watchers", tags=["watchers"])
+def list_watchers(request: Request) -> dict[str, Any]:
+    """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""
+    store = _store(request)
+    return {"watchers": store.watchers(), "leases": store.leases()}
+
+
+@api.get("/failures", tags=["partitions"])
+def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
+    """The most recently failed partitions, each with one of its errors."""
+    return {"items": _store(request).recent_failures(limit=limit)}
+
+
+# ---------------------------------------------------------------- the application
+
+
+def create_app(store: Store, *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
+    from . import dashboard
+
+    app = FastAPI(
+        title="feedproc",
+        version=__version__,
+        description=(__doc__ or "").split("\n\n", 1)[1],
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+    )
+    app.state.store = store
+    app.state.token = token or None
+    app.include_router(api)
+    dashboard.install(app)
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> JSONResponse:
+        """200 when the database answers; 503 with the reason otherwise."""
+        status, body = serve_health(store)
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
+        try:
+            text = render_gauges(store.queue_gauges())
+        except FeedprocError as error:
+            text = render_down(str(error))
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
+
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(FeedprocError, _feedproc_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, limit=max_body)
+    return app
+
+
+def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until SIGINT/SIGTERM; then shut down gracefully (exit 0, like `watch`)."""
+    import signal
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's, minus re-raising the signal at exit
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")).run(sockets=[sock])
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+    return _error(error.status, str(error), error.headers)
+
+
+def _status_of(error: FeedprocError) -> int:
+    if isinstance(error, InvalidInput):
+        return 400
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, Refused):  # DuplicateKey included
+        return 409
+    if isinstance(error, SchemaMissing | DatabaseUnavailable):
+        return 503
+    return 400
+
+
+async def _feedproc_error(request: Request, error: FeedprocError) -> JSONResponse:
+    return _error(_status_of(error), str(error))
+
+
+async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    problems = []
+    for problem in error.errors()[:5]:
+        where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body")
+        problems.append(f"{where}: {problem.get('msg', 'invalid')}" if where else problem.get("msg", "invalid"))
+    return _error(422, "; ".join(problems) or "invalid request")
+
+
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
