@@ -82,6 +82,25 @@ def test_overview_lists_partitions_with_a_bar_per_gate(api: ApiServer, feed: Fee
     assert 'data-key="p"' in html and 'data-gate="0"' in html and 'data-gate="2"' in html
 
 
+def test_partition_page_draws_the_mean_progress_of_items_in_flight(api: ApiServer, feed: Feed) -> None:
+    from feedproc.store import ProgressReport
+
+    from .test_scheduling import register
+
+    feed.add_partition("long", [(0, b"1"), (0, b"2")])
+    register(feed.store, "w1")
+    (lease,) = feed.store.acquire("w1", "default", 1, 30)
+    first, second = feed.store.fetch_ready("w1", 10)
+    feed.store.heartbeat(
+        "w1",
+        30,
+        [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, fraction)
+         for item, fraction in ((first, 0.2), (second, 0.6))],
+    )
+    html = api.get("/partitions/long").text
+    assert '<progress class="item-progress" max="100" value="40">' in html and "2 at" in html
+
+
 # ---------------------------------------------------------------- in a browser
 
 
