@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import email.utils
 import importlib
 import inspect
@@ -51,18 +52,53 @@ class Processor:
         raise NotImplementedError
 
 
-async def call_processor(processor: Any, item: Item) -> Response:
-    """Run `processor.process(item)`: awaited if async, in a worker thread if a plain function."""
+async def call_processor(processor: Any, item: Item, timeout: float | None = None) -> Response:
+    """Run `processor.process(item)`: awaited if async, in a worker thread if a plain function.
+
+    `timeout` (seconds) bounds the call from the moment it runs: a plain function still waiting for
+    a free worker thread has not started, and that wait is not counted. A call past its timeout is
+    abandoned (a thread cannot be stopped: it runs on, unheard) and `RetryLater` is raised."""
     method = processor.process
     if inspect.iscoroutinefunction(method):
-        result = await method(item)
+        result = await (method(item) if timeout is None else _call_async(method, item, timeout))
     else:
-        result = await asyncio.to_thread(method, item)
+        result = await (asyncio.to_thread(method, item) if timeout is None else _call_in_thread(method, item, timeout))
         if inspect.isawaitable(result):
             result = await result
     if not isinstance(result, Response):
         raise InvalidAnswer(f"process() returned {type(result).__name__}, not a feedproc.Response")
     return result
+
+
+def _timed_out(timeout: float) -> RetryLater:
+    return RetryLater(f"item timed out after {timeout:g}s")
+
+
+async def _call_async(method: Any, item: Item, timeout: float) -> Any:
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            return await method(item)
+    except TimeoutError:
+        if deadline.expired():
+            raise _timed_out(timeout) from None
+        raise  # the processor's own TimeoutError
+
+
+async def _call_in_thread(method: Any, item: Item, timeout: float) -> Any:
+    loop = asyncio.get_running_loop()
+    started = loop.create_future()
+
+    def run() -> Any:
+        loop.call_soon_threadsafe(lambda: started.done() or started.set_result(None))
+        return method(item)
+
+    call = loop.run_in_executor(None, contextvars.copy_context().run, run)
+    await asyncio.wait((started, call), return_when=asyncio.FIRST_COMPLETED)  # queued for a thread: not timed
+    done, _ = await asyncio.wait((call,), timeout=timeout)
+    if not done:
+        call.add_done_callback(lambda f: f.cancelled() or f.exception())  # its late outcome is dropped quietly
+        raise _timed_out(timeout)
+    return call.result()
 
 
 def load_processor(path: str) -> Any:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
 from . import windows
-from .errors import DatabaseUnavailable, RetryLater
+from .errors import DatabaseUnavailable
 from .metrics import WatcherMetrics
 from .models import Item, check_queue
 from .notify import Listener
@@ -585,27 +585,27 @@ class Watcher:
                 self._wake.set()
 
     async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
-        def report(fraction: float) -> None:  # may be called from a plain-def processor's thread
-            self._progress[ready.id] = ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction)
-
-        item = Item(ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, report)
-        limit = lease.item_timeout or self.config.item_timeout
+        item = Item(
+            ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
+        )
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(limit) as deadline:
-                response = await call_processor(self.processor, item)
+            response = await call_processor(self.processor, item, lease.item_timeout or self.config.item_timeout)
         except asyncio.CancelledError:
             raise
-        except TimeoutError as error:
-            # Past the item timeout the call is abandoned (a plain-def processor's thread runs on, unheard).
-            late = RetryLater(f"item timed out after {limit:g}s") if deadline.expired() else error
-            self.metrics.latency.observe(time.perf_counter() - started)
-            return outcome_of(ready, self.policy, error=late)
-        except Exception as error:
+        except Exception as error:  # a call past its item timeout is a RetryLater, like any transient failure
             self.metrics.latency.observe(time.perf_counter() - started)
             return outcome_of(ready, self.policy, error=error)
         self.metrics.latency.observe(time.perf_counter() - started)
         return outcome_of(ready, self.policy, response=response)
+
+    def _reporter(self, ready: ReadyItem) -> Any:
+        """`item.progress(f)` of one delivery: kept for the next heartbeat (may run on a processor's thread)."""
+
+        def report(fraction: float) -> None:
+            self._progress[ready.id] = ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction)
+
+        return report
 
     # ------------------------------------------------------------ writing results
 

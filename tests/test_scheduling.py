@@ -99,6 +99,25 @@ def test_an_http_call_running_past_the_item_timeout_is_a_transient_failure(
     assert retried_errors(feed, "web") == ["item timed out after 0.3s"]
 
 
+def test_a_plain_def_call_waiting_for_a_free_thread_is_not_timed(db_url: str, feed: Feed) -> None:
+    """Abandoned plain-def calls keep their threads busy; items queued behind them have not started,
+    so their wait is not charged as a timeout."""
+
+    class Sleepy(Processor):
+        def process(self, item: Item) -> Response:
+            if item.partition == "slow" and item.attempt == 1:
+                time.sleep(3)
+            return Response(done=True)
+
+    feed.add_partition("slow", [(0, b"{}")] * 4)
+    feed.add_partition("quick", [(0, b"{}")] * 3)
+    with watching(db_url, Sleepy(), concurrency=2, item_timeout=0.5, retry_delay=0.05):
+        wait_status(feed, "quick", "complete", timeout=60)
+        wait_status(feed, "slow", "complete", timeout=60)
+    assert retried_errors(feed, "quick") == []
+    assert retried_errors(feed, "slow") == ["item timed out after 0.5s"] * 4
+
+
 def test_add_item_timeout_option_is_stored_and_shown_in_status(db_url: str) -> None:
     result = run_cli(db_url, "add", "job", "--item-timeout", "90s", "--weight", "3")
     assert result.returncode == 0, result.stderr
