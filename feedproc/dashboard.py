@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse
@@ -35,6 +36,15 @@ SECURITY_HEADERS = {
 }
 
 templates = Jinja2Templates(env=Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True))
+
+
+def key_path(key: str) -> str:
+    """A partition key as one URL path segment (`/` escaped too), so that a browser never resolves a
+    key such as `x/../victim` into another partition's address."""
+    return quote(key, safe="")
+
+
+templates.env.filters["keypath"] = key_path
 router = APIRouter(include_in_schema=False)
 
 
@@ -142,7 +152,7 @@ def partition_page(request: Request, key: str, after: int = Query(0, ge=0, le=2*
         context = _partition(request.app.state.store, check_key(key), after)
     except (InvalidInput, NotFound) as error:
         return _render(request, "missing.html", {"message": str(error)}, status=404)
-    live = f"/ui/partitions/{key}?after={after}"
+    live = f"/ui/partitions/{key_path(key)}?after={after}"
     return _render(request, "partition.html", {**context, "live_src": live})
 
 

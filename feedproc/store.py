@@ -1464,7 +1464,9 @@ class Store:
             return done
 
     def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
-        conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+        done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+        if done.rowcount == 0:  # reaped: its slots would go uncounted; claim none until it registers again
+            raise WatcherGone(watcher_id)
 
     def _store_progress(self, conn: Connection, leases: list[Lease], reports: Sequence[ProgressReport]) -> None:
         """Write progress reports of items still available at the gate they were dispatched at, in

@@ -197,8 +197,10 @@ class Watcher:
             concurrency=cfg.concurrency,
             capacity=cfg.max_partitions,
             lease_seconds=cfg.lease_seconds,
-            slots=self._held_weight() if self.queue_settings.limited else 0,
+            slots=0,  # slots are only ever claimed under the queue's lock, by the fetch (`_fill_within_limit`)
         )
+        self._slots_reported = 0
+        self._wake.set()  # a limited queue: claim what is still running at once
 
     async def run(self) -> None:
         """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
@@ -464,7 +466,12 @@ class Watcher:
 
     async def _maintain(self) -> None:
         cfg = self.config
-        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+        settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+        if settings.limited and (not self.queue_settings.limited or settings.limit < self.queue_settings.limit):
+            # A limit set or lowered while items wait in the buffer: they hold no slot, so give them
+            # back (they are fetched again through the slot claim) instead of dispatching them.
+            self._drop_buffered(lambda item: True)
+        self.queue_settings = settings
         await self._defer_closed()
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)
         if stray:

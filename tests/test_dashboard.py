@@ -72,6 +72,20 @@ def test_pages_escape_data_and_errors(api: ApiServer, feed: Feed) -> None:
 
 
 @pytest.mark.sqlite_only
+def test_a_key_with_dot_segments_links_and_acts_on_itself_not_another_partition(api: ApiServer, feed: Feed) -> None:
+    feed.add_partition("victim", [(0, b"1")])
+    feed.add_partition("x/../victim", [(0, b"1")])
+    assert 'href="/partitions/x%2F..%2Fvictim"' in api.get("/").text
+    assert 'data-key="x/../victim"' in api.get("/partitions/x%2F..%2Fvictim").text
+    answer = httpx.post(
+        f"{api.url}/api/v1/partitions/x%2F..%2Fvictim/cancel", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 200, answer.text
+    assert feed.status("x/../victim")["status"] == "cancelled"
+    assert feed.status("victim")["status"] == "available"
+
+
+@pytest.mark.sqlite_only
 def test_an_unknown_partition_page_is_404(api: ApiServer) -> None:
     assert api.get("/partitions/nope").status_code == 404
 

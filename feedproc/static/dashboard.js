@@ -53,7 +53,7 @@
     if (action === "cancel" && !window.confirm("Cancel partition " + key + "?")) return;
     button.disabled = true;
     try {
-      const response = await fetch("/api/v1/partitions/" + encodeURI(key) + "/" + action, {
+      const response = await fetch("/api/v1/partitions/" + encodeURIComponent(key) + "/" + action, {
         method: "POST",
         headers: { Authorization: "Bearer " + token },
       });
