@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ from typer.exceptions import Abort, TyperException
 
 from . import __version__
 from .errors import FeedprocError, InvalidInput, Refused
-from .models import NewItem, item_from_row
+from .models import NewItem, check_key, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
 
@@ -120,8 +121,8 @@ def parse_duration(value: str, option: str) -> float:
         seconds = float(number) * _UNITS[unit]
     except ValueError:
         raise InvalidInput(f"{option} {value!r}: expected a duration like 90s, 15m, 12h or 7d") from None
-    if seconds <= 0:
-        raise InvalidInput(f"{option} {value!r}: must be positive")
+    if not 0 < seconds < math.inf:
+        raise InvalidInput(f"{option} {value!r}: must be a positive, finite duration")
     return seconds
 
 
@@ -320,6 +321,7 @@ def wait(
     from .report import print_partition
     from .wait import wait_final
 
+    check_key(key)  # malformed: exit 2 before touching the database
     with _feed(db) as feed:
         try:
             result = wait_final(feed.store, key, timeout)
@@ -376,8 +378,11 @@ def watch(
         int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
     ] = None,
     monitor_host: Annotated[
-        str, typer.Option(metavar="ADDR", help="Address of the --health-port/--metrics-port server.")
-    ] = "0.0.0.0",
+        str,
+        typer.Option(
+            metavar="ADDR", help="Address of the --health-port/--metrics-port server (0.0.0.0 for Kubernetes probes)."
+        ),
+    ] = "127.0.0.1",
     db: DbOption = None,
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""

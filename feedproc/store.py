@@ -1341,6 +1341,8 @@ class Store:
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
             if window_tz is not None:
+                if values["windows"] is None:
+                    raise InvalidInput("a time zone applies to windows: give --window too")
                 values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
             exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
             if exists_already:
@@ -1782,10 +1784,12 @@ def _schedule_values(
     """Validated scheduling columns of a partition (InvalidInput when malformed)."""
     if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
         raise InvalidInput(f"weight must be an integer >= 1, got {weight!r}")
-    if item_timeout is not None and (isinstance(item_timeout, bool) or not item_timeout > 0):
-        raise InvalidInput(f"item timeout must be a positive number of seconds, got {item_timeout!r}")
+    if item_timeout is not None and (isinstance(item_timeout, bool) or not 0 < item_timeout < math.inf):
+        raise InvalidInput(f"item timeout must be a positive, finite number of seconds, got {item_timeout!r}")
     parsed = timewindows.parse_windows(windows)
     timewindows.zone(window_tz)
+    if window_tz is not None and not parsed:
+        raise InvalidInput("a time zone applies to windows: give --window too")
     return {
         "weight": weight,
         "item_timeout": float(item_timeout) if item_timeout is not None else None,

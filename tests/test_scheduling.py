@@ -520,3 +520,20 @@ def test_window_options_are_checked_and_stored(db_url: str) -> None:
     assert (schedule["windows"], schedule["timezone"]) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
     shown = run_cli(db_url, "queue", "set", "q", "--window", "22:00-06:00")
     assert shown.returncode == 0 and "22:00-06:00" in shown.stdout
+
+
+# ---------------------------------------------------------------- malformed scheduling input
+
+
+def test_an_infinite_item_timeout_is_malformed_input(db_url: str) -> None:
+    result = run_cli(db_url, "add", "job", "--item-timeout", "inf")
+    assert result.returncode == 2 and "--item-timeout" in result.stderr
+
+
+def test_a_time_zone_without_windows_is_malformed_and_changes_nothing(db_url: str, feed: Feed) -> None:
+    result = run_cli(db_url, "add", "job", "--timezone", "Europe/Paris")
+    assert result.returncode == 2 and "--window" in result.stderr
+    assert run_cli(db_url, "status", "job").returncode == 1
+    queue = run_cli(db_url, "queue", "set", "q", "--timezone", "Europe/Paris")
+    assert queue.returncode == 2 and "--window" in queue.stderr
+    assert feed.queue("q")["timezone"] == "UTC"

@@ -123,3 +123,9 @@ def test_wait_command_on_an_unknown_key_exits_1_with_one_line_naming_it(db_url: 
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0
     assert "missing-key" in result.stderr
+
+
+def test_wait_command_on_a_malformed_key_exits_2_without_waiting(db_url: str) -> None:
+    result = run_cli(db_url, "wait", "bad key!")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "invalid partition key" in result.stderr
