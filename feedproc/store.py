@@ -1711,7 +1711,7 @@ _PG_UPDATE_ITEMS = text(
         attempts = v.attempts,
         last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         next_attempt_at = now() + v.delay * interval '1 second',
-        progress = CASE WHEN v.clear THEN NULL ELSE COALESCE(v.progress, i.progress) END,
+        progress = v.progress,  -- kept only by a 'not yet' answer that carries it
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
@@ -1737,10 +1737,7 @@ _UPDATE_ITEM = (
             else_=I.last_error,
         ),
         next_attempt_at=seconds_from_now(bindparam("b_delay")),
-        progress=case(
-            (bindparam("b_clear", type_=Boolean()).is_(True), None),
-            else_=func.coalesce(bindparam("b_progress", type_=items.c.progress.type), I.progress),
-        ),
+        progress=bindparam("b_progress", type_=items.c.progress.type),  # kept only by a "not yet" answer with it
         version=I.version + 1,
         updated_at=db_now(),
     )
