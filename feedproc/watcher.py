@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -150,6 +151,7 @@ class Watcher:
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
+        self._settings_read_at = -math.inf
         self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
         self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
         self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
@@ -437,6 +439,10 @@ class Watcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
+    def _windowed(self, lease: Lease) -> bool:
+        """Whether `lease`'s partition or its queue has time windows at all (most have none)."""
+        return lease.windows is not None or self.queue_settings.windows is not None
+
     def _opens_at(self, lease: Lease, now: datetime) -> datetime:
         """When `lease`'s partition may next be dispatched: `now` if its windows and its queue's are
         open (windows that never overlap: look again in an hour)."""
@@ -466,7 +472,10 @@ class Watcher:
 
     async def _maintain(self) -> None:
         cfg = self.config
-        settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+        settings = self.queue_settings
+        if time.monotonic() - self._settings_read_at >= cfg.poll_interval:  # not on every early maintenance
+            settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+            self._settings_read_at = time.monotonic()
         if settings.limited and (not self.queue_settings.limited or settings.limit < self.queue_settings.limit):
             # A limit set or lowered while items wait in the buffer: they hold no slot, so give them
             # back (they are fetched again through the slot claim) instead of dispatching them.
@@ -565,7 +574,7 @@ class Watcher:
             if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 self.inflight.pop(item.id, None)
                 continue
-            if self._opens_at(lease, now := datetime.now(UTC)) != now:  # its window closed since the fetch
+            if self._windowed(lease) and self._opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
                 self.inflight.pop(item.id, None)
                 continue
             if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
