@@ -13,6 +13,7 @@ The rest of feedproc writes dialect-neutral SQLAlchemy Core; this module supplie
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -177,3 +178,21 @@ def _sqlite_engine(url: URL) -> Engine:
 
 def is_postgres(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "postgresql"
+
+
+def pg_bigint_array(values: Iterable[int]) -> str:
+    """A PostgreSQL array literal (`{1,2,3}`) of integers, bound as text and cast in the SQL
+    (`CAST(:ids AS bigint[])`): psycopg's list dumper is pure Python, about 1 µs an element;
+    joining the numbers is a tenth of that, and the hot path binds a few hundred per statement."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+def prefer_index_scans(conn: Connection) -> None:
+    """Within this transaction, let PostgreSQL scan a table only when no index can serve the query.
+
+    The watcher's batch statements find their rows by key (`id = ANY(...)`, `id IN (...)`). On a
+    small or never-analyzed table the planner prices a hash join over a sequential scan below a
+    few hundred index look-ups, and each batch then reads the whole table: O(table) per batch
+    (measured: 30,000 items, 200 answers: 12 ms instead of 6). No-op on SQLite."""
+    if is_postgres(conn):
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")

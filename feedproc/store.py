@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     Row,
     and_,
     bindparam,
@@ -53,7 +54,16 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 
 from . import gates
 from . import windows as timewindows
-from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine, seconds_from_now, seconds_until
+from .dialects import (
+    WRITE_OPTION,
+    db_now,
+    is_postgres,
+    make_engine,
+    pg_bigint_array,
+    prefer_index_scans,
+    seconds_from_now,
+    seconds_until,
+)
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
@@ -1130,13 +1140,14 @@ class Store:
     def _fetch_ready_pg(
         self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
     ) -> list[ReadyItem]:
-        rows = conn.execute(
-            _PG_FETCH_READY, {"watcher": watcher_id, "excluded": excluded, "limit": limit, "closed": closed}
-        )
-        return [
-            ReadyItem(r.id, r.version, r.pid, r.key, r.queue, r.lease_epoch, r.gate, r.attempts, r.data, r.weight)
-            for r in rows
-        ]
+        params = {
+            "watcher": watcher_id,
+            "excluded": pg_bigint_array(excluded),
+            "limit": limit,
+            "closed": pg_bigint_array(closed),
+        }
+        # fetchall and positional rows: the columns are ReadyItem's fields, in order.
+        return [ReadyItem(*row) for row in conn.execute(_PG_FETCH_READY, params).all()]
 
     def _fetch_ready_sqlite(
         self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
@@ -1176,15 +1187,9 @@ class Store:
         if not outcomes:
             return applied
         with self.write() as conn:
+            prefer_index_scans(conn)
             pids = sorted({o.partition_id for o in outcomes})
-            held = dict(
-                conn.execute(
-                    select(P.id, P.lease_epoch)
-                    .where(P.id.in_(pids), P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
-                    .order_by(P.id)
-                    .with_for_update()
-                ).all()
-            )
+            held = dict(conn.execute(_LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
             kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
@@ -1199,7 +1204,7 @@ class Store:
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         """Update the answered items (version-guarded), add their children, record failures."""
-        rows, children, history = [], [], []
+        rows, completed, children, history = [], [], [], []
         for o in kept:
             if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
                 c.gate < o.gate for c in o.children
@@ -1207,20 +1212,23 @@ class Store:
                 raise ValueError(f"outcome for item {o.item_id} would place an item below gate {o.gate}")
             failure = o.kind in (Kind.RETRY, Kind.FAIL)
             error = truncate_error(o.error or "failed") if failure else None
-            rows.append(
-                {
-                    "id": o.item_id,
-                    "version": o.version,
-                    "status": COMPLETE if o.kind == Kind.DONE else FAILED if o.kind == Kind.FAIL else AVAILABLE,
-                    "gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
-                    "data": None if failure else o.data,
-                    "attempts": 0 if o.kind in (Kind.DONE, Kind.MOVE) else o.attempts,
-                    "error": error,
-                    "clear": o.kind in (Kind.DONE, Kind.MOVE),
-                    "delay": float(o.delay),
-                    "progress": o.progress,
-                }
-            )
+            if self.postgres and o.kind == Kind.DONE and o.data is None:
+                completed.append(o)  # the common answer: a narrow statement of its own
+            else:
+                rows.append(
+                    {
+                        "id": o.item_id,
+                        "version": o.version,
+                        "status": COMPLETE if o.kind == Kind.DONE else FAILED if o.kind == Kind.FAIL else AVAILABLE,
+                        "gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
+                        "data": None if failure else o.data,
+                        "attempts": 0 if o.kind in (Kind.DONE, Kind.MOVE) else o.attempts,
+                        "error": error,
+                        "clear": o.kind in (Kind.DONE, Kind.MOVE),
+                        "delay": float(o.delay),
+                        "progress": o.progress,
+                    }
+                )
             children += [
                 {
                     "partition_id": o.partition_id,
@@ -1247,12 +1255,16 @@ class Store:
                         "detail": json.dumps(detail),
                     }
                 )
-        if self.postgres:
-            matched = conn.execute(_PG_UPDATE_ITEMS, {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}).rowcount
-        else:
-            matched = conn.execute(_UPDATE_ITEM, [{f"b_{k}": v for k, v in r.items()} for r in rows]).rowcount
-        if matched != len(rows):
-            raise StaleWrite(f"only {matched} of {len(rows)} item updates matched their expected version")
+        matched = 0
+        if completed:
+            ids, versions = pg_bigint_array(o.item_id for o in completed), pg_bigint_array(o.version for o in completed)
+            matched += conn.execute(_PG_COMPLETE_ITEMS, {"id": ids, "version": versions}).rowcount
+        if rows and self.postgres:
+            matched += conn.execute(_PG_UPDATE_ITEMS, {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}).rowcount
+        elif rows:
+            matched += conn.execute(_UPDATE_ITEM, [{f"b_{k}": v for k, v in r.items()} for r in rows]).rowcount
+        if matched != len(kept):
+            raise StaleWrite(f"only {matched} of {len(kept)} item updates matched their expected version")
         if children:
             self._insert_rows(conn, children)
         self._events(conn, history)
@@ -1265,17 +1277,7 @@ class Store:
         with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
         partitions does not starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
-        earliest = (
-            select(func.min(I.next_attempt_at))
-            .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
-            .scalar_subquery()
-        )
-        rows = conn.execute(
-            update(partitions)
-            .where(P.id.in_(pids))
-            .values(ready_at=earliest)
-            .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(idle_after)).label("idle"))
-        ).all()
+        rows = conn.execute(_REFRESH_READY_AT, {"pids": pids, "idle_after": float(idle_after)}).all()
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
@@ -1673,7 +1675,7 @@ class Store:
 # compares each candidate with every excluded id (2-10x slower with a few hundred in flight).
 _PG_FETCH_READY = text(
     """
-    SELECT i.id, i.version, i.gate, i.attempts, i.data, best.pid, best.key, best.queue, best.lease_epoch, best.weight
+    SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data, best.weight
     FROM (
         SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
                p.weight
@@ -1722,7 +1724,42 @@ _PG_UPDATE_ITEMS = text(
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
-# The same update, one row per execution (SQLite runs executemany in-process).
+# Statements of `Store.apply`, built once (a statement built per call costs more Python than the
+# database spends running it). The partitions a batch answers for, locked, with their epochs: the fence.
+_LOCK_HELD_LEASES = (
+    select(P.id, P.lease_epoch)
+    .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+    .order_by(P.id)
+    .with_for_update()
+)
+# Each answered partition's ready_at, from the earliest available item at its gate (NULL: drained).
+_REFRESH_READY_AT = (
+    update(partitions)
+    .where(P.id.in_(bindparam("pids", expanding=True)))
+    .values(
+        ready_at=select(func.min(I.next_attempt_at))
+        .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
+        .scalar_subquery()
+    )
+    .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle"))
+)
+# The same update for the common answer, "done" without new data: two arrays (ids and versions,
+# bound as text literals) instead of ten.
+_PG_COMPLETE_ITEMS = text(
+    """
+    UPDATE feedproc_items AS i SET
+        status = 'complete',
+        attempts = 0,
+        last_error = NULL,
+        next_attempt_at = now(),
+        progress = NULL,
+        version = i.version + 1,
+        updated_at = now()
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[])) AS v(id, version)
+    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
+    """
+)
+# The general update, one row per execution (SQLite runs executemany in-process).
 _UPDATE_ITEM = (
     update(items)
     .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
