@@ -144,7 +144,7 @@ class Response:
             raise ValueError(f"gate must be an int, got {self.gate!r}")
         if isinstance(self.data, str):
             self.data = self.data.encode()
-        self.items = tuple(NewItem.coerce(child) for child in self.items)
+        self.items = tuple(NewItem.coerce(child) for child in self.items) if self.items else ()
         if self.progress is not None:
             self.progress = check_progress(self.progress)
 

@@ -48,6 +48,8 @@ def outcome_of(
     item: ReadyItem, policy: RetryPolicy, *, response: Response | None = None, error: BaseException | None = None
 ) -> Outcome:
     """The Outcome for one delivery of `item` that answered `response` or raised `error`."""
+    if error is None and response is not None and response.done and not response.items:  # the common answer
+        return Outcome(item.id, item.version, item.partition_id, item.epoch, item.gate, Kind.DONE, data=response.data)
     base = {
         "item_id": item.id,
         "version": item.version,
