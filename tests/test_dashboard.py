@@ -108,8 +108,10 @@ def test_partition_page_draws_the_mean_progress_of_items_in_flight(api: ApiServe
     feed.store.heartbeat(
         "w1",
         30,
-        [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, fraction)
-         for item, fraction in ((first, 0.2), (second, 0.6))],
+        [
+            ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, fraction)
+            for item, fraction in ((first, 0.2), (second, 0.6))
+        ],
     )
     html = api.get("/partitions/long").text
     assert '<progress class="item-progress" max="100" value="40">' in html and "2 at" in html
