@@ -5,6 +5,9 @@ in the same transaction as the change, so it is delivered exactly when the chang
 watcher's `Listener` holds one extra connection in LISTEN mode on a thread of its own and calls back
 on each notification for its queue; polling remains the fallback (and the only mechanism on SQLite).
 
+A watcher that asks for a steal sends `NOTIFY feedproc_wanted, '<owner watcher id>'`: the owner
+hands the partition over as soon as its in-flight items are done, instead of at its next poll.
+
 A partition that reaches a final state (complete, failed, cancelled) sends
 `NOTIFY feedproc_finished, '<key>'`, in the transaction that finishes it; `FinishedListener` is
 what `Feed.wait` / `feedproc wait` block on.
@@ -24,6 +27,8 @@ from sqlalchemy.engine import Connection
 log = logging.getLogger("feedproc.notify")
 CHANNEL = "feedproc_ready"
 _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
+WANTED_CHANNEL = "feedproc_wanted"
+_NOTIFY_WANTED = text(f"SELECT pg_notify('{WANTED_CHANNEL}', :watcher)")
 FINISHED_CHANNEL = "feedproc_finished"
 _NOTIFY_FINISHED = text(f"SELECT pg_notify('{FINISHED_CHANNEL}', :key)")
 
@@ -32,6 +37,12 @@ def notify_ready(conn: Connection, queue: str) -> None:
     """Tell listening watchers that `queue` has new work (delivered at commit; PostgreSQL only)."""
     if conn.dialect.name == "postgresql":
         conn.execute(_NOTIFY, {"queue": queue})
+
+
+def notify_wanted(conn: Connection, owner: str) -> None:
+    """Tell watcher `owner` that partitions of its are wanted by another (at commit; PostgreSQL only)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_NOTIFY_WANTED, {"watcher": owner})
 
 
 def notify_finished(conn: Connection, key: str) -> None:
@@ -67,12 +78,23 @@ class FinishedListener:
 
 
 class Listener:
-    """Listens for work notifications on PostgreSQL and calls `on_ready()` for `queue`."""
+    """Listens for notifications on PostgreSQL: calls `on_ready()` when `queue` has new work and
+    `on_wanted()` when another watcher wants partitions of `watcher_id`."""
 
-    def __init__(self, engine: Engine, queue: str, on_ready: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: str,
+        on_ready: Callable[[], Any],
+        *,
+        watcher_id: str | None = None,
+        on_wanted: Callable[[], Any] | None = None,
+    ) -> None:
         self.dsn = _dsn(engine)
         self.queue = queue
         self.on_ready = on_ready
+        self.watcher_id = watcher_id
+        self.on_wanted = on_wanted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feedproc-listen", daemon=True)
 
@@ -91,14 +113,18 @@ class Listener:
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    if self.on_wanted is not None:
+                        conn.execute(f"LISTEN {WANTED_CHANNEL}")
                     if delay > 0.5:
                         log.warning("listening for notifications again")
                     delay = 0.5
                     self.on_ready()  # anything sent while we were not listening
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.25):
-                            if note.payload == self.queue:
+                            if note.channel == CHANNEL and note.payload == self.queue:
                                 self.on_ready()
+                            elif note.channel == WANTED_CHANNEL and note.payload == self.watcher_id and self.on_wanted:
+                                self.on_wanted()
             except Exception as error:  # the server restarted or is unreachable: poll meanwhile
                 if self._stop.is_set():
                     return

@@ -67,7 +67,7 @@ from .dialects import (
 from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
 from .gates import GateFacts, Move
 from .models import NewItem, Status, check_key, check_queue, truncate_error
-from .notify import notify_finished, notify_ready
+from .notify import notify_finished, notify_ready, notify_wanted
 from .schema import events, items, partitions, queues, watchers
 
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
@@ -1018,11 +1018,14 @@ class Store:
             ids = list(conn.execute(chosen).scalars())
             if not ids:
                 return 0
-            return conn.execute(
+            marked = conn.execute(
                 update(partitions)
                 .where(P.id.in_(ids), P.wanted_by.is_(None), P.lease_owner == victim)
                 .values(wanted_by=watcher_id, version=P.version + 1)
             ).rowcount
+            if marked:
+                notify_wanted(conn, victim)
+            return marked
 
     def hand_over(self, watcher_id: str, lease: Lease, lease_seconds: float) -> str | None:
         """Give a wanted partition to the watcher that asked for it (if still alive).

@@ -147,7 +147,7 @@ class Watcher:
         self._stopping = asyncio.Event()
         self._health = _Health()
         self._last_renewal = time.monotonic()
-        self._last_steal = 0.0
+        self._last_steal = -math.inf  # steals may be asked for at once
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
@@ -156,7 +156,8 @@ class Watcher:
         self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
         self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
         self._closing = False  # stop() was called and the workers are done: flush what is left
-        self._maintain_now = True  # lease bookkeeping is due (capacity freed, lease lost, start-up)
+        self._maintain_now = True  # lease bookkeeping is due (a lease may be lost, start-up)
+        self._acquire_now = False  # work arrived or capacity freed: lease more now (no other bookkeeping)
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
         # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
         # after its outcome committed, and each fetch excludes what is in `inflight` when it starts,
@@ -173,7 +174,18 @@ class Watcher:
         self._wake.set()
 
     def _work_arrived(self) -> None:
-        """A notification: new work in our queue. Do the lease bookkeeping now, not at the next poll."""
+        """A notification: new work in our queue (or a partition handed over to us). Lease it now, not
+        at the next poll. Holding nothing, read the leases too: a handed-over partition is found by a
+        fetch (see `_unknown_lease`), and a watcher holding nothing does not fetch."""
+        if self.owned:
+            self._acquire_now = True
+        else:
+            self._maintain_now = True
+        self._wake.set()
+
+    def _partitions_wanted(self) -> None:
+        """A notification: another watcher asked for partitions of ours. Read the leases and hand
+        them over (once their items in flight are done) now, not at the next poll."""
         self._maintain_now = True
         self._wake.set()
 
@@ -227,7 +239,13 @@ class Watcher:
         listener = None
         if self.store.postgres:
             loop = asyncio.get_running_loop()
-            listener = Listener(self.store.engine, cfg.queue, lambda: loop.call_soon_threadsafe(self._work_arrived))
+            listener = Listener(
+                self.store.engine,
+                cfg.queue,
+                lambda: loop.call_soon_threadsafe(self._work_arrived),
+                watcher_id=self.id,
+                on_wanted=lambda: loop.call_soon_threadsafe(self._partitions_wanted),
+            )
             listener.start()
         workers = [asyncio.create_task(self._worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
         helpers = [
@@ -427,9 +445,12 @@ class Watcher:
             delay = cfg.poll_interval
             try:
                 if self._maintain_now or time.monotonic() >= next_maintenance:
-                    self._maintain_now = False
+                    self._maintain_now = self._acquire_now = False
                     await self._maintain()
                     next_maintenance = time.monotonic() + cfg.poll_interval
+                elif self._acquire_now:  # the latency path: one statement, then the fetch below
+                    self._acquire_now = False
+                    await self._lease_more(steal=False)
                 await self._fill_buffer()
                 self._health.ok()
                 delay = max(0.0, next_maintenance - time.monotonic())
@@ -486,6 +507,11 @@ class Watcher:
         if stray:
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
+        await self._lease_more(steal=True)
+
+    async def _lease_more(self, *, steal: bool) -> None:
+        """Lease ready partitions up to capacity; with `steal`, when none is free, ask for a fair share."""
+        cfg = self.config
         if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
             return  # a closed queue: lease nothing until its window opens
         room = cfg.max_partitions - len(self.owned)
@@ -495,7 +521,7 @@ class Watcher:
             for lease in gained:
                 self.owned[lease.partition_id] = lease
             self._note_deadlines(gained, started)
-            if not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
+            if steal and not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
                 self._last_steal = time.monotonic()
                 marked = await self._db_call(
                     self._db,
@@ -531,9 +557,18 @@ class Watcher:
         for item in ready:
             lease = self.owned.get(item.partition_id)
             if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                self._unknown_lease(item, lease)
                 continue
             self.inflight[item.id] = item
             self._buffer.put_nowait(item)
+
+    def _unknown_lease(self, item: ReadyItem, lease: Lease | None) -> None:
+        """A fetch found an item of a partition the database says we hold, under an epoch we do not
+        know: handed over to us (a steal we asked for) or re-leased. Read the leases now, not at the
+        next poll interval, and fetch again."""
+        if lease is None or lease.epoch < item.epoch:
+            self._maintain_now = True
+            self._wake.set()
 
     async def _fill_within_limit(self) -> None:
         """A queue with a concurrency limit: fetch no more than idle workers can start now (a
@@ -552,6 +587,7 @@ class Watcher:
         for item in ready:
             lease = self.owned.get(item.partition_id)
             if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                self._unknown_lease(item, lease)
                 continue  # its slot stays counted until the next fetch sets the count again
             self.inflight[item.id] = item
             self._buffer.put_nowait(item)
@@ -673,7 +709,7 @@ class Watcher:
                 counts[outcome.kind] += 1
         self.metrics.gate_advances += applied.advanced
         if applied.lost or applied.released:
-            self._maintain_now = True  # capacity freed: lease more at once
+            self._acquire_now = True  # capacity freed: lease more at once
         for pid in applied.lost:
             lease = self.owned.get(pid)
             stale_epochs = {o.epoch for o in batch if o.partition_id == pid}

@@ -488,6 +488,44 @@ def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_deliv
             assert max(c.end for c in firsts) <= min(c.start for c in seconds)  # type: ignore[type-var]
 
 
+@pytest.mark.postgres_only  # the hand-over's notification wakes the thief; SQLite has only polling
+def test_a_handed_over_partition_is_served_at_once_not_at_the_thiefs_next_poll(db_url: str, feed: Feed) -> None:
+    keys = [f"handed-{n}" for n in range(4)]
+    for key in keys:
+        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(6)])
+    recorder = Recorder()
+    with watching(db_url, Slow(recorder, 0.2, "first"), concurrency=2) as first:
+        wait_until(
+            lambda: all((feed.status(k)["lease"] or {}).get("owner") == first.id for k in keys),
+            what="the first watcher to lease every partition",
+        )
+        started = time.time()
+        # The thief asks for its share on start-up and would read its leases again only 60 s later.
+        with watching(db_url, Slow(recorder, 0.2, "second"), concurrency=2, poll_interval=60.0):
+            wait_until(lambda: any(c.watcher == "second" for c in recorder.calls), timeout=15.0, what="a steal")
+        first_call = min(c.start for c in recorder.calls if c.watcher == "second")
+    assert first_call - started < 15.0
+    assert set(recorder.per_item().values()) == {1}, "an item was delivered twice"
+
+
+@pytest.mark.postgres_only  # the steal request's notification wakes the owner; SQLite has only polling
+def test_an_owner_hands_over_when_asked_not_at_its_next_poll(db_url: str, feed: Feed) -> None:
+    keys = [f"asked-{n}" for n in range(4)]
+    for key in keys:
+        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(6)])
+    recorder = Recorder()
+    # The owner reads its leases on start-up and would look for steal requests only 60 s later.
+    with watching(db_url, Slow(recorder, 0.2, "owner"), concurrency=2, poll_interval=60.0) as owner:
+        wait_until(
+            lambda: all((feed.status(k)["lease"] or {}).get("owner") == owner.id for k in keys),
+            what="the owner to lease every partition",
+        )
+        with watching(db_url, Slow(recorder, 0.2, "thief"), concurrency=2):
+            wait_until(lambda: any(c.watcher == "thief" for c in recorder.calls), timeout=15.0, what="a hand-over")
+    assert any(history_of(feed, key, "stolen") for key in keys)
+    assert set(recorder.per_item().values()) == {1}, "an item was delivered twice"
+
+
 def test_stop_releases_leases_at_once_and_another_watcher_finishes_long_before_expiry(db_url: str, feed: Feed) -> None:
     lease_seconds = 10.0
     feed.add_partition("handover", items=[(0, js({"n": 0})) for _ in range(12)])
