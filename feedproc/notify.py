@@ -112,9 +112,9 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
                     if self.on_wanted is not None:
                         conn.execute(f"LISTEN {WANTED_CHANNEL}")
+                    conn.execute(f"LISTEN {CHANNEL}")  # last: the statement pg_stat_activity shows (bench)
                     if delay > 0.5:
                         log.warning("listening for notifications again")
                     delay = 0.5

@@ -74,7 +74,7 @@ class WatcherConfig:
     flush_batch: int = 500  # outcomes per group commit at most
     retention: float | None = None  # delete partitions finished longer ago than this (seconds)
     retention_every: float = 300.0
-    steals_per_cycle: int = 2
+    steals_per_cycle: int = 16  # partitions asked for per steal request at most (the fair-share deficit bounds it)
     item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
 
     def __post_init__(self) -> None:
