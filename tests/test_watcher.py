@@ -459,16 +459,26 @@ def test_lost_lease_late_answer_changes_nothing_and_partition_is_no_longer_dispa
     assert sorted(states) == [("available", 0, 0)] * 3
 
 
-def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_delivery(db_url: str, feed: Feed) -> None:
-    keys = [f"steal-{n:02d}" for n in range(10)]
+def add_partitions(feed: Feed, prefix: str, count: int, size: int) -> list[str]:
+    """`count` partitions of `size` items each ({"n": 0}); their keys."""
+    keys = [f"{prefix}-{n:02d}" for n in range(count)]
     for key in keys:
-        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(3)])
+        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(size)])
+    return keys
+
+
+def wait_all_leased_by(feed: Feed, keys: list[str], watcher: WatcherThread) -> None:
+    wait_until(
+        lambda: all((feed.status(k)["lease"] or {}).get("owner") == watcher.id for k in keys),
+        what=f"watcher {watcher.id} to lease every partition",
+    )
+
+
+def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_delivery(db_url: str, feed: Feed) -> None:
+    keys = add_partitions(feed, "steal", 10, 3)
     recorder = Recorder()
     with watching(db_url, Slow(recorder, 0.25, "first"), concurrency=4) as first:
-        wait_until(
-            lambda: all((feed.status(k)["lease"] or {}).get("owner") == first.id for k in keys),
-            what="the first watcher to lease every partition",
-        )
+        wait_all_leased_by(feed, keys, first)
         with watching(db_url, Slow(recorder, 0.25, "second"), concurrency=4):
             for key in keys:
                 wait_status(feed, key, "complete")
@@ -490,15 +500,10 @@ def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_deliv
 
 @pytest.mark.postgres_only  # the hand-over's notification wakes the thief; SQLite has only polling
 def test_a_handed_over_partition_is_served_at_once_not_at_the_thiefs_next_poll(db_url: str, feed: Feed) -> None:
-    keys = [f"handed-{n}" for n in range(4)]
-    for key in keys:
-        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(6)])
+    keys = add_partitions(feed, "handed", 4, 6)
     recorder = Recorder()
     with watching(db_url, Slow(recorder, 0.2, "first"), concurrency=2) as first:
-        wait_until(
-            lambda: all((feed.status(k)["lease"] or {}).get("owner") == first.id for k in keys),
-            what="the first watcher to lease every partition",
-        )
+        wait_all_leased_by(feed, keys, first)
         started = time.time()
         # The thief asks for its share on start-up and would read its leases again only 60 s later.
         with watching(db_url, Slow(recorder, 0.2, "second"), concurrency=2, poll_interval=60.0):
@@ -510,16 +515,11 @@ def test_a_handed_over_partition_is_served_at_once_not_at_the_thiefs_next_poll(d
 
 @pytest.mark.postgres_only  # the steal request's notification wakes the owner; SQLite has only polling
 def test_an_owner_hands_over_when_asked_not_at_its_next_poll(db_url: str, feed: Feed) -> None:
-    keys = [f"asked-{n}" for n in range(4)]
-    for key in keys:
-        feed.add_partition(key, items=[(0, js({"n": 0})) for _ in range(6)])
+    keys = add_partitions(feed, "asked", 4, 6)
     recorder = Recorder()
     # The owner reads its leases on start-up and would look for steal requests only 60 s later.
     with watching(db_url, Slow(recorder, 0.2, "owner"), concurrency=2, poll_interval=60.0) as owner:
-        wait_until(
-            lambda: all((feed.status(k)["lease"] or {}).get("owner") == owner.id for k in keys),
-            what="the owner to lease every partition",
-        )
+        wait_all_leased_by(feed, keys, owner)
         with watching(db_url, Slow(recorder, 0.2, "thief"), concurrency=2):
             wait_until(lambda: any(c.watcher == "thief" for c in recorder.calls), timeout=15.0, what="a hand-over")
     assert any(history_of(feed, key, "stolen") for key in keys)
