@@ -5,7 +5,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import event, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from feedproc.errors import DuplicateKey, InvalidInput, NotFound, Refused
@@ -514,6 +514,29 @@ def test_acquire_records_a_leased_event_with_a_new_epoch(store):
     (second,) = store.acquire(A, "default", 10, 30)
     assert second.epoch > first.epoch
     assert [e["watcher"] for e in history(store, "p", "leased")] == [A, A]
+
+
+@pytest.mark.postgres_only
+def test_leasing_and_fetching_are_one_autocommit_statement_each_on_postgres(store):
+    """The path from a notification to a dispatch: no BEGIN and COMMIT round trips around them."""
+    register(store, A)
+    store.add_partition("p", [(0, b"x")])
+    seen: list[tuple[bool, str]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        seen.append((conn.connection.dbapi_connection.autocommit, statement.split()[0]))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        (lease,) = store.acquire(A, "default", 10, 30)
+        leased, seen[:] = list(seen), []
+        (item,) = store.fetch_ready(A, 10)
+        fetched = list(seen)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    assert leased == [(True, "WITH")]
+    assert fetched == [(True, "SELECT")]
+    assert item.epoch == lease.epoch
 
 
 def test_release_records_yielded_and_frees_the_partition(store):
