@@ -185,14 +185,3 @@ def pg_bigint_array(values: Iterable[int]) -> str:
     (`CAST(:ids AS bigint[])`): psycopg's list dumper is pure Python, about 1 µs an element;
     joining the numbers is a tenth of that, and the hot path binds a few hundred per statement."""
     return "{" + ",".join(map(str, map(int, values))) + "}"
-
-
-def prefer_index_scans(conn: Connection) -> None:
-    """Within this transaction, let PostgreSQL scan a table only when no index can serve the query.
-
-    The watcher's batch statements find their rows by key (`id = ANY(...)`, `id IN (...)`). On a
-    small or never-analyzed table the planner prices a hash join over a sequential scan below a
-    few hundred index look-ups, and each batch then reads the whole table: O(table) per batch
-    (measured: 30,000 items, 200 answers: 12 ms instead of 6). No-op on SQLite."""
-    if is_postgres(conn):
-        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")

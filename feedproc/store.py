@@ -60,7 +60,6 @@ from .dialects import (
     is_postgres,
     make_engine,
     pg_bigint_array,
-    prefer_index_scans,
     seconds_from_now,
     seconds_until,
 )
@@ -1213,9 +1212,12 @@ class Store:
         if not outcomes:
             return applied
         with self.write() as conn:
-            prefer_index_scans(conn)
             pids = sorted({o.partition_id for o in outcomes})
-            held = dict(conn.execute(_LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
+            if self.postgres:
+                params = {"pids": pg_bigint_array(pids), "watcher": watcher_id}
+                held = dict(conn.execute(_PG_LOCK_HELD_LEASES, params).all())
+            else:
+                held = dict(conn.execute(_LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
             kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
@@ -1553,25 +1555,9 @@ class Store:
     # ------------------------------------------------------------ the gate rules, applied
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
-        here = and_(I.partition_id == row.id, I.gate == row.gate)
-        facts = conn.execute(
-            select(
-                exists().where(here, I.status == IS_AVAILABLE).label("available_here"),
-                exists().where(here, I.status == IS_FAILED).label("failed_here"),
-                select(func.min(I.gate))
-                .where(I.partition_id == row.id, I.gate > row.gate, I.status == IS_AVAILABLE)
-                .scalar_subquery()
-                .label("next_gate"),
-            )
-        ).one()
-        return GateFacts(
-            row.gate,
-            bool(facts.available_here),
-            bool(facts.failed_here),
-            facts.next_gate,
-            bool(row.sealed),
-            bool(row.manual_checkpoint),
-        )
+        """The gate rules' inputs for partition `row` (read from the items)."""
+        facts = conn.execute(select(*_gate_facts(row.id, row.gate))).one()
+        return _to_gate_facts(row.gate, facts, row)
 
     def _settle(
         self,
@@ -1589,10 +1575,13 @@ class Store:
         lease when the partition finishes or has nothing to do. Each gate advance appends `pid` to
         `advanced`, when given.
         """
+        # The partition and its gate facts in one round trip (the facts' subqueries read its gate).
         row = conn.execute(
-            select(P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue).where(P.id == pid)
+            select(
+                P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue, *_gate_facts(P.id, P.gate)
+            ).where(P.id == pid)
         ).one()
-        outcome = gates.settle(self._facts(conn, row), checkpoint=checkpoint)
+        outcome = gates.settle(_to_gate_facts(row.gate, row, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
@@ -1785,6 +1774,21 @@ _PG_UPDATE_ITEMS = text(
 )
 # Statements of `Store.apply`, built once (a statement built per call costs more Python than the
 # database spends running it). The partitions a batch answers for, locked, with their epochs: the fence.
+# On PostgreSQL the lock also turns sequential scans off for the rest of the transaction, in the
+# same round trip (set_config(..., true) is SET LOCAL as a function; it runs whenever a lease is
+# held, the only case in which more statements follow). The batch statements find their rows by
+# key (`id = ANY(...)`), but on a small or never-analyzed table the planner prices a hash join over
+# a sequential scan below a few hundred index look-ups, and each batch then reads the whole table:
+# O(table) per batch (measured: 30,000 items, 200 answers: 12 ms instead of 6).
+_PG_LOCK_HELD_LEASES = text(
+    """
+    SELECT p.id, p.lease_epoch
+    FROM (SELECT set_config('enable_seqscan', 'off', true)) AS planner, feedproc_partitions AS p
+    WHERE p.id = ANY(CAST(:pids AS bigint[])) AND p.lease_owner = :watcher AND p.status = 'available'
+    ORDER BY p.id
+    FOR UPDATE OF p
+    """
+)
 _LOCK_HELD_LEASES = (
     select(P.id, P.lease_epoch)
     .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
@@ -1851,6 +1855,31 @@ _PG_INSERT_ITEMS = text(
     ORDER BY u.n
     """
 )
+
+
+def _gate_facts(pid: Any, gate: Any) -> tuple[Any, ...]:
+    """Columns answering what the gate rules ask of a partition's items at and above `gate`
+    (`pid` and `gate` are values, or the partition's own columns to correlate with)."""
+    here = and_(I.partition_id == pid, I.gate == gate)
+    return (
+        exists().where(here, I.status == IS_AVAILABLE).label("available_here"),
+        exists().where(here, I.status == IS_FAILED).label("failed_here"),
+        select(func.min(I.gate))
+        .where(I.partition_id == pid, I.gate > gate, I.status == IS_AVAILABLE)
+        .scalar_subquery()
+        .label("next_gate"),
+    )
+
+
+def _to_gate_facts(gate: int, facts: Row[Any], partition: Row[Any]) -> GateFacts:
+    return GateFacts(
+        gate,
+        bool(facts.available_here),
+        bool(facts.failed_here),
+        facts.next_gate,
+        bool(partition.sealed),
+        bool(partition.manual_checkpoint),
+    )
 
 
 _LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)

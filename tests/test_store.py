@@ -592,6 +592,30 @@ def test_expiry_takeover_records_an_expired_event(store):
     assert store.status("p")["lease"]["owner"] == B
 
 
+@pytest.mark.postgres_only
+def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store):
+    """On a small, never-analyzed table the planner would read every item per batch (a hash join over
+    a sequential scan): sequential scans are off for the batch's statements after the lease lock."""
+    register(store, A)
+    store.add_partition("p", [(0, b"x")] * 3)
+    ready = lease_and_fetch(store)
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().startswith("UPDATE feedproc_items"):
+            seen.append(cursor.connection.execute("SHOW enable_seqscan").fetchone()[0])
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        applied = store.apply(A, [answer(item, Kind.DONE) for item in ready])
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    assert len(applied.written) == 3
+    assert seen == ["off"]
+    with store.read() as conn:  # a transaction-local setting: gone after the batch
+        assert conn.exec_driver_sql("SHOW enable_seqscan").scalar() == "on"
+
+
 def test_an_answer_under_a_stale_lease_epoch_is_dropped(store):
     register(store, A)
     store.add_partition("p", [(0, b"x")])
