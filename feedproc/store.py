@@ -1305,12 +1305,14 @@ class Store:
         with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
         partitions does not starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
-        rows = conn.execute(_REFRESH_READY_AT, {"pids": pids, "idle_after": float(idle_after)}).all()
+        refresh = _PG_REFRESH_READY_AT if self.postgres else _REFRESH_READY_AT
+        rows = conn.execute(refresh, {"pids": pids, "idle_after": float(idle_after)}).all()
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
             if row.ready_at is None:
-                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced)
+                known = row if self.postgres else None
+                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
             elif row.idle:
                 idle.append(row.id)
                 moves[row.id] = Move.WAIT
@@ -1567,36 +1569,33 @@ class Store:
         checkpoint: bool = False,
         watcher: str | None = None,
         advanced: list[int] | None = None,
+        row: Row[Any] | None = None,
     ) -> Move:
         """Apply the gate rules to a (locked) available partition and record what happened.
 
         Sets `ready_at` (earliest due item at the current gate), moves the gate past drained and
         empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
         lease when the partition finishes or has nothing to do. Each gate advance appends `pid` to
-        `advanced`, when given.
+        `advanced`, when given. `row`: the partition's `_SETTLE_COLUMNS` and gate facts, when the
+        caller read them already in this transaction.
         """
-        # The partition and its gate facts in one round trip (the facts' subqueries read its gate).
-        row = conn.execute(
-            select(
-                P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue, *_gate_facts(P.id, P.gate)
-            ).where(P.id == pid)
-        ).one()
+        if row is None:  # the partition and its gate facts in one round trip
+            row = conn.execute(select(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate)).where(P.id == pid)).one()
         outcome = gates.settle(_to_gate_facts(row.gate, row, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
-            self._touch(conn, pid, gate=outcome.gate)
+            # The new gate is the lowest one above with available items (GateFacts.next_gate), where
+            # the rules keep the partition (STAY): set its ready_at now instead of settling again.
+            self._touch(conn, pid, gate=outcome.gate, ready_at=_earliest_due(pid, outcome.gate))
             if advanced is not None:
                 advanced.append(pid)
-            return self._settle(conn, pid, watcher=watcher, advanced=advanced)  # the new gate holds work: STAY
-        if outcome.move is Move.STAY:
-            ready = (
-                select(func.min(I.next_attempt_at))
-                .where(I.partition_id == pid, I.gate == row.gate, I.status == IS_AVAILABLE)
-                .scalar_subquery()
-            )
-            conn.execute(update(partitions).where(P.id == pid).values(ready_at=ready))
             if watcher is None:  # a producer made work ready: wake the queue's watchers
+                notify_ready(conn, row.queue)
+            return Move.STAY
+        if outcome.move is Move.STAY:
+            conn.execute(update(partitions).where(P.id == pid).values(ready_at=_earliest_due(pid, row.gate)))
+            if watcher is None:
                 notify_ready(conn, row.queue)
         elif outcome.move is Move.WAIT:
             self._touch(conn, pid, ready_at=None, **(release if watcher else {}))
@@ -1772,8 +1771,50 @@ _PG_UPDATE_ITEMS = text(
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
+
+
 # Statements of `Store.apply`, built once (a statement built per call costs more Python than the
 # database spends running it). The partitions a batch answers for, locked, with their epochs: the fence.
+def _gate_facts(pid: Any, gate: Any) -> tuple[Any, ...]:
+    """Columns answering what the gate rules ask of a partition's items at and above `gate`
+    (`pid` and `gate` are values, or the partition's own columns to correlate with)."""
+    here = and_(I.partition_id == pid, I.gate == gate)
+    # Correlated explicitly: in an UPDATE's RETURNING (see _REFRESH_READY_AT) SQLAlchemy would
+    # otherwise give each subquery a FROM of its own and ask about every partition.
+    return (
+        exists().where(here, I.status == IS_AVAILABLE).correlate(partitions).label("available_here"),
+        exists().where(here, I.status == IS_FAILED).correlate(partitions).label("failed_here"),
+        select(func.min(I.gate))
+        .where(I.partition_id == pid, I.gate > gate, I.status == IS_AVAILABLE)
+        .correlate(partitions)
+        .scalar_subquery()
+        .label("next_gate"),
+    )
+
+
+_SETTLE_COLUMNS = (P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue)
+
+
+def _earliest_due(pid: Any, gate: Any) -> Any:
+    """When the first available item of partition `pid` at `gate` is due (a partition's ready_at)."""
+    return (
+        select(func.min(I.next_attempt_at))
+        .where(I.partition_id == pid, I.gate == gate, I.status == IS_AVAILABLE)
+        .scalar_subquery()
+    )
+
+
+def _to_gate_facts(gate: int, facts: Row[Any], partition: Row[Any]) -> GateFacts:
+    return GateFacts(
+        gate,
+        bool(facts.available_here),
+        bool(facts.failed_here),
+        facts.next_gate,
+        bool(partition.sealed),
+        bool(partition.manual_checkpoint),
+    )
+
+
 # On PostgreSQL the lock also turns sequential scans off for the rest of the transaction, in the
 # same round trip (set_config(..., true) is SET LOCAL as a function; it runs whenever a lease is
 # held, the only case in which more statements follow). The batch statements find their rows by
@@ -1806,6 +1847,10 @@ _REFRESH_READY_AT = (
     )
     .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle"))
 )
+# PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
+# needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
+# turn the facts' correlated subqueries into questions about the items' own columns.)
+_PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate))
 # The same update for the common answer, "done" without new data: two arrays (ids and versions,
 # bound as text literals) instead of ten.
 _PG_COMPLETE_ITEMS = text(
@@ -1855,31 +1900,6 @@ _PG_INSERT_ITEMS = text(
     ORDER BY u.n
     """
 )
-
-
-def _gate_facts(pid: Any, gate: Any) -> tuple[Any, ...]:
-    """Columns answering what the gate rules ask of a partition's items at and above `gate`
-    (`pid` and `gate` are values, or the partition's own columns to correlate with)."""
-    here = and_(I.partition_id == pid, I.gate == gate)
-    return (
-        exists().where(here, I.status == IS_AVAILABLE).label("available_here"),
-        exists().where(here, I.status == IS_FAILED).label("failed_here"),
-        select(func.min(I.gate))
-        .where(I.partition_id == pid, I.gate > gate, I.status == IS_AVAILABLE)
-        .scalar_subquery()
-        .label("next_gate"),
-    )
-
-
-def _to_gate_facts(gate: int, facts: Row[Any], partition: Row[Any]) -> GateFacts:
-    return GateFacts(
-        gate,
-        bool(facts.available_here),
-        bool(facts.failed_here),
-        facts.next_gate,
-        bool(partition.sealed),
-        bool(partition.manual_checkpoint),
-    )
 
 
 _LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
