@@ -97,22 +97,16 @@ items = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("progress", Float, nullable=True),  # 0..1 reported by the processor while in flight (0002)
     Index(
-        "feedproc_items_ready",
-        "partition_id",
-        "gate",
-        "next_attempt_at",
-        "id",
-        postgresql_where=text("status = 'available'"),
-        sqlite_where=text("status = 'available'"),
-    ),
-    Index(
         "feedproc_items_failed",
         "partition_id",
         "gate",
         postgresql_where=text("status = 'failed'"),
         sqlite_where=text("status = 'failed'"),
     ),
-    Index("feedproc_items_partition_gate_status", "partition_id", "gate", "status"),
+    # Items by partition, gate and status, each gate's available ones in the order they became due
+    # (0003): the fetch walks it in order and stops at its limit, whatever a partition's backlog and
+    # whether the table has statistics yet; finished items sit in other key ranges, out of the way.
+    Index("feedproc_items_by_gate", "partition_id", "gate", "status", "next_attempt_at", "id"),
     Index(
         "feedproc_items_child",
         "parent_id",

@@ -72,8 +72,9 @@ from .schema import events, items, partitions, queues, watchers
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # Status tests in WHERE clauses are SQL literals, not bound parameters: the partial indexes are
-# defined on `status = 'available'` / `'failed'`, and once psycopg prepares a statement PostgreSQL
-# may switch to a generic plan, which can use a partial index only if the condition is literal.
+# defined on `status = 'failed'` (and the partitions' on their own status), and once psycopg
+# prepares a statement PostgreSQL may switch to a generic plan, which can use a partial index only
+# if the condition is literal.
 IS_AVAILABLE = literal_column("'available'")
 IS_FAILED = literal_column("'failed'")
 INSERT_CHUNK = 5000  # rows per INSERT statement
@@ -1683,8 +1684,8 @@ class Store:
 
 
 # The ready items of a watcher's partitions, in dispatch order, in one statement: for each leased
-# partition LATERAL walks its ready-items index (ids only: an index-only scan); the best `limit`
-# overall are then joined back to their rows for the data. Items in flight here are skipped with
+# partition LATERAL walks feedproc_items_by_gate in due order (ids only: an index-only scan,
+# stopped at `limit`); the best `limit` overall are then joined back to their rows for the data. Items in flight here are skipped with
 # `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one hashed subplan: `<> ALL(array)`
 # compares each candidate with every excluded id (2-10x slower with a few hundred in flight).
 _PG_FETCH_READY = text(
@@ -1749,7 +1750,7 @@ _OUTCOME_COLUMNS = ("id", "version", "status", "gate", "data", "attempts", "erro
 # match is the guard (every change of an item's status bumps its version, so an item dispatched
 # while available is still available if its version is unchanged). There is deliberately no
 # `status = 'available'` term: before the table has statistics PostgreSQL would read every
-# available item through the partial index and hash them all, per batch (O(backlog));
+# available item through the items' index and hash them all, per batch (O(backlog));
 # `id = ANY(...)` instead makes it look up the batch's own rows.
 _PG_UPDATE_ITEMS = text(
     """

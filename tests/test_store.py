@@ -5,13 +5,13 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import event, func, insert, select
+from sqlalchemy import event, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from feedproc.errors import DuplicateKey, InvalidInput, NotFound, Refused
 from feedproc.models import NewItem
 from feedproc.schema import items, partitions
-from feedproc.store import INSERT_CHUNK, Kind, Outcome, StaleWrite
+from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Kind, Outcome, StaleWrite
 
 from .support import wait_until
 
@@ -537,6 +537,22 @@ def test_leasing_and_fetching_are_one_autocommit_statement_each_on_postgres(stor
     assert leased == [(True, "WITH")]
     assert fetched == [(True, "SELECT")]
     assert item.epoch == lease.epoch
+
+
+@pytest.mark.postgres_only
+def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorting_its_backlog(store):
+    """Without statistics PostgreSQL used to pick an index that made it sort every leased partition's
+    whole backlog on every fetch (O(backlog)); the LATERAL must walk feedproc_items_by_gate in order."""
+    register(store, A)
+    for n in range(3):
+        store.add_partition(f"p{n}", [(0, b"x")] * 300)
+    store.acquire(A, "default", 10, 30)
+    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}"}
+    with store.read() as conn:
+        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + _PG_FETCH_READY.text), params))
+    assert "feedproc_items_by_gate" in plan, plan
+    assert "Sort Key: c.next_attempt_at" not in plan, plan
+    assert len(store.fetch_ready(A, 50)) == 50
 
 
 def test_release_records_yielded_and_frees_the_partition(store):
