@@ -1347,8 +1347,9 @@ LEGEND = [
     "- enqueue: items ÷ time of the `Feed.add_partition` calls (peers: their batched enqueue), in the bench process;",
     "- drain: items ÷ (first `leased` event → last item `updated_at`), read from the database after the run "
     "(peers: first `picked`/`started` → last `successful`/`succeeded` in their own tables);",
-    "- dispatch: processor call time (logged by the no-op processor or the HTTP handler) minus the item's readiness "
-    "(`created_at`, or its gate's `gate_advanced` event), while a producer adds partitions at half the drain rate "
+    "- dispatch: processor call time (logged by the no-op processor or the HTTP handler) minus the item's readiness: "
+    "the moment the producer sent the COMMIT that added it, or its gate's `gate_advanced` event (the JSON also has "
+    "the figure from the insert, `created_at`), while a producer adds partitions at half the drain rate "
     "(flat, http: one partition every 20 ms; fan: the backlog's partitions);",
     "- gate advance: per partition, first call at gate g+1 minus last `updated_at` at gate g (the commit that "
     "advanced it); in the drain, and at half load;",
