@@ -6,6 +6,7 @@ Watcher subprocesses import this module through PYTHONPATH (tests/ is on it, see
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 
 from feedproc import Item, Processor, Response
@@ -36,4 +37,14 @@ class LoggedSlow(Processor):
     async def process(self, item: Item) -> Response:
         log_delivery(item)
         await asyncio.sleep(self.delay)
+        return Response(done=True)
+
+
+class ReportsFrozenObjects(Processor):
+    """Writes how many objects the process keeps out of the garbage collector (gc.freeze) to
+    $FEEDPROC_TEST_DELIVERY_LOG, then completes."""
+
+    async def process(self, item: Item) -> Response:
+        with open(os.environ[LOG_VARIABLE], "a") as log:
+            log.write(f"{gc.get_freeze_count()}\n")
         return Response(done=True)
