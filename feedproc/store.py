@@ -356,7 +356,7 @@ class Store:
                     .returning(P.id)
                 ).scalar_one()
                 count, lowest = self._insert_items(conn, pid, new_items, partition_gate=None)
-                if count:
+                if count and lowest != 0:  # inserted at gate 0, where most partitions start
                     conn.execute(update(partitions).where(P.id == pid).values(gate=lowest))
                 self._event(conn, pid, "created", detail={"items": count, "gate": lowest if count else 0})
                 self._settle(conn, pid)
@@ -1627,20 +1627,29 @@ class Store:
         self, conn: Connection, pid: int, new_items: Iterable[Any], partition_gate: int | None
     ) -> tuple[int, int]:
         """Insert items in multi-row chunks; returns (count, lowest gate)."""
-        count, lowest, chunk = 0, None, []
+        count, lowest, gates_, data = 0, None, [], []
         for n, value in enumerate(new_items, start=1):
             item = NewItem.coerce(value, where=f"item {n}: ")
             if partition_gate is not None and (reason := gates.check_not_below(item.gate, partition_gate)):
                 raise Refused(f"item {n}: {reason}")
             lowest = item.gate if lowest is None else min(lowest, item.gate)
-            chunk.append({"partition_id": pid, "gate": item.gate, "status": AVAILABLE, "data": item.data})
+            gates_.append(item.gate)
+            data.append(item.data)
             count += 1
-            if len(chunk) >= INSERT_CHUNK:
-                self._insert_rows(conn, chunk)
-                chunk = []
-        if chunk:
-            self._insert_rows(conn, chunk)
+            if len(gates_) >= INSERT_CHUNK:
+                self._insert_new(conn, pid, gates_, data)
+                gates_, data = [], []
+        if gates_:
+            self._insert_new(conn, pid, gates_, data)
         return count, lowest if lowest is not None else 0
+
+    def _insert_new(self, conn: Connection, pid: int, gates_: list[int], data: list[bytes]) -> None:
+        """Insert a producer's items (no parent) of partition `pid`."""
+        if self.postgres:  # one statement, two arrays (the gates as a text literal: see pg_bigint_array)
+            conn.execute(_PG_INSERT_NEW_ITEMS, {"pid": pid, "gate": pg_bigint_array(gates_), "data": data})
+        else:
+            rows = zip(gates_, data, strict=True)
+            self._insert_rows(conn, [{"partition_id": pid, "gate": g, "status": AVAILABLE, "data": d} for g, d in rows])
 
     def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert item rows (partition_id, gate, status, data[, parent_id, parent_gate, seq])."""
@@ -1685,9 +1694,10 @@ class Store:
 
 # The ready items of a watcher's partitions, in dispatch order, in one statement: for each leased
 # partition LATERAL walks feedproc_items_by_gate in due order (ids only: an index-only scan,
-# stopped at `limit`); the best `limit` overall are then joined back to their rows for the data. Items in flight here are skipped with
-# `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one hashed subplan: `<> ALL(array)`
-# compares each candidate with every excluded id (2-10x slower with a few hundred in flight).
+# stopped at `limit`); the best `limit` overall are then joined back to their rows for the data.
+# Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
+# hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
+# with a few hundred in flight).
 _PG_FETCH_READY = text(
     """
     SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data, best.weight
@@ -1889,6 +1899,15 @@ _UPDATE_ITEM = (
     )
 )
 _ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
+# A producer's new items of one partition: the partition once, the gates and data as arrays.
+_PG_INSERT_NEW_ITEMS = text(
+    """
+    INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at)
+    SELECT :pid, u.gate, 'available', u.data, now(), now(), now()
+    FROM unnest(CAST(:gate AS integer[]), CAST(:data AS bytea[])) WITH ORDINALITY AS u(gate, data, n)
+    ORDER BY u.n
+    """
+)
 _PG_INSERT_ITEMS = text(
     """
     INSERT INTO feedproc_items
