@@ -235,17 +235,11 @@ class Store:
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Connection]:
-        try:
-            with self.engine.connect() as conn:
-                if write:
-                    conn = conn.execution_options(**{WRITE_OPTION: True})
-                with conn.begin():
-                    yield conn
-        except (OperationalError, ProgrammingError) as error:
-            translated = _translate(error)
-            if translated is None:
-                raise
-            raise translated from error
+        with _translated_errors(), self.engine.connect() as conn:
+            if write:
+                conn = conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                yield conn
 
     def write(self) -> Any:
         """A write transaction (SQLite: BEGIN IMMEDIATE)."""
@@ -260,14 +254,8 @@ class Store:
             with self._tx(write=True) as conn:
                 yield conn
             return
-        try:
-            with self.engine.connect() as conn:
-                yield conn.execution_options(isolation_level="AUTOCOMMIT")
-        except (OperationalError, ProgrammingError) as error:
-            translated = _translate(error)
-            if translated is None:
-                raise
-            raise translated from error
+        with _translated_errors(), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def read(self) -> Any:
         """A read-only transaction."""
@@ -280,15 +268,9 @@ class Store:
         from alembic import command
 
         config = _alembic_config(self.url)
-        try:
-            with self.engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.upgrade(config, "head")
-        except (OperationalError, ProgrammingError) as error:
-            translated = _translate(error)
-            if translated is None:
-                raise
-            raise translated from error
+        with _translated_errors(), self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
 
     def schema_revision(self) -> str | None:
         """The schema revision in the database, or None when it has no feedproc schema."""
@@ -1560,7 +1542,7 @@ class Store:
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
         """The gate rules' inputs for partition `row` (read from the items)."""
         facts = conn.execute(select(*_gate_facts(row.id, row.gate))).one()
-        return _to_gate_facts(row.gate, facts, row)
+        return _to_gate_facts(row, facts)
 
     def _settle(
         self,
@@ -1582,7 +1564,7 @@ class Store:
         """
         if row is None:  # the partition and its gate facts in one round trip
             row = conn.execute(select(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate)).where(P.id == pid)).one()
-        outcome = gates.settle(_to_gate_facts(row.gate, row, row), checkpoint=checkpoint)
+        outcome = gates.settle(_to_gate_facts(row, row), checkpoint=checkpoint)
         release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
@@ -1591,14 +1573,13 @@ class Store:
             self._touch(conn, pid, gate=outcome.gate, ready_at=_earliest_due(pid, outcome.gate))
             if advanced is not None:
                 advanced.append(pid)
+        elif outcome.move is Move.STAY:
+            conn.execute(update(partitions).where(P.id == pid).values(ready_at=_earliest_due(pid, row.gate)))
+        if outcome.move in (Move.ADVANCE, Move.STAY):
             if watcher is None:  # a producer made work ready: wake the queue's watchers
                 notify_ready(conn, row.queue)
             return Move.STAY
-        if outcome.move is Move.STAY:
-            conn.execute(update(partitions).where(P.id == pid).values(ready_at=_earliest_due(pid, row.gate)))
-            if watcher is None:
-                notify_ready(conn, row.queue)
-        elif outcome.move is Move.WAIT:
+        if outcome.move is Move.WAIT:
             self._touch(conn, pid, ready_at=None, **(release if watcher else {}))
             if watcher:
                 self._event(conn, pid, "released", watcher=watcher, detail={"gate": row.gate, "reason": "idle"})
@@ -1784,8 +1765,19 @@ _PG_UPDATE_ITEMS = text(
 )
 
 
-# Statements of `Store.apply`, built once (a statement built per call costs more Python than the
-# database spends running it). The partitions a batch answers for, locked, with their epochs: the fence.
+@contextmanager
+def _translated_errors() -> Iterator[None]:
+    """Re-raise the driver errors feedproc names (database unavailable, schema missing, ...) as
+    its own; any other error as it is."""
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as error:
+        translated = _translate(error)
+        if translated is None:
+            raise
+        raise translated from error
+
+
 def _gate_facts(pid: Any, gate: Any) -> tuple[Any, ...]:
     """Columns answering what the gate rules ask of a partition's items at and above `gate`
     (`pid` and `gate` are values, or the partition's own columns to correlate with)."""
@@ -1815,9 +1807,10 @@ def _earliest_due(pid: Any, gate: Any) -> Any:
     )
 
 
-def _to_gate_facts(gate: int, facts: Row[Any], partition: Row[Any]) -> GateFacts:
+def _to_gate_facts(partition: Row[Any], facts: Row[Any]) -> GateFacts:
+    """The gate rules' inputs: a partition row (gate, sealed, manual_checkpoint) and its gate facts."""
     return GateFacts(
-        gate,
+        partition.gate,
         bool(facts.available_here),
         bool(facts.failed_here),
         facts.next_gate,
@@ -1826,6 +1819,8 @@ def _to_gate_facts(gate: int, facts: Row[Any], partition: Row[Any]) -> GateFacts
     )
 
 
+# Statements of `Store.apply`, built once (a statement built per call costs more Python than the
+# database spends running it). The partitions a batch answers for, locked, with their epochs: the fence.
 # On PostgreSQL the lock also turns sequential scans off for the rest of the transaction, in the
 # same round trip (set_config(..., true) is SET LOCAL as a function; it runs whenever a lease is
 # held, the only case in which more statements follow). The batch statements find their rows by
