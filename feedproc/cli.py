@@ -438,6 +438,8 @@ def watch(
                 monitor.close()
     finally:
         store.close()
+    if watcher.fatal:  # said at ERROR already; the leases were released on the way out
+        raise typer.Exit(1)
 
 
 def _start_monitors(

@@ -49,7 +49,16 @@ def outcome_of(
 ) -> Outcome:
     """The Outcome for one delivery of `item` that answered `response` or raised `error`."""
     if error is None and response is not None and response.done and not response.items:  # the common answer
-        return Outcome(item.id, item.version, item.partition_id, item.epoch, item.gate, Kind.DONE, data=response.data)
+        return Outcome(
+            item.id,
+            item.version,
+            item.partition_id,
+            item.epoch,
+            item.gate,
+            Kind.DONE,
+            data=response.data,
+            attempts=item.attempts,
+        )
     base = {
         "item_id": item.id,
         "version": item.version,
@@ -65,7 +74,7 @@ def outcome_of(
     if error is None and response is not None:
         children = tuple(response.items)  # type: ignore[arg-type]
         if response.done:
-            return Outcome(**base, kind=Kind.DONE, data=response.data, children=children)
+            return Outcome(**base, kind=Kind.DONE, data=response.data, children=children, attempts=item.attempts)
         if response.gate == item.gate:
             delay = response.retry_after if response.retry_after is not None else policy.not_yet_delay
             return Outcome(

@@ -96,6 +96,13 @@ items = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("progress", Float, nullable=True),  # 0..1 reported by the processor while in flight (0002)
+    # Deliveries (0004): all of this item's (every gate), the last ones in a row whose watcher
+    # died or stalled, and the delivery that completed it (when, how long, by which watcher).
+    Column("deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("lost", Integer, nullable=False, server_default=text("0")),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("duration", Float, nullable=True),
+    Column("delivered_by", String(120), nullable=True),
     Index(
         "feedproc_items_failed",
         "partition_id",
@@ -145,6 +152,42 @@ queues = Table(
     Column("windows", Text, nullable=True),
     Column("window_tz", String(64), nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
+)
+
+# What each partition's lease holder has taken for delivery and not yet answered (0004), one row per
+# partition, rewritten by every fetch that takes its items: "id/version,..." (an entry ending "/i"
+# was delivered alone, isolated). A watcher that takes the partition over charges the entries still
+# unanswered (same version) as lost deliveries. A table of its own, not a partition column, so the
+# fetch that writes it never waits for the row locks of a group commit.
+inflight = Table(
+    "feedproc_inflight",
+    metadata,
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), primary_key=True),
+    Column("watcher", String(120), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("entries", Text, nullable=False),
+)
+
+# One row per delivery that did not complete its item (0004): moved, not yet, retried, failed or
+# lost, with its error (and a bounded traceback). `n` is the item's delivery number; the completing
+# delivery lives on the item row. Per item the first and the last few rows are kept.
+attempts = Table(
+    "feedproc_attempts",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
+    Column("item_id", BigId, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("gate", Integer, nullable=False),
+    Column("watcher", String(120), nullable=True),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("ended_at", UTCDateTime(), nullable=True),
+    Column("duration", Float, nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("error", Text, nullable=True),
+    Index("feedproc_attempts_item", "item_id", "n"),
+    Index("feedproc_attempts_partition", "partition_id", "id"),
 )
 
 events = Table(

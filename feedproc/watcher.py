@@ -13,6 +13,17 @@ Inside one asyncio loop:
 
 An item stays in `inflight` from the moment it is fetched until its outcome is committed (or
 dropped), and fetches exclude `inflight`: this watcher never dispatches an item twice at once.
+
+The fetch records what it takes as in flight (in the database, per partition), so a watcher that
+dies or stalls mid-delivery is charged for it by the watcher that takes the partition over
+(`Store.charge_lost`). An item whose last deliveries were lost that way is a *suspect*: it is
+delivered alone (nothing else in flight here), so an item that kills its watcher is the one charged,
+and fails after `max_attempts` instead of taking watchers down forever.
+
+Nothing a processor answers can stop the write path: an answer that cannot be written fails its
+item (transiently) and the rest of the batch is written. If writes keep failing for reasons other
+than a database outage, or a task of the watcher dies, the watcher sets `fatal`, says so at ERROR,
+releases its leases and stops (the command exits 1) instead of holding leases while doing nothing.
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ import math
 import os
 import socket
 import time
+import traceback
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,8 +51,10 @@ from .metrics import WatcherMetrics
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
-from .processors import call_processor
+from .processors import HTTPProcessor, call_processor
+from .redact import redact_url
 from .store import (
+    Applied,
     Kind,
     Lease,
     Outcome,
@@ -55,6 +69,9 @@ from .store import (
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
+TRACEBACK_KEPT = 4096  # characters of a processor's traceback kept in its delivery record (the end)
+FAILED_WRITES_FATAL = 3  # group commits in a row that could write nothing (not an outage): the watcher stops
+FAILED_POLLS_FATAL = 5  # poll cycles in a row failing with an error of ours (not an outage): likewise
 T = TypeVar("T")
 
 
@@ -158,6 +175,14 @@ class Watcher:
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (a lease may be lost, start-up)
         self._acquire_now = False  # work arrived or capacity freed: lease more now (no other bookkeeping)
+        self.fatal: str | None = None  # why the watcher gave up (its write path or a task died); None while well
+        self._uncharged: dict[int, Lease] = {}  # taken over with deliveries left unanswered, not yet charged
+        self._suspects: deque[ReadyItem] = deque()  # fetched items to deliver alone (see `_is_suspect`)
+        self._suspect_found = asyncio.Event()
+        self._isolating = False  # delivering a suspect alone: nothing else is fetched or started
+        self._failed_writes = 0  # group commits in a row that wrote nothing for reasons other than an outage
+        self._failed_polls = 0
+        self._handler = getattr(processor, "url", None) if isinstance(processor, HTTPProcessor) else None
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
         # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
         # after its outcome committed, and each fetch excludes what is in `inflight` when it starts,
@@ -252,15 +277,40 @@ class Watcher:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._poll_loop(), name="poll"),
         ]
+        helpers.append(asyncio.create_task(self._isolation_loop(), name="isolation"))
         if cfg.retention:
             helpers.append(asyncio.create_task(self._retention_loop(cfg.retention), name="retention"))
         flusher = asyncio.create_task(self._flush_loop(), name="flush")
+        for task in [*workers, *helpers, flusher]:
+            task.add_done_callback(self._task_ended)
         try:
             await self._stopping.wait()
         finally:
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
             await self._shutdown(workers, helpers, flusher)
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A task of the watcher ended. Before stop() that is a bug of ours: say so and give up."""
+        if self.stopping or task.cancelled():
+            return
+        error = task.exception()
+        reason = (
+            f"{task.get_name()} task died: {type(error).__name__}: {error}" if error else f"{task.get_name()} ended"
+        )
+        self._die(reason, error)
+
+    def _die(self, reason: str, error: BaseException | None = None) -> None:
+        """Give up: record why (`fatal`, shown by /healthz), say so, stop; leases are released on the way out."""
+        if self.fatal is None:
+            self.fatal = reason
+            log.error(
+                "watcher cannot go on: %s; releasing its leases and stopping",
+                reason,
+                exc_info=error,
+                extra={"event": "fatal", "error": reason, "watcher": self.id},
+            )
+        self.stop()
 
     async def _shutdown(
         self, workers: list[asyncio.Task[Any]], helpers: list[asyncio.Task[Any]], flusher: asyncio.Task[Any]
@@ -291,8 +341,16 @@ class Watcher:
             await asyncio.gather(flusher, return_exceptions=True)
         except Exception as error:
             log.error("writing answers on stop failed: %s", error)
+        abandoned = self._inflight_entries(self.busy)  # still running: charged as lost deliveries
         try:
-            released = await self._db_call(self._db, self.store.release, self.id, list(self.owned.values()))
+            released = await self._db_call(
+                self._db,
+                self.store.release,
+                self.id,
+                list(self.owned.values()),
+                abandoned=abandoned,
+                max_attempts=self.config.max_attempts,
+            )
             await self._db_call(self._db, self.store.unregister_watcher, self.id)
             log.info("stopped: released %d partitions", released)
         except Exception as error:  # the leases will expire on their own
@@ -453,9 +511,24 @@ class Watcher:
                     await self._lease_more(steal=False)
                 await self._fill_buffer()
                 self._health.ok()
+                self._failed_polls = 0
                 delay = max(0.0, next_maintenance - time.monotonic())
-            except Exception as error:
+            except DatabaseUnavailable as error:
                 self._health.failed("poll", error)
+                delay = self._outage_delay(5.0)
+            except Exception as error:  # a bug of ours, or a database error that is not an outage
+                self._failed_polls += 1
+                log.error(
+                    "poll failed (%s: %s)",
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                    extra={"event": "poll_failed", "error": str(error), "watcher": self.id},
+                )
+                if self._failed_polls >= FAILED_POLLS_FATAL:
+                    self._die(f"{self._failed_polls} polls in a row failed: {type(error).__name__}: {error}", error)
+                    return
+                self._maintain_now = True
                 delay = self._outage_delay(5.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
@@ -520,7 +593,16 @@ class Watcher:
             gained = await self._db_call(self._db, self.store.acquire, self.id, cfg.queue, room, cfg.lease_seconds)
             for lease in gained:
                 self.owned[lease.partition_id] = lease
+                log.info(
+                    "leased partition %s",
+                    lease.key,
+                    extra={"event": "leased", "key": lease.key, "watcher": self.id},
+                )
+                if lease.pending is not None:
+                    self._uncharged[lease.partition_id] = lease
             self._note_deadlines(gained, started)
+            if self._uncharged:
+                await self._charge_lost()
             if steal and not gained and time.monotonic() - self._last_steal >= max(1.0, cfg.poll_interval):
                 self._last_steal = time.monotonic()
                 marked = await self._db_call(
@@ -535,12 +617,79 @@ class Watcher:
                     log.info("asked for %d partitions toward a fair share", marked)
                     self.metrics.steal_requests += marked
 
+    async def _charge_lost(self) -> None:
+        """Charge the deliveries that partitions taken over had unanswered, before fetching from them
+        (a partition stays out of fetches until its charge is written)."""
+        for pid, lease in list(self._uncharged.items()):
+            if self.owned.get(pid) is not lease:
+                self._uncharged.pop(pid, None)
+                continue
+            charged = await self._db_call(
+                self._db, self.store.charge_lost, self.id, lease, max_attempts=self.config.max_attempts
+            )
+            self._uncharged.pop(pid, None)
+            for c in charged:
+                what = "failed" if c["failed"] else "will be delivered again"
+                log.warning(
+                    "item %s of partition %s at gate %s: %s; the item %s",
+                    c["item"],
+                    lease.key,
+                    c["gate"],
+                    c["error"],
+                    what,
+                    extra={
+                        "event": "item_failed" if c["failed"] else "item_lost",
+                        "key": lease.key,
+                        "gate": c["gate"],
+                        "item": c["item"],
+                        "attempt": c["attempt"],
+                        "error": c["error"],
+                        "watcher": self.id,
+                    },
+                )
+            if any(c["failed"] for c in charged):
+                self._maintain_now = True  # the partition may have failed with it: read the leases again
+
+    def _inflight_entries(self, only: set[int] | None = None) -> dict[int, str]:
+        """Per partition, this watcher's items in flight as `Store.fetch_ready` records them ("id/version,...")."""
+        taken: dict[int, list[str]] = {}
+        for item in self.inflight.values():
+            if only is None or item.id in only:
+                taken.setdefault(item.partition_id, []).append(f"{item.id}/{item.version}")
+        return {pid: ",".join(entries) for pid, entries in taken.items()}
+
+    def _is_suspect(self, item: ReadyItem) -> bool:
+        """An item to deliver alone: its last deliveries were lost with their watcher twice in a row, or
+        once when one more loss would use up its attempts. Alone, a loss is surely its own doing."""
+        return item.lost >= 2 or (item.lost >= 1 and item.attempts + 1 >= self.config.max_attempts)
+
+    def _take(self, ready: list[ReadyItem]) -> None:
+        """Put freshly fetched items in flight: into the buffer, or aside as suspects."""
+        for item in ready:
+            lease = self.owned.get(item.partition_id)
+            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+                self._unknown_lease(item, lease)
+                continue  # (a limited queue: its slot stays counted until the next fetch sets the count again)
+            self.inflight[item.id] = item
+            if self._is_suspect(item):
+                self._suspects.append(item)
+                self._suspect_found.set()
+            else:
+                self._buffer.put_nowait(item)
+
     def _held_weight(self) -> int:
         """Weight of the items fetched whose processor call has not returned (buffered or running):
         the slots this watcher holds. An answered item's slot is free even before its answer is written."""
         return sum(item.weight for item_id, item in self.inflight.items() if item_id not in self._answered)
 
+    def _not_now(self) -> set[int]:
+        """Owned partitions not to fetch from now: outside their windows, or with a charge pending."""
+        closed = self._closed()
+        return closed | set(self._uncharged) if self._uncharged else closed
+
     async def _fill_buffer(self) -> None:
+        if self._isolating:
+            return  # a suspect is delivered alone
         if self.queue_settings.windows is not None and not self.queue_settings.is_open(datetime.now(UTC)):
             return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited:
@@ -552,15 +701,15 @@ class Watcher:
         if want <= 0 or not self.owned or self.stopping:
             return
         ready = await self._db_call(
-            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), closed=self._closed()
+            self._db,
+            self.store.fetch_ready,
+            self.id,
+            want,
+            list(self.inflight),
+            closed=self._not_now(),
+            kept=self._inflight_entries(),
         )
-        for item in ready:
-            lease = self.owned.get(item.partition_id)
-            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
-                self._unknown_lease(item, lease)
-                continue
-            self.inflight[item.id] = item
-            self._buffer.put_nowait(item)
+        self._take(ready)
 
     def _unknown_lease(self, item: ReadyItem, lease: Lease | None) -> None:
         """A fetch found an item of a partition the database says we hold, under an epoch we do not
@@ -575,22 +724,25 @@ class Watcher:
         prefetched item would hold a slot while it waits). The same call gives back the slots of
         items answered since the last one and claims the new items' slots (workers wake the poller
         on every answer, so a freed slot is reused or returned at once)."""
-        want = 0 if self.stopping else self.config.concurrency - len(self.busy) - self._buffer.qsize()
+        want = (
+            0 if self.stopping or self._isolating else self.config.concurrency - len(self.busy) - self._buffer.qsize()
+        )
         held = self._held_weight()
         if (want <= 0 or not self.owned) and held == self._slots_reported:
             return
         claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
         ready = await self._db_call(
-            self._db, self.store.fetch_ready, self.id, want, list(self.inflight), slots=claim, closed=self._closed()
+            self._db,
+            self.store.fetch_ready,
+            self.id,
+            want,
+            list(self.inflight),
+            slots=claim,
+            closed=self._not_now(),
+            kept=self._inflight_entries(),
         )
         self._slots_reported = held + sum(item.weight for item in ready)
-        for item in ready:
-            lease = self.owned.get(item.partition_id)
-            if item.id in self.inflight or lease is None or lease.epoch != item.epoch or lease.wanted_by:
-                self._unknown_lease(item, lease)
-                continue  # its slot stays counted until the next fetch sets the count again
-            self.inflight[item.id] = item
-            self._buffer.put_nowait(item)
+        self._take(ready)
 
     async def _hand_over_wanted(self) -> None:
         busy = Counter(item.partition_id for item in self.inflight.values())
@@ -607,7 +759,7 @@ class Watcher:
     async def _worker(self) -> None:
         while (item := await self._buffer.get()) is not None:
             lease = self.owned.get(item.partition_id)
-            if self.stopping or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+            if self.stopping or self._isolating or lease is None or lease.epoch != item.epoch or lease.wanted_by:
                 self.inflight.pop(item.id, None)
                 continue
             if self._windowed(lease) and self._opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
@@ -618,38 +770,118 @@ class Watcher:
                 self._maintain_now = True
                 self._wake.set()
                 continue
-            self.busy.add(item.id)
-            try:
-                outcome = await self._deliver(item, lease)
-            except Exception:  # a bug of ours, not the processor's: forget the item, it will come again
-                log.exception("internal error delivering item %s; it will be delivered again", item.id)
-                self.inflight.pop(item.id, None)
-                continue
-            finally:
-                self.busy.discard(item.id)
-                report = self._progress.pop(item.id, None)  # its answer is written instead
-            if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
-                outcome.progress = report.fraction
-            self.results.append(outcome)
-            self._answered.add(item.id)
-            self._results_ready.set()
+            await self._run_one(item, lease)
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
+
+    async def _run_one(self, item: ReadyItem, lease: Lease) -> None:
+        """Deliver one item and queue its outcome for the next group commit."""
+        self.busy.add(item.id)
+        try:
+            outcome = await self._deliver(item, lease)
+        except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
+            log.exception(
+                "internal error delivering item %s",
+                item.id,
+                extra={"event": "internal_error", "key": item.partition, "item": item.id, "watcher": self.id},
+            )
+            outcome = outcome_of(item, self.policy, error=error)
+            self._record(outcome, item, time.time(), 0.0, error)
+        finally:
+            self.busy.discard(item.id)
+            report = self._progress.pop(item.id, None)  # its answer is written instead
+        if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
+            outcome.progress = report.fraction
+        self.results.append(outcome)
+        self._answered.add(item.id)
+        self._results_ready.set()
 
     async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
         item = Item(
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
+        started_at = time.time()
         started = time.perf_counter()
         try:
             response = await call_processor(self.processor, item, lease.item_timeout or self.config.item_timeout)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a call past its item timeout is a RetryLater, like any transient failure
-            self.metrics.latency.observe(time.perf_counter() - started)
-            return outcome_of(ready, self.policy, error=error)
-        self.metrics.latency.observe(time.perf_counter() - started)
-        return outcome_of(ready, self.policy, response=response)
+            duration = time.perf_counter() - started
+            self.metrics.latency.observe(duration)
+            outcome = outcome_of(ready, self.policy, error=error)
+            return self._record(outcome, ready, started_at, duration, error)
+        duration = time.perf_counter() - started
+        self.metrics.latency.observe(duration)
+        try:
+            outcome = outcome_of(ready, self.policy, response=response)
+        except Exception as error:  # an answer our rules cannot read: its delivery failed, transiently
+            outcome = outcome_of(ready, self.policy, error=error)
+            return self._record(outcome, ready, started_at, duration, error)
+        return self._record(outcome, ready, started_at, duration)
+
+    def _record(
+        self, outcome: Outcome, ready: ReadyItem, started_at: float, duration: float, error: BaseException | None = None
+    ) -> Outcome:
+        """Fill in the delivery's record: its number, attempt, start, duration and error detail."""
+        outcome.n = ready.deliveries + 1
+        outcome.attempt = ready.attempts + 1
+        outcome.started_at = datetime.fromtimestamp(started_at, UTC)
+        outcome.duration = duration
+        if error is not None and not isinstance(self.processor, HTTPProcessor):
+            # A Python processor's own traceback (its last frames); the HTTP processor's errors are its
+            # own words (status, URL, the start of the body).
+            text = "".join(traceback.format_exception(error))
+            outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
+        return outcome
+
+    async def _isolation_loop(self) -> None:
+        """Deliver suspects alone: stop starting anything else, let what runs finish and its answers
+        be written, record the suspect as the only delivery in flight here, deliver it, write its answer."""
+        while True:
+            await self._suspect_found.wait()
+            self._suspect_found.clear()
+            while self._suspects and not self.stopping:
+                self._isolating = True
+                self._drop_buffered(lambda item: True)  # taken, never started: fetched again afterwards
+                await self._until_quiet()
+                item = self._suspects.popleft()
+                lease = self.owned.get(item.partition_id)
+                if lease is None or lease.epoch != item.epoch or self.stopping:
+                    self.inflight.pop(item.id, None)
+                    continue
+                try:
+                    alone = await self._db_call(self._db, self.store.isolate, self.id, item)
+                except Exception as error:
+                    log.warning("could not deliver item %s alone (%s); it will be fetched again", item.id, error)
+                    alone = False
+                if not alone:
+                    self.inflight.pop(item.id, None)
+                    continue
+                log.warning(
+                    "delivering item %s of partition %s alone: its last %d deliveries were lost with their watcher",
+                    item.id,
+                    item.partition,
+                    item.lost,
+                    extra={
+                        "event": "item_isolated",
+                        "key": item.partition,
+                        "gate": item.gate,
+                        "item": item.id,
+                        "attempt": item.attempts + 1,
+                        "watcher": self.id,
+                    },
+                )
+                await self._run_one(item, lease)
+                await self._until_quiet()
+            self._isolating = False
+            self._wake.set()
+
+    async def _until_quiet(self) -> None:
+        """Wait until nothing is being delivered and every answer is written (suspects set aside)."""
+        while not self.stopping and (self.busy or self.results or len(self.inflight) > len(self._suspects)):
+            self._results_ready.set()
+            await asyncio.sleep(0.01)
 
     def _reporter(self, ready: ReadyItem) -> Any:
         """`item.progress(f)` of one delivery: kept for the next heartbeat (may run on a processor's thread)."""
@@ -677,7 +909,8 @@ class Watcher:
             await self._flush(batch, final=final)
             del self.results[: len(batch)]  # only now: a batch interrupted mid-write stays queued
 
-    async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
+    async def _apply(self, batch: list[Outcome], *, final: bool) -> Applied:
+        """One group commit, retried with backoff while the database is unavailable."""
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(DatabaseUnavailable),
             wait=wait_exponential(multiplier=0.1, max=5.0),
@@ -686,35 +919,205 @@ class Watcher:
             before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr,arg-type]
             reraise=True,
         )
+        async for attempt in retrying:
+            with attempt:
+                applied: Applied = await self._db_call(
+                    self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
+                )
+        return applied
+
+    async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
         try:
-            async for attempt in retrying:
-                with attempt:
-                    applied = await self._db_call(
-                        self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
-                    )
+            applied = await self._apply(batch, final=final)
         except (StaleWrite, DatabaseUnavailable) as error:
-            log.error("dropped a batch of %d results: %s; the items will be delivered again", len(batch), error)
-            for outcome in batch:
-                self.inflight.pop(outcome.item_id, None)
-                self._answered.discard(outcome.item_id)
+            log.error(
+                "dropped a batch of %d results: %s; the items will be delivered again",
+                len(batch),
+                error,
+                extra={"event": "write_dropped", "count": len(batch), "error": str(error), "watcher": self.id},
+            )
+            self._settled(batch)
             return
+        except Exception as error:  # some answer in the batch cannot be written: find it, write the rest
+            log.error(
+                "could not write a batch of %d answers (%s: %s); writing them one part at a time",
+                len(batch),
+                type(error).__name__,
+                error,
+                exc_info=error,
+                extra={"event": "write_failed", "count": len(batch), "error": str(error), "watcher": self.id},
+            )
+            applied = await self._apply_in_parts(batch, final=final)
+            if applied.written:
+                self._failed_writes = 0
+            else:
+                self._failed_writes += 1
+                if self._failed_writes >= FAILED_WRITES_FATAL:
+                    self._die(f"{self._failed_writes} group commits in a row wrote nothing: {error}", error)
+        else:
+            self._failed_writes = 0
         self._health.ok()
+        self._settled(batch)
+        self._account(batch, applied)
+
+    async def _apply_in_parts(self, batch: list[Outcome], *, final: bool) -> Applied:
+        """Write a batch that failed as a whole: halves, then quarters... An outcome that cannot be
+        written alone is replaced by a transient failure of its item that says why (no data, no
+        children); if even that cannot be written, the item's partition is let go."""
+        total = Applied()
+        parts = [batch]
+        while parts:
+            part = parts.pop()
+            try:
+                _merge(total, await self._apply(part, final=final))
+                continue
+            except (StaleWrite, DatabaseUnavailable):
+                continue  # dropped: delivered again
+            except Exception as error:
+                if len(part) > 1:
+                    middle = len(part) // 2
+                    parts += [part[middle:], part[:middle]]
+                    continue
+                failure = error
+            outcome = part[0]
+            replacement = self._unwritable(outcome, failure)
+            try:
+                if replacement is None:
+                    raise failure
+                _merge(total, await self._apply([replacement], final=final))
+                log.warning(
+                    "the answer for item %s could not be written (%s: %s); its delivery counts as failed",
+                    outcome.item_id,
+                    type(failure).__name__,
+                    failure,
+                    extra={
+                        "event": "answer_unwritable",
+                        "item": outcome.item_id,
+                        "gate": outcome.gate,
+                        "error": str(failure),
+                        "watcher": self.id,
+                    },
+                )
+            except Exception as error:
+                lease = self.owned.get(outcome.partition_id)
+                key = lease.key if lease else outcome.partition_id
+                log.error(
+                    "nothing can be written for item %s of partition %s (%s: %s); letting the partition go",
+                    outcome.item_id,
+                    key,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                    extra={
+                        "event": "partition_unwritable",
+                        "key": str(key),
+                        "item": outcome.item_id,
+                        "error": str(error),
+                        "watcher": self.id,
+                    },
+                )
+                if lease is not None:
+                    self._forget(outcome.partition_id)
+                    with contextlib.suppress(Exception):
+                        await self._db_call(self._writer, self.store.release, self.id, [lease], kind="released")
+        return total
+
+    def _unwritable(self, outcome: Outcome, error: BaseException) -> Outcome | None:
+        """A transient failure of the outcome's item saying its answer could not be written."""
+        ready = self.inflight.get(outcome.item_id)
+        if ready is None:
+            return None
+        cause = RuntimeError(f"the answer could not be written: {type(error).__name__}: {error}")
+        replacement = outcome_of(ready, self.policy, error=cause)
+        replacement.n, replacement.attempt = outcome.n, outcome.attempt
+        replacement.started_at, replacement.duration = outcome.started_at, outcome.duration
+        return replacement
+
+    def _settled(self, batch: list[Outcome]) -> None:
+        """The batch's outcomes are written or given up: their items are no longer in flight here."""
         for outcome in batch:
             self.inflight.pop(outcome.item_id, None)
             self._answered.discard(outcome.item_id)
+
+    def _account(self, batch: list[Outcome], applied: Applied) -> None:
+        """Counters, logs and lease bookkeeping after a group commit."""
         self.processed += len(applied.written)
         counts = self.metrics.outcomes
         for outcome in batch:
-            if outcome.partition_id not in applied.lost:
-                counts[outcome.kind] += 1
+            if outcome.partition_id in applied.lost:
+                continue
+            counts[outcome.kind] += 1
+            if outcome.kind in (Kind.RETRY, Kind.FAIL):
+                self._log_failure(outcome)
         self.metrics.gate_advances += applied.advanced
+        for pid, from_gate, to_gate in applied.advances:
+            lease = self.owned.get(pid)
+            key = lease.key if lease else str(pid)
+            log.info(
+                "partition %s advanced from gate %s to gate %s",
+                key,
+                from_gate,
+                to_gate,
+                extra={"event": "gate_advanced", "key": key, "gate": to_gate, "watcher": self.id},
+            )
         if applied.lost or applied.released:
             self._acquire_now = True  # capacity freed: lease more at once
         for pid in applied.lost:
             lease = self.owned.get(pid)
             stale_epochs = {o.epoch for o in batch if o.partition_id == pid}
             if lease is not None and lease.epoch in stale_epochs:  # not a lease we took again since
-                log.warning("lost the lease on partition %s; its late results were discarded", lease.key)
+                log.warning(
+                    "lost the lease on partition %s; its late results were discarded",
+                    lease.key,
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                )
                 self._forget(pid)
         for pid in applied.released:
+            lease = self.owned.get(pid)
+            if lease is not None:
+                how = applied.moves.get(pid, "idle")
+                event = {"complete": "partition_completed", "fail": "partition_failed"}.get(how, "released")
+                text = {"complete": "completed", "fail": "failed"}.get(how, "released (nothing due)")
+                log.info(
+                    "partition %s %s",
+                    lease.key,
+                    text,
+                    extra={"event": event, "key": lease.key, "watcher": self.id},
+                )
             self._forget(pid)
+
+    def _log_failure(self, outcome: Outcome) -> None:
+        """One WARNING per retried or failed delivery (rate-limited by the log handler when repetitive)."""
+        lease = self.owned.get(outcome.partition_id)
+        key = lease.key if lease is not None else None
+        retry = outcome.kind == Kind.RETRY
+        handler = redact_url(self._handler) if self._handler else None
+        log.warning(
+            "item %s of partition %s at gate %s, attempt %s %s: %s%s",
+            outcome.item_id,
+            key,
+            outcome.gate,
+            outcome.attempt or outcome.attempts,
+            f"failed, retrying in {outcome.delay:.3g}s" if retry else "failed for good",
+            outcome.error,
+            f" (handler {handler})" if handler else "",
+            extra={
+                "event": "item_retried" if retry else "item_failed",
+                "key": key,
+                "gate": outcome.gate,
+                "item": outcome.item_id,
+                "attempt": outcome.attempt or outcome.attempts,
+                "error": outcome.error,
+                "watcher": self.id,
+                "handler": handler,
+            },
+        )
+
+
+def _merge(total: Applied, applied: Applied) -> None:
+    total.written += applied.written
+    total.lost |= applied.lost
+    total.released |= applied.released
+    total.advanced += applied.advanced
+    total.advances += applied.advances
+    total.moves.update(applied.moves)
