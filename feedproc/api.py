@@ -250,6 +250,14 @@ def list_items(
     return _page([{**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])} for r in rows], limit, "id")
 
 
+@api.get("/items/{item_id}", tags=["partitions"])
+def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
+    """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
+    (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error)."""
+    item = _store(request).item(item_id)
+    return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
+
+
 @api.get("/history", tags=["partitions"])
 def history(
     request: Request,

@@ -27,6 +27,7 @@ from .errors import FeedprocError, InvalidInput, Refused
 from .models import NewItem, check_key, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
+ITEMS_PAGE = 1000  # items read per query by `feedproc items`
 
 app = typer.Typer(
     name="feedproc",
@@ -257,6 +258,57 @@ def status(
         typer.echo(json.dumps(result))
     else:
         print_partition(result)
+
+
+@app.command("items")
+def list_items(
+    key: Annotated[str, typer.Argument(help="The partition.")],
+    gate: Annotated[int | None, typer.Option(min=0, help="Only items at this gate.")] = None,
+    status_filter: Annotated[
+        str | None, typer.Option("--status", metavar="STATUS", help="available, complete, failed or cancelled.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one item per line, data included.")] = False,
+    db: DbOption = None,
+) -> None:
+    """List a partition's items (a finished partition's results are read this way), a page at a time."""
+    from .models import STATUSES
+    from .report import item_json, print_items
+
+    check_key(key)
+    if status_filter is not None and status_filter not in STATUSES:
+        raise InvalidInput(f"--status {status_filter!r}: use one of {', '.join(STATUSES)}")
+    after, first = 0, True
+    with _feed(db) as feed:
+        while True:  # keyset pages: memory stays flat however many items the partition has
+            rows = feed.items(key, gate=gate, status=status_filter, after_id=after, limit=ITEMS_PAGE)
+            if as_json:
+                for row in rows:
+                    typer.echo(json.dumps(item_json(row), ensure_ascii=False))
+            elif rows or first:
+                print_items(rows, header=first)
+            first = False
+            if len(rows) < ITEMS_PAGE:
+                return
+            after = rows[-1]["id"]
+
+
+@app.command("item")
+def show_item(
+    item_id: Annotated[int, typer.Argument(metavar="ID", help="The item's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show one item: its data and every delivery (attempt, gate, watcher, times, outcome, error)."""
+    from .report import item_json, print_item
+
+    if not 0 < item_id < 2**63:
+        raise InvalidInput(f"item id {item_id} is out of range")
+    with _feed(db) as feed:
+        item = feed.item(item_id)
+    if as_json:
+        typer.echo(json.dumps(item_json(item), ensure_ascii=False))
+    else:
+        print_item(item)
 
 
 queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: global concurrency limit and time windows.")

@@ -137,11 +137,16 @@ class Feed:
     def items(
         self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[dict[str, Any]]:
-        """Items of `key` (id, gate, status, attempts, last_error, data as bytes), in id order.
+        """Items of `key` (id, gate, status, attempts, deliveries, last_error, data as bytes), in id order.
 
         At most `limit` per call; pass the last id seen as `after_id` for the next page.
         """
         return self.store.items(key, gate=gate, status=status, after_id=after_id, limit=limit)
+
+    def item(self, item_id: int) -> dict[str, Any]:
+        """One item: its fields, its data (bytes) and its deliveries oldest first (`history`: attempt,
+        gate, watcher, start, end, duration, outcome, error with traceback). KeyError if unknown."""
+        return self.store.item(item_id)
 
     def summary(self) -> dict[str, Any]:
         """Counts of partitions and items by status (the `status --json` object)."""

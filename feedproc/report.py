@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import typer
@@ -98,3 +100,69 @@ def print_summary(summary: dict[str, Any]) -> None:
             ["id", "queue", "concurrency", "leases", "heartbeat"],
             [[w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"]] for w in live],
         )
+
+
+def item_json(item: dict[str, Any]) -> dict[str, Any]:
+    """An item (`Feed.item` / `Feed.items` row) as JSON: data parsed, or `data_base64` when not JSON."""
+    result = {k: v for k, v in item.items() if k != "data"}
+    if "data" in item:
+        try:
+            result["data"] = json.loads(item["data"])
+        except ValueError:
+            result["data_base64"] = base64.b64encode(item["data"]).decode()
+    return result
+
+
+def _preview(raw: bytes, width: int = 60) -> str:
+    text = raw.decode("utf-8", "replace").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def print_items(rows: list[dict[str, Any]], *, header: bool) -> None:
+    """A page of `feedproc items` (the header with the first page only)."""
+    cells = [
+        [r["id"], r["gate"], r["status"], r["attempts"], (r["last_error"] or "")[:60], _preview(r["data"])]
+        for r in rows
+    ]
+    if header:
+        _table(["id", "gate", "status", "attempts", "last error", "data"], cells)
+    else:
+        for row in cells:
+            typer.echo("  ".join("" if v is None else str(v) for v in row))
+
+
+def print_item(item: dict[str, Any]) -> None:
+    """`feedproc item ID`: the item, its data pretty-printed, and its deliveries with their errors."""
+    typer.echo(
+        f"item {item['id']}  partition {item['partition']}  queue {item['queue']}  gate {item['gate']}  "
+        f"status {item['status']}  attempts {item['attempts']}  deliveries {item['deliveries']}"
+    )
+    if item.get("parent"):
+        typer.echo(f"child of item {item['parent']}")
+    if item.get("last_error"):
+        typer.echo(f"last error: {item['last_error']}")
+    shown = item_json(item)
+    data = json.dumps(shown["data"], indent=2, ensure_ascii=False) if "data" in shown else shown["data_base64"]
+    typer.echo("data:" if "data" in shown else "data (base64):")
+    typer.echo(data)
+    if item["history"]:
+        typer.echo("deliveries:")
+        _table(
+            ["n", "attempt", "gate", "outcome", "started", "duration", "watcher"],
+            [
+                [
+                    h["n"],
+                    h["attempt"],
+                    h["gate"],
+                    h["outcome"],
+                    h["started_at"] or "",
+                    "" if h["duration"] is None else f"{h['duration']:.3f}s",
+                    h["watcher"],
+                ]
+                for h in item["history"]
+            ],
+        )
+        for h in item["history"]:
+            if h["error"]:
+                typer.echo(f"\ndelivery {h['n']} ({h['outcome']}, attempt {h['attempt']}):")
+                typer.echo(h["error"].rstrip())

@@ -552,7 +552,7 @@ class Store:
             pid = conn.execute(select(P.id).where(P.key == key)).scalar_one_or_none()
             if pid is None:
                 raise NotFound(f"no partition {key!r}")
-            query = select(I.id, I.gate, I.status, I.attempts, I.last_error, I.data).where(
+            query = select(I.id, I.gate, I.status, I.attempts, I.deliveries, I.last_error, I.data).where(
                 I.partition_id == pid, I.id > after_id
             )
             if gate is not None:
@@ -566,11 +566,96 @@ class Store:
                     "gate": r.gate,
                     "status": r.status,
                     "attempts": r.attempts,
+                    "deliveries": r.deliveries,
                     "last_error": r.last_error,
                     "data": r.data,
                 }
                 for r in rows
             ]
+
+    def item(self, item_id: int) -> dict[str, Any]:
+        """One item with its data (bytes) and its deliveries, oldest first (`history`); NotFound if unknown.
+
+        Each delivery: `n` (the item's delivery number), `attempt` (as its processor saw it), `gate`,
+        `watcher`, `started_at`, `ended_at`, `duration` (seconds), `outcome` (done, moved, not yet,
+        retry, failed, lost) and `error` (with a traceback for a Python processor's exception). Per
+        item the first and the last few deliveries are kept (`RECORDS_KEPT` each)."""
+        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 0 < item_id < 2**63:
+            raise InvalidInput(f"item id must be a positive integer, got {item_id!r}")
+        with self.read() as conn:
+            row = conn.execute(
+                select(
+                    I.id,
+                    P.key,
+                    P.queue,
+                    I.gate,
+                    I.status,
+                    I.attempts,
+                    I.deliveries,
+                    I.last_error,
+                    I.data,
+                    I.parent_id,
+                    I.progress,
+                    I.started_at,
+                    I.duration,
+                    I.delivered_by,
+                    I.created_at,
+                    I.updated_at,
+                )
+                .select_from(items.join(partitions, P.id == I.partition_id))
+                .where(I.id == item_id)
+            ).one_or_none()
+            if row is None:
+                raise NotFound(f"no item {item_id}")
+            records = conn.execute(
+                select(A.n, A.attempt, A.gate, A.watcher, A.started_at, A.ended_at, A.duration, A.outcome, A.error)
+                .where(A.item_id == item_id)
+                .order_by(A.n, A.id)
+            ).all()
+        history = [
+            {
+                "n": r.n,
+                "attempt": r.attempt,
+                "gate": r.gate,
+                "watcher": r.watcher,
+                "started_at": _iso(r.started_at),
+                "ended_at": _iso(r.ended_at),
+                "duration": r.duration,
+                "outcome": r.outcome,
+                "error": r.error,
+            }
+            for r in records
+        ]
+        if row.status == COMPLETE and row.delivered_by is not None:  # the completing delivery: on the item row
+            history.append(
+                {
+                    "n": row.deliveries,
+                    "attempt": row.attempts + 1,
+                    "gate": row.gate,
+                    "watcher": row.delivered_by,
+                    "started_at": _iso(row.started_at),
+                    "ended_at": _iso(row.updated_at),
+                    "duration": row.duration,
+                    "outcome": "done",
+                    "error": None,
+                }
+            )
+        return {
+            "id": row.id,
+            "partition": row.key,
+            "queue": row.queue,
+            "gate": row.gate,
+            "status": row.status,
+            "attempts": row.attempts,
+            "deliveries": row.deliveries,
+            "last_error": row.last_error,
+            "parent": row.parent_id,
+            "progress": row.progress,
+            "created_at": _iso(row.created_at),
+            "updated_at": _iso(row.updated_at),
+            "data": row.data,
+            "history": history,
+        }
 
     def summary(self, *, recent: int = 0) -> dict[str, Any]:
         """Counts of partitions and items by status (the `status --json` object)."""
@@ -1208,7 +1293,7 @@ class Store:
             if r.version != version:
                 continue  # answered since it was taken
             attempt = r.attempts + 1
-            attempts = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
+            counted = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
             failed = alone and attempt >= max_attempts
             error = reason.format(watcher=watcher, attempt=attempt) + (" (delivered alone)" if alone else "")
             charged.append({"item": r.id, "gate": r.gate, "attempt": attempt, "error": error, "failed": failed})
@@ -1216,7 +1301,7 @@ class Store:
                 {
                     "b_id": r.id,
                     "b_version": r.version,
-                    "b_attempts": attempts,
+                    "b_attempts": counted,
                     "b_status": FAILED if failed else AVAILABLE,
                     "b_error": error,
                 }

@@ -831,7 +831,7 @@ class Watcher:
         if error is not None and not isinstance(self.processor, HTTPProcessor):
             # A Python processor's own traceback (its last frames); the HTTP processor's errors are its
             # own words (status, URL, the start of the body).
-            text = "".join(traceback.format_exception(error))
+            text = "".join(traceback.format_exception(error)).rstrip()
             outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
         return outcome
 

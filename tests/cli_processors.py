@@ -48,3 +48,15 @@ class ReportsFrozenObjects(Processor):
         with open(os.environ[LOG_VARIABLE], "a") as log:
             log.write(f"{gc.get_freeze_count()}\n")
         return Response(done=True)
+
+
+class DiesOnPoison(Processor):
+    """Logs each delivery; an item whose data is `{"poison": true}` kills the whole process at once
+    (`os._exit(1)`: no cleanup, no answer, like a segfault or the OOM killer); others complete."""
+
+    async def process(self, item: Item) -> Response:
+        log_delivery(item)
+        if item.json().get("poison"):
+            os._exit(1)
+        await asyncio.sleep(0.01)
+        return Response(done=True)

@@ -1,0 +1,220 @@
+"""Deliveries are counted when they start, and every delivery is on record (store level, both databases).
+
+A fetch records what it takes as in flight; whoever takes the partition over charges what is still
+unanswered as lost deliveries. Each delivery that does not complete its item has a record with its
+error; the completing one is read from the item row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select, update
+
+from feedproc.dialects import seconds_from_now
+from feedproc.errors import NotFound
+from feedproc.schema import attempts, inflight, partitions
+from feedproc.store import RECORDS_KEPT, Kind, Store
+
+from .test_store import A, B, answer, register
+
+C = "watcher-c"
+
+
+def expire(store: Store, key: str) -> None:
+    """The lease on `key` ran out (its holder died or stalled)."""
+    with store.write() as conn:
+        conn.execute(update(partitions).where(partitions.c.key == key).values(lease_expires_at=seconds_from_now(-1)))
+
+
+def take(store: Store, watcher: str, limit: int = 100, **kwargs):
+    """Lease what is free (charging what a previous holder left) and fetch, as a watcher does."""
+    for lease in store.acquire(watcher, "default", 10, 30):
+        store.charge_lost(watcher, lease, max_attempts=kwargs.pop("max_attempts", 5))
+    return store.fetch_ready(watcher, limit, **kwargs)
+
+
+def recorded(store: Store, item_id: int) -> list[str]:
+    return [h["outcome"] for h in store.item(item_id)["history"]]
+
+
+def delivered(ready, outcome, n_started: float = 0.0):
+    """Give an outcome the record fields a watcher fills in."""
+    outcome.n, outcome.attempt = ready.deliveries + 1, ready.attempts + 1
+    outcome.started_at, outcome.duration = datetime.now(UTC), 0.25
+    return outcome
+
+
+@pytest.fixture
+def three(store: Store) -> Store:
+    for watcher in (A, B, C):
+        register(store, watcher)
+    return store
+
+
+def test_a_fetch_records_what_it_takes_as_in_flight(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    ready = take(three, A)
+    with three.read() as conn:
+        row = conn.execute(select(inflight)).one()
+    assert (row.watcher, row.epoch) == (A, ready[0].epoch)
+    assert sorted(row.entries.split(",")) == sorted(f"{r.id}/{r.version}" for r in ready)
+
+
+def test_a_fetch_keeps_the_entries_still_in_flight_from_earlier_fetches(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    first = take(three, A, limit=1)
+    kept = {first[0].partition_id: f"{first[0].id}/{first[0].version}"}
+    second = three.fetch_ready(A, 10, exclude=[first[0].id], kept=kept)
+    with three.read() as conn:
+        entries = conn.execute(select(inflight.c.entries)).scalar_one()
+    assert sorted(entries.split(",")) == sorted(f"{r.id}/{r.version}" for r in first + second)
+
+
+def test_a_takeover_charges_the_unanswered_deliveries_of_a_dead_watcher(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    answered, lost = take(three, A)
+    three.apply(A, [delivered(answered, answer(answered, Kind.DONE))])
+    expire(three, "p")
+    (again,) = take(three, B)
+    assert again.id == lost.id and again.attempts == 1 and again.lost == 1
+    item = three.item(lost.id)
+    assert item["attempts"] == 1 and "died or stalled during delivery 1" in item["last_error"]
+    assert A in item["last_error"]
+    assert recorded(three, lost.id) == ["lost"]
+    assert recorded(three, answered.id) == ["done"]  # answered before the takeover: not charged
+
+
+def test_a_charged_loss_is_in_the_partition_history(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    expire(three, "p")
+    take(three, B)
+    (event,) = [e for e in three.status("p", history=50)["history"] if e["kind"] == "item_lost"]
+    assert event["item"] == ready.id and event["detail"]["attempts"] == 1
+
+
+def test_losses_among_others_never_use_up_the_last_attempt(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    for watcher in (A, B, C, A):
+        take(three, watcher, max_attempts=3)
+        expire(three, "p")
+    (ready,) = take(three, B, max_attempts=3)
+    assert ready.attempts == 2 and ready.lost == 4  # capped at max_attempts - 1, still available
+
+
+def test_a_loss_while_delivered_alone_counts_fully_and_fails_the_item_and_its_partition(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A, max_attempts=2)
+    expire(three, "p")
+    (suspect,) = take(three, B, max_attempts=2)
+    assert suspect.lost == 1 and suspect.attempts == 1
+    assert three.isolate(B, suspect)
+    expire(three, "p")
+    assert take(three, C, max_attempts=2) == []
+    status = three.status("p")
+    assert status["status"] == "failed"
+    (failed,) = status["failed_items"]
+    assert failed["attempts"] == 2 and "during delivery 2" in failed["last_error"]
+    assert "delivered alone" in failed["last_error"]
+    assert recorded(three, ready.id) == ["lost", "lost"]
+
+
+def test_an_item_answered_after_it_was_taken_is_not_charged(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    three.apply(A, [delivered(ready, answer(ready, Kind.LATER, delay=0.0))])  # "not yet": still available
+    expire(three, "p")
+    (again,) = take(three, B)
+    assert again.attempts == 0 and again.lost == 0
+    assert recorded(three, ready.id) == ["not yet"]
+
+
+def test_release_on_stop_charges_the_deliveries_it_abandons_and_only_those(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    running, buffered = take(three, A)
+    leases = three.owned(A)
+    three.release(A, leases, abandoned={running.partition_id: f"{running.id}/{running.version}"}, max_attempts=5)
+    item = three.item(running.id)
+    assert item["attempts"] == 1 and "stopped during delivery 1" in item["last_error"]
+    assert three.item(buffered.id)["attempts"] == 0  # taken, never started: not charged
+    again = {r.id: r for r in take(three, B)}
+    assert again[buffered.id].attempts == 0
+
+
+def test_a_hand_over_leaves_nothing_to_charge(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    first, _ = take(three, A)
+    three.apply(A, [delivered(first, answer(first, Kind.DONE))])
+    (lease,) = three.owned(A)
+    with three.write() as conn:
+        conn.execute(update(partitions).values(wanted_by=B))
+    (lease,) = three.owned(A)
+    assert three.hand_over(A, lease, 30) == B
+    with three.read() as conn:
+        assert conn.execute(select(inflight)).all() == []
+
+
+# ---------------------------------------------------------------- the records
+
+
+def test_every_delivery_that_does_not_complete_its_item_is_recorded_with_its_error(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    failure = delivered(ready, answer(ready, Kind.RETRY, attempts=1, delay=0.0, error="KeyError: 'x'"))
+    failure.detail = "Traceback (most recent call last):\n  ...\nKeyError: 'x'"
+    three.apply(A, [failure])
+    (ready,) = three.fetch_ready(A, 10)
+    three.apply(A, [delivered(ready, answer(ready, Kind.MOVE, new_gate=3))])
+    (ready,) = three.fetch_ready(A, 10)
+    three.apply(A, [delivered(ready, answer(ready, Kind.DONE, attempts=ready.attempts))])
+    item = three.item(ready.id)
+    assert [(h["n"], h["attempt"], h["gate"], h["outcome"]) for h in item["history"]] == [
+        (1, 1, 0, "retry"),
+        (2, 2, 0, "moved"),
+        (3, 1, 3, "done"),
+    ]
+    retry, moved, done = item["history"]
+    assert retry["error"].startswith("Traceback") and retry["error"].endswith("KeyError: 'x'")
+    assert moved["error"] is None and done["error"] is None
+    assert all(h["watcher"] == A and h["duration"] == 0.25 and h["started_at"] for h in item["history"])
+    assert item["deliveries"] == 3 and item["status"] == "complete" and item["attempts"] == 0
+
+
+def test_a_failed_delivery_keeps_the_end_of_a_long_traceback(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    failure = delivered(ready, answer(ready, Kind.FAIL, attempts=1, error="ValueError: deep"))
+    failure.detail = "Traceback\n" + "  frame\n" * 2000 + "ValueError: deep"
+    three.apply(A, [failure])
+    (record,) = three.item(ready.id)["history"]
+    assert record["outcome"] == "failed" and len(record["error"]) <= 4096
+    assert record["error"].endswith("ValueError: deep")
+
+
+def test_a_not_yet_loop_keeps_only_the_first_and_the_last_records(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    loops = 3 * RECORDS_KEPT
+    for _ in range(loops):
+        three.apply(A, [delivered(ready, answer(ready, Kind.LATER, delay=0.0))])
+        (ready,) = three.fetch_ready(A, 10)
+    numbers = [h["n"] for h in three.item(ready.id)["history"]]
+    assert numbers == list(range(1, RECORDS_KEPT + 1)) + list(range(loops - RECORDS_KEPT + 1, loops + 1))
+
+
+def test_an_unknown_item_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound):
+        store.item(12345)
+
+
+def test_retention_removes_the_records_with_their_partition(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (ready,) = take(three, A)
+    three.apply(A, [delivered(ready, answer(ready, Kind.FAIL, attempts=1, error="no"))])
+    assert three.status("p")["status"] == "failed"
+    deleted = three.cleanup(-60, statuses=("failed",))
+    assert deleted["partitions"] == 1 and deleted["attempts"] == 1
+    with three.read() as conn:
+        assert conn.execute(select(attempts)).all() == []

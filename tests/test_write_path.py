@@ -1,0 +1,168 @@
+"""The write path cannot die: a failure injected into each stage between a processor's answer and its
+commit (validation, encoding, the database write, the settle) is contained to its item or partition,
+recorded, and the other partitions keep flowing. A watcher whose writes keep failing says so, lets
+its leases go and stops, instead of holding them while doing nothing."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from feedproc import Feed, Item, Processor, Response
+from feedproc import watcher as watcher_module
+from feedproc.schema import partitions
+from feedproc.store import Kind, Store
+
+from .support import wait_until
+from .test_watcher import WatcherThread, wait_status, watching
+
+
+class Numbered(Processor):
+    """Completes every item at once (the items' data is {"n": N})."""
+
+    async def process(self, item: Item) -> Response:
+        return Response(done=True)
+
+
+def add(feed: Feed, key: str, count: int = 20) -> None:
+    feed.add_partition(key, [(0, json.dumps({"n": n}).encode()) for n in range(count)])
+
+
+def item_id(feed: Feed, key: str, n: int) -> int:
+    return next(i["id"] for i in feed.items(key) if json.loads(i["data"]) == {"n": n})
+
+
+class Times:
+    """True for the first `times` calls, then False; thread-safe."""
+
+    def __init__(self, times: int) -> None:
+        self.left = itertools.count(times, -1)
+        self.lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self.lock:
+            return next(self.left) > 0
+
+
+def test_an_answer_the_rules_cannot_read_fails_its_item_transiently(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(feed, "bad")
+    add(feed, "good")
+    target = item_id(feed, "bad", 7)
+    real = watcher_module.outcome_of
+
+    def outcome_of(item: Any, policy: Any, **kwargs: Any) -> Any:
+        if item.id == target and item.deliveries == 0 and kwargs.get("response") is not None:
+            raise TypeError("injected: validation")
+        return real(item, policy, **kwargs)
+
+    monkeypatch.setattr(watcher_module, "outcome_of", outcome_of)
+    with watching(db_url, Numbered()):
+        wait_status(feed, "good", "complete")
+        wait_status(feed, "bad", "complete")
+    history = feed.item(target)["history"]
+    assert [h["outcome"] for h in history] == ["retry", "done"]
+    assert "injected: validation" in history[0]["error"] and "Traceback" in history[0]["error"]
+
+
+def test_an_answer_that_cannot_be_encoded_fails_its_item_and_the_batch_is_written(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(feed, "bad")
+    add(feed, "good")
+    target, once = item_id(feed, "bad", 3), Times(1)
+    real = watcher_module.outcome_of
+
+    def outcome_of(item: Any, policy: Any, **kwargs: Any) -> Any:
+        outcome = real(item, policy, **kwargs)
+        if item.id == target and outcome.kind == Kind.DONE and once():
+            outcome.data = {"label": "invoice"}  # not bytes: the database driver cannot bind it
+        return outcome
+
+    monkeypatch.setattr(watcher_module, "outcome_of", outcome_of)
+    with watching(db_url, Numbered()):
+        wait_status(feed, "good", "complete")
+        wait_status(feed, "bad", "complete")
+    history = feed.item(target)["history"]
+    assert [h["outcome"] for h in history] == ["retry", "done"]
+    assert "the answer could not be written" in history[0]["error"]
+
+
+def test_a_database_write_that_fails_for_one_answer_fails_only_that_item(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(feed, "bad")
+    add(feed, "good")
+    target = item_id(feed, "bad", 11)
+    real = Store._write_outcomes
+
+    def write_outcomes(self: Store, conn: Any, kept: list[Any], watcher_id: str) -> None:
+        if any(o.item_id == target and o.kind == Kind.DONE and o.n == 1 for o in kept):
+            raise RuntimeError("injected: the database refused the row")
+        real(self, conn, kept, watcher_id)
+
+    monkeypatch.setattr(Store, "_write_outcomes", write_outcomes)
+    with watching(db_url, Numbered()):
+        wait_status(feed, "good", "complete")
+        wait_status(feed, "bad", "complete")
+    (failed, done) = feed.item(target)["history"]
+    assert failed["outcome"] == "retry" and "injected: the database refused the row" in failed["error"]
+    assert done["outcome"] == "done"
+    assert feed.status("bad")["items"]["complete"] == 20
+
+
+def test_a_settle_that_fails_lets_its_partition_go_and_the_others_flow(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    add(feed, "bad")
+    add(feed, "good")
+    bad, broken = partition_id(feed, "bad"), threading.Event()
+    broken.set()
+    real = Store._settle_after_answers
+
+    def settle(self: Store, conn: Any, kept: list[Any], *args: Any) -> Any:
+        if broken.is_set() and any(o.partition_id == bad for o in kept):
+            raise RuntimeError("injected: settle")
+        return real(self, conn, kept, *args)
+
+    def let_go() -> bool:
+        return any("letting the partition go" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+    monkeypatch.setattr(Store, "_settle_after_answers", settle)
+    caplog.set_level(logging.WARNING, logger="feedproc.watcher")
+    with watching(db_url, Numbered()):
+        wait_status(feed, "good", "complete")  # flows while "bad" cannot be written
+        wait_until(let_go, what="an ERROR saying the partition was let go")
+        assert feed.status("bad")["items"]["available"] == 20
+        broken.clear()
+        wait_status(feed, "bad", "complete")  # taken again once its writes work
+
+
+def test_a_watcher_whose_writes_keep_failing_stops_and_lets_its_leases_go(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(feed, "p")
+
+    def apply(self: Store, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected: every write fails")
+
+    monkeypatch.setattr(Store, "apply", apply)
+    running = WatcherThread(db_url, Numbered())
+    try:
+        wait_until(lambda: not running.thread.is_alive(), timeout=30, what="the watcher to give up")
+        assert running.watcher.fatal is not None and "injected: every write fails" in running.watcher.fatal
+        assert feed.status("p")["lease"] is None  # released on the way out
+    finally:
+        running.stop()
+
+
+def partition_id(feed: Feed, key: str) -> int:
+    with feed.store.read() as conn:
+        return conn.execute(select(partitions.c.id).where(partitions.c.key == key)).scalar_one()
