@@ -60,6 +60,7 @@ from .dialects import (
     is_postgres,
     make_engine,
     pg_bigint_array,
+    pg_float_array,
     seconds_from_now,
     seconds_until,
 )
@@ -161,7 +162,7 @@ class Outcome:
     # The delivery's record (feedproc_attempts; a completing delivery's lives on the item row).
     n: int = 0  # the item's delivery number (its deliveries + 1)
     attempt: int = 0  # the attempt number the processor saw
-    started_at: datetime | None = None  # when the processor was called (the watcher's clock)
+    started_at: float | None = None  # when the processor was called: epoch seconds, the watcher's clock
     duration: float | None = None  # seconds the call took
     detail: str | None = None  # the error with its traceback or the answer's start, for the record
 
@@ -1565,7 +1566,7 @@ class Store:
                         "attempt": o.attempt,
                         "gate": o.gate,
                         "watcher": watcher_id,
-                        "started_at": o.started_at,
+                        "started_at": _from_epoch(o.started_at),
                         "duration": o.duration,
                         "outcome": RECORD_OUTCOMES[o.kind],
                         "error": _record_error(o) if failure else None,
@@ -1604,8 +1605,8 @@ class Store:
             params = {
                 "id": pg_bigint_array(o.item_id for o in completed),
                 "version": pg_bigint_array(o.version for o in completed),
-                "started": [o.started_at for o in completed],
-                "duration": [o.duration for o in completed],
+                "started": pg_float_array(o.started_at for o in completed),
+                "duration": pg_float_array(o.duration for o in completed),
                 "watcher": watcher_id,
             }
             matched += conn.execute(_PG_COMPLETE_ITEMS, params).rowcount
@@ -1613,6 +1614,8 @@ class Store:
             params = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
             matched += conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount
         elif rows:
+            for r in rows:
+                r["started"] = _from_epoch(r["started"])
             matched += conn.execute(
                 _UPDATE_ITEM, [{"b_watcher": watcher_id, **{f"b_{k}": v for k, v in r.items()}} for r in rows]
             ).rowcount
@@ -2050,7 +2053,7 @@ _PG_FETCH_READY = text(
     WITH best AS MATERIALIZED (
         SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
                p.weight
-        FROM feedproc_partitions AS p
+        FROM (SELECT set_config('synchronous_commit', 'off', true)) AS durability, feedproc_partitions AS p
         CROSS JOIN LATERAL (
             SELECT c.id, c.next_attempt_at
             FROM feedproc_items AS c
@@ -2154,7 +2157,7 @@ _PG_UPDATE_ITEMS = text(
         progress = v.progress,  -- kept only by a 'not yet' answer that carries it
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = v.started_at,
+        started_at = to_timestamp(v.started),
         duration = v.duration,
         delivered_by = :watcher,
         version = i.version + 1,
@@ -2162,9 +2165,9 @@ _PG_UPDATE_ITEMS = text(
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
                 CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
-                CAST(:progress AS double precision[]), CAST(:started AS timestamptz[]),
+                CAST(:progress AS double precision[]), CAST(:started AS double precision[]),
                 CAST(:duration AS double precision[]))
-        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started_at, duration)
+        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
@@ -2262,7 +2265,8 @@ _REFRESH_READY_AT = (
 # needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
 # turn the facts' correlated subqueries into questions about the items' own columns.)
 _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate))
-# The same update for the common answer, "done" without new data: four arrays instead of twelve.
+# The same update for the common answer, "done" without new data: four arrays instead of twelve (the
+# start times as epoch seconds: all four bound as text literals, see pg_float_array).
 # `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
 _PG_COMPLETE_ITEMS = text(
     """
@@ -2273,13 +2277,13 @@ _PG_COMPLETE_ITEMS = text(
         progress = NULL,
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = v.started_at,
+        started_at = to_timestamp(v.started),
         duration = v.duration,
         delivered_by = :watcher,
         version = i.version + 1,
         updated_at = now()
-    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS timestamptz[]),
-                CAST(:duration AS double precision[])) AS v(id, version, started_at, duration)
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS double precision[]),
+                CAST(:duration AS double precision[])) AS v(id, version, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
@@ -2411,6 +2415,10 @@ def _record_error(o: Outcome) -> str:
     """A delivery record's error: the outcome's full detail (traceback included), its last 4 KB."""
     text = o.detail or o.error or "failed"
     return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
+
+
+def _from_epoch(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 def _iso(value: datetime | None) -> str | None:

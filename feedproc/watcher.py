@@ -826,7 +826,7 @@ class Watcher:
         """Fill in the delivery's record: its number, attempt, start, duration and error detail."""
         outcome.n = ready.deliveries + 1
         outcome.attempt = ready.attempts + 1
-        outcome.started_at = datetime.fromtimestamp(started_at, UTC)
+        outcome.started_at = started_at
         outcome.duration = duration
         if error is not None and not isinstance(self.processor, HTTPProcessor):
             # A Python processor's own traceback (its last frames); the HTTP processor's errors are its
