@@ -130,6 +130,7 @@ class ReadyItem:
     weight: int = 1  # its share of the queue's concurrency limit while in flight
     deliveries: int = 0  # the item's deliveries so far, every gate (its next one is number deliveries + 1)
     lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
+    entry: str = ""  # "id/version": how the in-flight record names this delivery
 
 
 class Kind:
@@ -1471,6 +1472,7 @@ class Store:
                     p.weight,
                     r.deliveries,
                     r.lost,
+                    f"{r.id}/{r.version}",
                 )
                 for r in conn.execute(query)
             ]
@@ -1479,7 +1481,7 @@ class Store:
         if found:  # the write transaction holds SQLite's only write lock: no newer lease can interleave
             taken: dict[int, list[str]] = {}
             for item in found:
-                taken.setdefault(item.partition_id, []).append(f"{item.id}/{item.version}")
+                taken.setdefault(item.partition_id, []).append(item.entry)
             epochs = {item.partition_id: item.epoch for item in found}
             conn.execute(
                 _SQLITE_MARK_INFLIGHT,
@@ -2069,13 +2071,13 @@ _PG_FETCH_READY = text(
         LIMIT :limit
     ), rows AS MATERIALIZED (
         SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data,
-               best.weight, i.deliveries, i.lost, best.priority, best.created_at, best.next_attempt_at
+               best.weight, i.deliveries, i.lost, i.id || '/' || i.version AS entry,
+               best.priority, best.created_at, best.next_attempt_at
         FROM best JOIN feedproc_items AS i ON i.id = best.id
     ), marked AS (
         INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
         SELECT t.pid, :watcher, t.lease_epoch, concat_ws(',', k.entries, t.entries)
-        FROM (SELECT pid, lease_epoch, string_agg(id || '/' || version, ',') AS entries
-              FROM rows GROUP BY pid, lease_epoch) AS t
+        FROM (SELECT pid, lease_epoch, string_agg(entry, ',') AS entries FROM rows GROUP BY pid, lease_epoch) AS t
         LEFT JOIN unnest(CAST(:kept_pids AS bigint[]), CAST(:kept AS text[])) AS k(pid, entries) ON k.pid = t.pid
         ORDER BY t.pid
         ON CONFLICT (partition_id) DO UPDATE
@@ -2083,7 +2085,7 @@ _PG_FETCH_READY = text(
             WHERE f.epoch <= excluded.epoch
         RETURNING f.partition_id
     )
-    SELECT id, version, pid, key, queue, lease_epoch, gate, attempts, data, weight, deliveries, lost
+    SELECT id, version, pid, key, queue, lease_epoch, gate, attempts, data, weight, deliveries, lost, entry
     FROM rows
     WHERE pid IN (SELECT partition_id FROM marked)
     ORDER BY priority DESC, created_at, pid, next_attempt_at, id

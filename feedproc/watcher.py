@@ -134,12 +134,21 @@ class _Health:
         self.failures += 1
         if self.down_since is None:
             self.down_since = time.monotonic()
-            log.warning("database unavailable (%s): %s; retrying with backoff", what, error)
+            log.warning(
+                "database unavailable (%s): %s; retrying with backoff",
+                what,
+                error,
+                extra={"event": "database_unavailable", "error": str(error)},
+            )
 
     def ok(self) -> None:
         self.failures = 0
         if self.down_since is not None:
-            log.warning("database reachable again after %.1fs", time.monotonic() - self.down_since)
+            log.warning(
+                "database reachable again after %.1fs",
+                time.monotonic() - self.down_since,
+                extra={"event": "database_available"},
+            )
             self.down_since = None
 
 
@@ -352,7 +361,11 @@ class Watcher:
                 max_attempts=self.config.max_attempts,
             )
             await self._db_call(self._db, self.store.unregister_watcher, self.id)
-            log.info("stopped: released %d partitions", released)
+            log.info(
+                "stopped: released %d partitions",
+                released,
+                extra={"event": "stopped", "count": released, "watcher": self.id},
+            )
         except Exception as error:  # the leases will expire on their own
             log.warning(
                 "could not release leases on stop (%s); they expire after %gs", error, self.config.lease_seconds
@@ -432,13 +445,19 @@ class Watcher:
                 continue  # released, handed over or re-leased since the read began
             now = current.get(pid)
             if now is None or now.epoch != lease.epoch:
-                log.warning("lost the lease on partition %s; no longer dispatching it", lease.key)
+                log.warning(
+                    "lost the lease on partition %s; no longer dispatching it",
+                    lease.key,
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                )
                 self._forget(pid)
         for pid, lease in current.items():
             if (pid, lease.epoch) in self._given_up:
                 continue
             if pid not in self.owned and not self.stopping:
-                log.info("received partition %s", lease.key)
+                log.info(
+                    "received partition %s", lease.key, extra={"event": "stolen", "key": lease.key, "watcher": self.id}
+                )
                 self.metrics.stolen += 1
             self.owned[pid] = lease
             if lease.wanted_by:
@@ -655,7 +674,7 @@ class Watcher:
         taken: dict[int, list[str]] = {}
         for item in self.inflight.values():
             if only is None or item.id in only:
-                taken.setdefault(item.partition_id, []).append(f"{item.id}/{item.version}")
+                taken.setdefault(item.partition_id, []).append(item.entry)
         return {pid: ",".join(entries) for pid, entries in taken.items()}
 
     def _is_suspect(self, item: ReadyItem) -> bool:
@@ -750,7 +769,12 @@ class Watcher:
             if lease.wanted_by and not busy[pid]:
                 thief = await self._db_call(self._db, self.store.hand_over, self.id, lease, self.config.lease_seconds)
                 if thief:
-                    log.info("handed partition %s over to %s", lease.key, thief)
+                    log.info(
+                        "handed partition %s over to %s",
+                        lease.key,
+                        thief,
+                        extra={"event": "handed_over", "key": lease.key, "watcher": self.id},
+                    )
                     self.metrics.handed_over += 1
                     self._forget(pid)
 
@@ -853,7 +877,12 @@ class Watcher:
                 try:
                     alone = await self._db_call(self._db, self.store.isolate, self.id, item)
                 except Exception as error:
-                    log.warning("could not deliver item %s alone (%s); it will be fetched again", item.id, error)
+                    log.warning(
+                        "could not deliver item %s alone (%s); it will be fetched again",
+                        item.id,
+                        error,
+                        extra={"event": "isolation_failed", "item": item.id, "error": str(error), "watcher": self.id},
+                    )
                     alone = False
                 if not alone:
                     self.inflight.pop(item.id, None)
