@@ -383,7 +383,8 @@ def watch(
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
     health_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz on this port.")
+        int | None,
+        typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz, /livez and /readyz on this port."),
     ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
@@ -450,6 +451,9 @@ def watch(
                 monitor.close()
     finally:
         store.close()
+    fatal = getattr(watcher, "fatal", None)
+    if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
+        raise Refused(f"watcher stopped: {fatal}")
 
 
 def _check_log_options(level: str, fmt: str) -> None:
@@ -462,13 +466,16 @@ def _check_log_options(level: str, fmt: str) -> None:
 def _start_monitors(
     watcher: Any, handler: str | None, host: str, health_port: int | None, metrics_port: int | None
 ) -> list[Any]:
-    """The watcher's /healthz and /metrics servers (one server when both ports are the same)."""
+    """The watcher's probes (/healthz, /livez, /readyz) and /metrics servers (one server when both
+    ports are the same)."""
     from .health import MonitorServer, WatcherProbe
 
     probe = WatcherProbe(watcher, handler)
     by_port: dict[int, dict[str, Any]] = {}
     if health_port:
-        by_port.setdefault(health_port, {})["/healthz"] = probe.health
+        by_port.setdefault(health_port, {}).update(
+            {"/healthz": probe.health, "/livez": probe.live, "/readyz": probe.ready}
+        )
     if metrics_port:
         by_port.setdefault(metrics_port, {})["/metrics"] = probe.metrics
     servers = []
