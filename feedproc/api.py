@@ -377,7 +377,10 @@ def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
                 self.force_exit = True
             self.should_exit = True
 
-    _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")).run(sockets=[sock])
+    # log_config=None: uvicorn's loggers propagate to the root handler of `logs.configure()` (text or
+    # JSON, redacted, rate-limited) instead of getting handlers of their own.
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", log_config=None)
+    _Server(config).run(sockets=[sock])
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.exceptions import Abort, TyperException
 
-from . import __version__
+from . import __version__, logs
 from .errors import FeedprocError, InvalidInput, Refused
 from .models import NewItem, check_key, item_from_row
 
@@ -42,6 +42,15 @@ DbOption = Annotated[
     str | None,
     typer.Option(
         "--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."
+    ),
+]
+LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        metavar="text|json",
+        envvar="FEEDPROC_LOG_FORMAT",
+        help="Log lines as text, or one JSON object per line (env FEEDPROC_LOG_FORMAT).",
     ),
 ]
 ItemsOption = Annotated[
@@ -423,9 +432,11 @@ def watch(
     retention: Annotated[
         str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
     health_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz on this port.")
+        int | None,
+        typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz, /livez and /readyz on this port."),
     ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
@@ -446,8 +457,7 @@ def watch(
     if (handler is None) == (processor is None):
         raise InvalidInput("watch needs exactly one of --handler URL or --processor module:attr")
     headers = parse_headers(header or [])
-    if logging.getLevelName(log_level.upper()) not in (10, 20, 30, 40):
-        raise InvalidInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    _check_log_options(log_level, log_format)
     try:
         config = WatcherConfig(
             queue=queue,
@@ -472,15 +482,18 @@ def watch(
         if not handler.startswith(("http://", "https://")):
             raise InvalidInput(f"--handler {handler!r} is not an http:// or https:// URL")
         target = HTTPProcessor(handler, timeout=timeout, headers=headers, max_connections=max(concurrency, 10))
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("httpx", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.configure(log_level, log_format)
+    for value in headers.values():
+        logs.add_secret(value)
+    logs.add_url_secrets(handler)
+    logs.add_url_secrets(database_url(db))
     store = Store(database_url(db), pool_size=4, pre_ping=False)
     try:
         store.check_schema()
         watcher = Watcher(store, target, config)
+        if handler is not None:
+            shown = logs.redact_url(handler)
+            logging.getLogger("feedproc.watcher").info("handler %s", shown, extra={"handler": shown})
         monitors = _start_monitors(watcher, handler, monitor_host, health_port, metrics_port)
         _freeze_startup_objects()
         try:
@@ -490,27 +503,38 @@ def watch(
                 monitor.close()
     finally:
         store.close()
-    if watcher.fatal:  # said at ERROR already; the leases were released on the way out
-        raise typer.Exit(1)
+    fatal = getattr(watcher, "fatal", None)
+    if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
+        raise Refused(f"watcher stopped: {fatal}")
+
+
+def _check_log_options(level: str, fmt: str) -> None:
+    if level.upper() not in logs.LEVELS:
+        raise InvalidInput(f"--log-level {level!r}: use DEBUG, INFO, WARNING or ERROR")
+    if fmt.lower() not in logs.FORMATS:
+        raise InvalidInput(f"--log-format {fmt!r}: use text or json")
 
 
 def _start_monitors(
     watcher: Any, handler: str | None, host: str, health_port: int | None, metrics_port: int | None
 ) -> list[Any]:
-    """The watcher's /healthz and /metrics servers (one server when both ports are the same)."""
+    """The watcher's probes (/healthz, /livez, /readyz) and /metrics servers (one server when both
+    ports are the same)."""
     from .health import MonitorServer, WatcherProbe
 
     probe = WatcherProbe(watcher, handler)
     by_port: dict[int, dict[str, Any]] = {}
     if health_port:
-        by_port.setdefault(health_port, {})["/healthz"] = probe.health
+        by_port.setdefault(health_port, {}).update(
+            {"/healthz": probe.health, "/livez": probe.live, "/readyz": probe.ready}
+        )
     if metrics_port:
         by_port.setdefault(metrics_port, {})["/metrics"] = probe.metrics
     servers = []
     try:
         for port, routes in by_port.items():
             servers.append(MonitorServer(host, port, routes).start())
-            logging.getLogger("feedproc.watcher").info("serving %s on %s:%d", " and ".join(routes), host, port)
+            logging.getLogger("feedproc.watcher").info("serving %s on %s:%d", ", ".join(routes), host, port)
     except OSError as error:
         for server in servers:
             server.close()
@@ -525,7 +549,8 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
     db: DbOption = None,
 ) -> None:
     """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
@@ -542,8 +567,7 @@ def serve(
         raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
     from .store import Store
 
-    if logging.getLevelName(log_level.upper()) not in (10, 20, 30, 40):
-        raise InvalidInput(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    _check_log_options(log_level, log_format)
     token = os.environ.get("FEEDPROC_API_TOKEN") or None
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -551,10 +575,8 @@ def serve(
         loopback = False
     if not loopback and not token:
         raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logs.configure(log_level, log_format)
+    logs.add_url_secrets(database_url(db))
     store = Store(database_url(db))
     try:
         store.check_schema()
@@ -688,8 +710,11 @@ def parse_headers(values: list[str]) -> dict[str, str]:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    first = message.strip().splitlines()[0] if message.strip() else "failed"
-    print(f"feedproc: error: {first}", file=sys.stderr)
+    first = logs.redact(message.strip().splitlines()[0] if message.strip() else "failed")
+    if logs.is_json():  # `--log-format json`: every line on standard error is JSON, this one too
+        logging.getLogger("feedproc").error("feedproc: error: %s", first, extra={"event": "exit", "error": first})
+    else:
+        print(f"feedproc: error: {first}", file=sys.stderr)
     raise SystemExit(code)
 
 

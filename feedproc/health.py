@@ -1,18 +1,27 @@
-"""Liveness for Kubernetes probes, and the tiny HTTP server a watcher uses for /healthz and /metrics.
+"""Probes for Kubernetes, and the tiny HTTP server a watcher uses for them and for /metrics.
 
-`GET /healthz` answers 200 `{"status": "ok", ...}` when every check passes, else 503 with
-`{"status": "unavailable", "reasons": [...]}`. A watcher checks that the database answers, that its
-heartbeat renewed its leases within a lease length, and (with `--handler`) that the handler's base
-URL answers HTTP at all (any status). `feedproc serve` checks the database only.
+Each probe answers 200 `{"status": "ok", ...}` when its checks pass, else 503 with
+`{"status": "unavailable", "reasons": [...]}`. A watcher serves three (on `--health-port`):
 
-The watcher's monitoring server runs in a thread of its own (the standard library's
-`ThreadingHTTPServer`), so a probe never touches the watcher's event loop.
+- `GET /livez` (liveness): fails only when the watcher itself is stuck: its write loop gave up
+  (`watcher.fatal`), or its heartbeat has not renewed the leases within a lease length while the
+  database answers. A heartbeat stale *because the database is away* keeps the watcher live:
+  restarting it would not bring the database back, and would only add reconnection storms. It never
+  checks the handler.
+- `GET /readyz` (readiness): the database answers, the handler's base URL (with `--handler`)
+  answers HTTP at all (any status), and the write loop has not given up.
+- `GET /healthz`: all of the above at once (the heartbeat check without the database excuse), as
+  before `/livez` and `/readyz` existed. `feedproc serve` checks the database only.
+
+Checks run concurrently, each within `CHECK_TIMEOUT`; reasons never show credentials. The server
+runs in a thread of its own, so a probe never touches the watcher's event loop.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -23,46 +32,73 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import FeedprocError
+from .logs import redact, redact_url
 from .metrics import CONTENT_TYPE
 
 CHECK_TIMEOUT = 3.0  # seconds one check may take before it counts as failed
+MAX_CONNECTIONS = 8  # monitor connections handled at once; more are answered 503 and closed
+CONNECTION_TIMEOUT = 5.0  # seconds a monitor connection may take to send its request
 Route = Callable[[], tuple[int, str, bytes]]  # -> (status, content type, body)
+Check = tuple[Callable[[], Any], str]  # (a call that raises when the check fails, what it checks)
 
 _checks = ThreadPoolExecutor(4, thread_name_prefix="feedproc-health")
 
 
+def _failure(what: str, error: BaseException) -> str:
+    if isinstance(error, FeedprocError):
+        return redact(f"{what}: {error}")
+    return redact(f"{what}: {type(error).__name__}: {error}")
+
+
+def _run_checks(checks: list[Check]) -> list[str | None]:
+    """Run checks at once, all within one deadline; each one's failure reason, or None when it passed."""
+    futures = [(_checks.submit(fn), what) for fn, what in checks]
+    deadline = time.monotonic() + CHECK_TIMEOUT
+    reasons: list[str | None] = []
+    for future, what in futures:
+        try:
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            reasons.append(f"{what}: no answer within {CHECK_TIMEOUT:g}s")
+        except Exception as error:
+            reasons.append(_failure(what, error))
+        else:
+            reasons.append(None)
+    return reasons
+
+
 def _bounded(fn: Callable[[], Any], what: str) -> str | None:
     """Run a check with a deadline; its failure reason, or None when it passed."""
-    future = _checks.submit(fn)
-    try:
-        future.result(timeout=CHECK_TIMEOUT)
-    except FutureTimeout:
-        return f"{what}: no answer within {CHECK_TIMEOUT:g}s"
-    except FeedprocError as error:
-        return f"{what}: {error}"
-    except Exception as error:
-        return f"{what}: {type(error).__name__}: {error}"
-    return None
+    return _run_checks([(fn, what)])[0]
+
+
+def _database(store: Any) -> Check:
+    return store.ping, "database"
 
 
 def database_reason(store: Any) -> str | None:
-    return _bounded(store.ping, "database")
+    return _bounded(*_database(store))
 
 
 def handler_base(url: str) -> str:
-    """The scheme and host of a handler URL: `http://ocr:8080/classify` -> `http://ocr:8080/`."""
+    """The scheme and host of a handler URL: `http://ocr:8080/classify` -> `http://ocr:8080/`
+    (credentials kept: this is the URL probed, never the one shown; see `redact_url`)."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}/"
 
 
-def handler_reason(url: str) -> str | None:
+def _handler(url: str) -> Check:
     base = handler_base(url)
 
     def probe() -> None:
         with httpx.Client(timeout=CHECK_TIMEOUT) as client:
             client.get(base)  # any HTTP answer means the service is up
 
-    return _bounded(probe, f"handler {base}")
+    return probe, f"handler {redact_url(base)}"
+
+
+def handler_reason(url: str) -> str | None:
+    return _bounded(*_handler(url))
 
 
 def report(reasons: list[str | None], **facts: Any) -> tuple[int, dict[str, Any]]:
@@ -79,23 +115,53 @@ def serve_health(store: Any) -> tuple[int, dict[str, Any]]:
 
 
 class WatcherProbe:
-    """/healthz and /metrics of one watcher, computed from its state when asked."""
+    """/healthz, /livez, /readyz and /metrics of one watcher, computed from its state when asked."""
 
     def __init__(self, watcher: Any, handler_url: str | None = None) -> None:
         self.watcher = watcher
         self.handler_url = handler_url
 
-    def health(self) -> tuple[int, str, bytes]:
-        w = self.watcher
-        lease = w.config.lease_seconds
-        age = w.heartbeat_age
-        reasons = [database_reason(w.store)]
+    def _fatal(self) -> str | None:
+        fatal = getattr(self.watcher, "fatal", None)
+        return redact(f"watcher: {fatal}") if fatal else None
+
+    def _stale(self) -> str | None:
+        lease, age = self.watcher.config.lease_seconds, self.watcher.heartbeat_age
         if age > lease:
-            reasons.append(f"heartbeat: leases last renewed {age:.1f}s ago (lease {lease:g}s)")
-        if self.handler_url:
-            reasons.append(handler_reason(self.handler_url))
-        status, body = report(reasons, watcher=w.id, queue=w.config.queue, heartbeat_age=round(age, 3))
+            return f"heartbeat: leases last renewed {age:.1f}s ago (lease {lease:g}s)"
+        return None
+
+    def _answer(self, reasons: list[str | None], **facts: Any) -> tuple[int, str, bytes]:
+        w = self.watcher
+        status, body = report(
+            reasons, watcher=w.id, queue=w.config.queue, heartbeat_age=round(w.heartbeat_age, 3), **facts
+        )
         return status, "application/json", json.dumps(body).encode()
+
+    def health(self) -> tuple[int, str, bytes]:
+        """Everything at once: database, heartbeat, handler, write loop."""
+        checks = [_database(self.watcher.store)]
+        if self.handler_url:
+            checks.append(_handler(self.handler_url))
+        return self._answer([*_run_checks(checks), self._stale(), self._fatal()])
+
+    def live(self) -> tuple[int, str, bytes]:
+        """Liveness: the watcher is not stuck. A stale heartbeat counts only while the database
+        answers (otherwise the outage is the cause, and a restart would not help)."""
+        fatal, stale = self._fatal(), self._stale()
+        if fatal or not stale:
+            return self._answer([fatal])
+        database = database_reason(self.watcher.store)
+        if database:
+            return self._answer([], note=f"{stale}; the database is not answering ({database})")
+        return self._answer([stale])
+
+    def ready(self) -> tuple[int, str, bytes]:
+        """Readiness: the database and the handler answer, and the write loop runs."""
+        checks = [_database(self.watcher.store)]
+        if self.handler_url:
+            checks.append(_handler(self.handler_url))
+        return self._answer([*_run_checks(checks), self._fatal()])
 
     def metrics(self) -> tuple[int, str, bytes]:
         w = self.watcher
@@ -108,14 +174,64 @@ class WatcherProbe:
         return 200, CONTENT_TYPE, text.encode()
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `MAX_CONNECTIONS` at once; beyond, a 503 and close at once
+    (probes and scrapes are few: many connections at once are a misconfiguration or an attack)."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                # Read the request if it comes at once: a socket closed with unread data sends a
+                # reset, and the client would not see the 503.
+                request.settimeout(0.05)
+                request.recv(65536)
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+_BUSY_BODY = b'{"status": "unavailable", "reasons": ["too many monitor connections"]}'
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
+    + _BUSY_BODY
+)
+
+
 class MonitorServer:
-    """A small threaded HTTP server for GET routes (`/healthz`, `/metrics`)."""
+    """A small threaded HTTP server for GET routes (`/healthz`, `/livez`, `/readyz`, `/metrics`).
+
+    Each connection gets `CONNECTION_TIMEOUT` seconds to send its request (no thread is held by an
+    idle client), and at most `MAX_CONNECTIONS` are served at once."""
 
     def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
         self.routes = routes
         server = self
 
         class _Request(BaseHTTPRequestHandler):
+            timeout = CONNECTION_TIMEOUT
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -128,15 +244,14 @@ class MonitorServer:
                         status, kind, body = route()
                     except Exception as error:  # never let a probe take the thread down
                         status, kind = 503, "application/json"
-                        body = json.dumps({"status": "unavailable", "reasons": [str(error)]}).encode()
+                        body = json.dumps({"status": "unavailable", "reasons": [redact(str(error))]}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer((host, port), _Request)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((host, port), _Request)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="feedproc-monitor", daemon=True)
 

@@ -45,14 +45,14 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
-from . import windows
+from . import tracing, windows
 from .errors import DatabaseUnavailable
+from .logs import redact_url
 from .metrics import WatcherMetrics
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import HTTPProcessor, call_processor
-from .redact import redact_url
 from .store import (
     Applied,
     Kind,
@@ -824,25 +824,27 @@ class Watcher:
         item = Item(
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
-        started_at = time.time()
-        started = time.perf_counter()
-        try:
-            response = await call_processor(self.processor, item, lease.item_timeout or self.config.item_timeout)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # a call past its item timeout is a RetryLater, like any transient failure
+        with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
+            started_at = time.time()
+            started = time.perf_counter()
+            failure: BaseException | None = None
+            try:
+                response = await call_processor(self.processor, item, lease.item_timeout or self.config.item_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a call past its item timeout is a RetryLater, like any transient failure
+                failure = error
             duration = time.perf_counter() - started
             self.metrics.latency.observe(duration)
-            outcome = outcome_of(ready, self.policy, error=error)
-            return self._record(outcome, ready, started_at, duration, error)
-        duration = time.perf_counter() - started
-        self.metrics.latency.observe(duration)
-        try:
-            outcome = outcome_of(ready, self.policy, response=response)
-        except Exception as error:  # an answer our rules cannot read: its delivery failed, transiently
-            outcome = outcome_of(ready, self.policy, error=error)
-            return self._record(outcome, ready, started_at, duration, error)
-        return self._record(outcome, ready, started_at, duration)
+            if failure is None:
+                try:
+                    outcome = outcome_of(ready, self.policy, response=response)
+                except Exception as error:  # an answer our rules cannot read: its delivery failed, transiently
+                    failure = error
+            if failure is not None:
+                outcome = outcome_of(ready, self.policy, error=failure)
+            span.outcome(outcome.kind, outcome.error)
+            return self._record(outcome, ready, started_at, duration, failure)
 
     def _record(
         self, outcome: Outcome, ready: ReadyItem, started_at: float, duration: float, error: BaseException | None = None
@@ -949,7 +951,7 @@ class Watcher:
             reraise=True,
         )
         async for attempt in retrying:
-            with attempt:
+            with attempt, tracing.group_commit(len(batch)):
                 applied: Applied = await self._db_call(
                     self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
                 )

@@ -3,10 +3,18 @@ Kubernetes probes and Prometheus scrapes on its own small HTTP server, on SQLite
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
 import httpx
 import pytest
 
-from feedproc import Feed
+from feedproc import DatabaseUnavailable, Feed, health
+from feedproc.health import MonitorServer, WatcherProbe
 
 from .api_support import free_port
 from .support import HandlerService, WatcherProcesses, wait_until
@@ -101,7 +109,6 @@ def test_health_and_metrics_can_share_one_port(watchers: WatcherProcesses, handl
 @dialect_independent
 def test_healthz_turns_503_once_the_heartbeat_is_older_than_a_lease(db_url: str) -> None:
     """A watcher that never renews its leases (here: one that is not running) is reported unhealthy."""
-    from feedproc.health import MonitorServer, WatcherProbe
     from feedproc.store import Store
     from feedproc.watcher import Watcher, WatcherConfig
 
@@ -120,3 +127,162 @@ def test_healthz_turns_503_once_the_heartbeat_is_older_than_a_lease(db_url: str)
     finally:
         server.close()
         store.close()
+
+
+# ---------------------------------------------------------------- issue 14: liveness, readiness, logs
+
+
+@dialect_independent
+def test_livez_stays_200_while_the_handler_is_down_and_readyz_names_it_redacted(
+    feed: Feed, watchers: WatcherProcesses
+) -> None:
+    """A handler outage makes the watcher unready, never dead: Kubernetes must not restart every
+    watcher for it. Credentials of the handler URL are shown nowhere: probes, logs (JSON lines)."""
+    port, dead = free_port(), free_port()
+    feed.add_partition("p", [(0, b"1")])
+    watchers.start(
+        "--handler",
+        f"http://user:secret@127.0.0.1:{dead}/handle",
+        "--header",
+        "Authorization: Bearer tok-abcdef123456",
+        "--log-format",
+        "json",
+        *FAST,
+        "--health-port",
+        str(port),
+    )
+    ready = wait_until(lambda: get(port, "/readyz"), timeout=60, what="/readyz")
+    assert ready.status_code == 503
+    assert [r for r in ready.json()["reasons"] if r.startswith(f"handler http://***@127.0.0.1:{dead}/:")], ready.text
+    live = get(port, "/livez")
+    assert live is not None and live.status_code == 200, live and live.text
+    assert live.json()["status"] == "ok" and live.json()["queue"] == "default"
+    health = get(port, "/healthz")
+    assert health is not None and health.status_code == 503
+    # Deliveries keep failing against the dead handler while it stays live.
+    wait_until(lambda: feed.items("p")[0]["attempts"] >= 2, timeout=60, what="two attempts")
+    assert get(port, "/livez").status_code == 200  # type: ignore[union-attr]
+    for body in (ready.text, live.text, health.text):
+        assert "secret" not in body and "user" not in body
+
+    watchers.stop_all()
+    assert watchers.processes[0].returncode == 0
+    output = watchers.logs()
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert lines, "the watcher logged nothing"
+    parsed = [json.loads(line) for line in lines]  # every line on stderr (and stdout) is JSON
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in parsed)
+    assert any(line.get("handler") == f"http://***@127.0.0.1:{dead}/handle" for line in parsed), output
+    assert "secret" not in output and "tok-abcdef123456" not in output
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.down: str | None = None
+
+    def ping(self) -> None:
+        if self.down:
+            raise DatabaseUnavailable(self.down)
+
+
+class FakeWatcher:
+    """What the probes read of a watcher."""
+
+    def __init__(self) -> None:
+        self.id = "w-1"
+        self.config = SimpleNamespace(queue="default", lease_seconds=5.0)
+        self.store = FakeStore()
+        self.heartbeat_age = 1.0
+
+
+def probe(route: Any) -> tuple[int, dict[str, Any]]:
+    status, kind, body = route()
+    assert kind == "application/json"
+    return status, json.loads(body)
+
+
+def test_livez_fails_when_the_heartbeat_is_stale_while_the_database_answers() -> None:
+    watcher = FakeWatcher()
+    probes = WatcherProbe(watcher)
+    assert probe(probes.live)[0] == 200
+    watcher.heartbeat_age = 6.0
+    status, body = probe(probes.live)
+    assert status == 503 and body["reasons"] == ["heartbeat: leases last renewed 6.0s ago (lease 5s)"]
+
+
+def test_livez_stays_200_when_the_database_is_why_the_heartbeat_is_stale() -> None:
+    """Restarting watchers does not bring a database back."""
+    watcher = FakeWatcher()
+    watcher.heartbeat_age = 60.0
+    watcher.store.down = "connection refused by postgresql://app:hunter22@db/feedproc"
+    probes = WatcherProbe(watcher)
+    status, body = probe(probes.live)
+    assert status == 200 and "the database is not answering" in body["note"]
+    assert "hunter22" not in body["note"] and "postgresql://***@db/feedproc" in body["note"]
+    status, body = probe(probes.ready)
+    assert status == 503 and body["reasons"][0].startswith("database: connection refused")
+    status, body = probe(probes.health)
+    assert status == 503 and len(body["reasons"]) == 2  # the database, the heartbeat
+
+
+def test_a_dead_write_loop_fails_every_probe_with_its_reason_redacted() -> None:
+    watcher = FakeWatcher()
+    watcher.fatal = "write loop: cannot write answers to postgresql://app:hunter22@db/x for 30s"  # type: ignore[attr-defined]
+    probes = WatcherProbe(watcher)
+    for route in (probes.live, probes.ready, probes.health):
+        status, body = probe(route)
+        assert status == 503
+        assert body["reasons"] == ["watcher: write loop: cannot write answers to postgresql://***@db/x for 30s"]
+
+
+def test_probe_checks_run_at_once_within_one_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hanging database and a hanging handler cost one check timeout, not two (probe timeouts are ~5s)."""
+    release = threading.Event()
+    monkeypatch.setattr(health, "CHECK_TIMEOUT", 0.5)
+    watcher = FakeWatcher()
+    watcher.store.ping = lambda: release.wait(10)  # type: ignore[method-assign]
+    monkeypatch.setattr(health, "_handler", lambda url: (lambda: release.wait(10), "handler x"))
+    try:
+        started = time.monotonic()
+        status, body = probe(WatcherProbe(watcher, "http://x/").ready)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+    assert status == 503 and len(body["reasons"]) == 2
+    assert elapsed < 0.95, elapsed
+
+
+def test_the_monitor_server_bounds_its_connections() -> None:
+    """Idle clients hold at most MAX_CONNECTIONS threads; beyond, connections get a 503 at once."""
+    server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
+    idle: list[socket.socket] = []
+    try:
+        assert get(server.port, "/livez").status_code == 200  # type: ignore[union-attr]
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(health.MAX_CONNECTIONS)]
+        busy = wait_until(
+            lambda: (r := get(server.port, "/livez")) is not None and r.status_code == 503 and r,
+            timeout=10,
+            what="a connection beyond the bound to be answered 503",
+        )
+        assert busy.json()["reasons"] == ["too many monitor connections"]
+        for connection in idle:
+            connection.close()
+        idle = []
+        wait_until(lambda: (r := get(server.port, "/livez")) is not None and r.status_code == 200, timeout=10)
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+def test_the_monitor_server_closes_connections_that_send_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "CONNECTION_TIMEOUT", 0.5)
+    server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as connection:
+            connection.settimeout(10)
+            started = time.monotonic()
+            assert connection.recv(1024) == b""  # closed by the server, long before our own timeout
+            assert time.monotonic() - started < 5
+    finally:
+        server.close()
