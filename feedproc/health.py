@@ -24,6 +24,7 @@ import httpx
 
 from .errors import FeedprocError
 from .metrics import CONTENT_TYPE
+from .redact import redact_text, url_secrets
 
 CHECK_TIMEOUT = 3.0  # seconds one check may take before it counts as failed
 Route = Callable[[], tuple[int, str, bytes]]  # -> (status, content type, body)
@@ -50,19 +51,22 @@ def database_reason(store: Any) -> str | None:
 
 
 def handler_base(url: str) -> str:
-    """The scheme and host of a handler URL: `http://ocr:8080/classify` -> `http://ocr:8080/`."""
+    """The scheme and host of a handler URL, without credentials: `http://u:pw@ocr:8080/classify` ->
+    `http://ocr:8080/` (the probe needs none: any HTTP answer, a 401 too, means the service is up)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/"
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}/"
 
 
 def handler_reason(url: str) -> str | None:
+    """Why the handler's base URL does not answer HTTP, or None; the reason never shows credentials."""
     base = handler_base(url)
 
     def probe() -> None:
         with httpx.Client(timeout=CHECK_TIMEOUT) as client:
             client.get(base)  # any HTTP answer means the service is up
 
-    return _bounded(probe, f"handler {base}")
+    reason = _bounded(probe, f"handler {base}")
+    return redact_text(reason, url_secrets(url)) if reason else None
 
 
 def report(reasons: list[str | None], **facts: Any) -> tuple[int, dict[str, Any]]:
