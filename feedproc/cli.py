@@ -425,7 +425,14 @@ def watch(
         str | None,
         typer.Option(metavar="S", help="A processor call taking longer is abandoned as a transient failure."),
     ] = None,
-    timeout: Annotated[float, typer.Option(min=0.1, help="HTTP request timeout in seconds.")] = 30.0,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds one HTTP request may take, from connecting to the answer's last byte."),
+    ] = 30.0,
+    max_answer_bytes: Annotated[
+        int,
+        typer.Option(min=1, metavar="N", help="Largest handler answer, in bytes once decompressed (default 10 MiB)."),
+    ] = 10 * 1024 * 1024,
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
@@ -451,6 +458,7 @@ def watch(
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
     from .processors import HTTPProcessor, load_processor
+    from .redact import redact_url
     from .store import Store
     from .watcher import Watcher, WatcherConfig
 
@@ -480,8 +488,14 @@ def watch(
     else:
         assert handler is not None
         if not handler.startswith(("http://", "https://")):
-            raise InvalidInput(f"--handler {handler!r} is not an http:// or https:// URL")
-        target = HTTPProcessor(handler, timeout=timeout, headers=headers, max_connections=max(concurrency, 10))
+            raise InvalidInput(f"--handler {redact_url(handler)!r} is not an http:// or https:// URL")
+        target = HTTPProcessor(
+            handler,
+            timeout=timeout,
+            headers=headers,
+            max_connections=max(concurrency, 10),
+            max_answer_bytes=max_answer_bytes,
+        )
     logs.configure(log_level, log_format)
     for value in headers.values():
         logs.add_secret(value)

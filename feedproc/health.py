@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import FeedprocError
-from .logs import redact, redact_url
+from .logs import redact
 from .metrics import CONTENT_TYPE
 
 CHECK_TIMEOUT = 3.0  # seconds one check may take before it counts as failed
@@ -81,10 +81,10 @@ def database_reason(store: Any) -> str | None:
 
 
 def handler_base(url: str) -> str:
-    """The scheme and host of a handler URL: `http://ocr:8080/classify` -> `http://ocr:8080/`
-    (credentials kept: this is the URL probed, never the one shown; see `redact_url`)."""
+    """The scheme and host of a handler URL, without credentials: `http://u:pw@ocr:8080/classify` ->
+    `http://ocr:8080/` (the probe needs none: any HTTP answer, a 401 too, means the service is up)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/"
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}/"
 
 
 def _handler(url: str) -> Check:
@@ -94,7 +94,7 @@ def _handler(url: str) -> Check:
         with httpx.Client(timeout=CHECK_TIMEOUT) as client:
             client.get(base)  # any HTTP answer means the service is up
 
-    return probe, f"handler {redact_url(base)}"
+    return probe, f"handler {base}"  # a base without credentials (handler_base drops them)
 
 
 def handler_reason(url: str) -> str | None:

@@ -41,7 +41,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
+
+from .redact import redact_text, url_secrets
+from .redact import redact_url as redact_url  # shown URLs: one implementation, in redact.py
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
@@ -57,9 +60,6 @@ SUPPRESSED = "suppressed"
 
 # ---------------------------------------------------------------- secrets
 
-# `scheme://userinfo@` anywhere in a text; the user information runs to the authority's last `@`
-# (greedy) and never crosses the `/`, `?` or `#` that ends the authority.
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
 _secrets: set[str] = set()
 _secret_pattern: re.Pattern[str] | None = None
 _secrets_lock = threading.Lock()
@@ -90,17 +90,8 @@ def add_secret(value: str | None) -> None:
 
 def add_url_secrets(url: str | None) -> None:
     """Register the password (and user information) of `url`, raw and percent-decoded."""
-    if not url:
-        return
-    try:
-        netloc = urlsplit(url).netloc
-    except ValueError:
-        return
-    if "@" not in netloc:
-        return
-    userinfo = netloc.rsplit("@", 1)[0]
-    add_secret(userinfo)
-    add_secret(userinfo.partition(":")[2])
+    for secret in url_secrets(url or ""):
+        add_secret(secret)
 
 
 def clear_secrets() -> None:
@@ -116,21 +107,7 @@ def redact(text: str) -> str:
     pattern = _secret_pattern
     if pattern is not None:
         text = pattern.sub("***", text)
-    if "://" in text:
-        text = _USERINFO.sub(r"\1***@", text)
-    return text
-
-
-def redact_url(url: str) -> str:
-    """`http://user:pass@host:8080/x` -> `http://***@host:8080/x`; a URL without credentials unchanged."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return redact(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+    return redact_text(text) if "://" in text else text
 
 
 # ---------------------------------------------------------------- formatters

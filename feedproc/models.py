@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+import reprlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,6 +17,9 @@ KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,100}$")
 #: How much of an error text is kept on an item (the history keeps each one too).
 ERROR_LIMIT = 2000
+#: The highest gate: gate columns are 32-bit INTEGERs on PostgreSQL, and SQLite keeps the same range
+#: so that a partition behaves the same on both. Every gate is checked against it where it is made.
+MAX_GATE = 2**31 - 1
 
 
 class Status(StrEnum):
@@ -42,10 +47,34 @@ def check_queue(queue: str) -> str:
     return queue
 
 
-def check_gate(gate: Any, where: str = "") -> int:
+def gate_problem(gate: Any) -> str | None:
+    """Why `gate` is not a valid gate, or None: a gate is an int (not a bool) from 0 to MAX_GATE."""
     if isinstance(gate, bool) or not isinstance(gate, int) or gate < 0:
-        raise InvalidInput(f"{where}gate must be an integer >= 0, got {gate!r}")
+        return f"gate must be an integer >= 0, got {shown(gate)}"
+    if gate > MAX_GATE:
+        return f"gate {shown(gate)} is out of range (0..{MAX_GATE})"
+    return None
+
+
+def check_gate(gate: Any, where: str = "") -> int:
+    """Return `gate` if it is a valid gate (0..MAX_GATE), else raise InvalidInput."""
+    if problem := gate_problem(gate):
+        raise InvalidInput(f"{where}{problem}")
     return gate
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def shown(value: Any) -> str:
+    """A short repr of `value` for an error message (an answer may hold a 4,000-digit number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+    try:
+        return _SHORT.repr(value)
+    except Exception:  # a user's object whose repr fails
+        return f"<{type(value).__name__}>"
 
 
 def truncate_error(text: str) -> str:
@@ -60,24 +89,57 @@ class NewItem:
     data: bytes
 
     @classmethod
-    def coerce(cls, value: NewItem | tuple[int, bytes] | dict[str, Any], where: str = "") -> NewItem:
-        """Accept `NewItem`, `(gate, data)` or `{"gate": g, "data": ...}` (data: bytes or JSON)."""
-        if isinstance(value, NewItem):
-            gate, data = value.gate, value.data
-        elif isinstance(value, tuple) and len(value) == 2:
-            gate, data = value
-        elif isinstance(value, dict):
-            gate, data = value.get("gate", 0), value.get("data")
-            if not isinstance(data, bytes | bytearray):
-                data = encode_json(data)
-        else:
-            raise InvalidInput(f"{where}an item is (gate, data) or {{'gate': g, 'data': ...}}, got {value!r}")
-        check_gate(gate, where)
-        if isinstance(data, str):
-            data = data.encode()
-        if not isinstance(data, bytes | bytearray):
-            raise InvalidInput(f"{where}item data must be bytes, got {type(data).__name__}")
-        return cls(gate, bytes(data))
+    def coerce(cls, value: NewItem | tuple[int, Any] | dict[str, Any], where: str = "") -> NewItem:
+        """Accept `NewItem`, `(gate, data)` or `{"gate": g, "data": ...}`, data by the rule of
+        `encode_data` (bytes, str, or any JSON value); anything else raises InvalidInput."""
+        try:
+            return coerce_item(value, where)
+        except (TypeError, ValueError) as error:
+            raise InvalidInput(str(error)) from None
+
+
+def coerce_item(value: Any, where: str = "") -> NewItem:
+    """`NewItem`, `(gate, data)` or `{"gate": g, "data": d}` (gate defaults to 0, data to null) as a
+    checked NewItem: TypeError for another shape or a gate that is not an int, ValueError for a gate
+    out of range or data that is not standard JSON. `where` prefixes the messages ("child 2: ")."""
+    if isinstance(value, NewItem):
+        gate, data = value.gate, value.data
+    elif isinstance(value, tuple) and len(value) == 2:
+        gate, data = value
+    elif isinstance(value, dict):
+        unknown = set(value) - {"gate", "data"}
+        if unknown:
+            raise TypeError(f"{where}unknown item field(s) {', '.join(sorted(map(str, unknown)))}")
+        gate, data = value.get("gate", 0), value.get("data")
+    else:
+        raise TypeError(f"{where}an item is (gate, data) or {{'gate': g, 'data': ...}}, got {shown(value)}")
+    if problem := gate_problem(gate):
+        raise (TypeError if isinstance(gate, bool) or not isinstance(gate, int) else ValueError)(where + problem)
+    return NewItem(gate, data if type(data) is bytes else encode_data(data, f"{where}data"))
+
+
+def encode_data(value: Any, what: str = "data") -> bytes:
+    """An item's data as bytes: bytes, bytearray and memoryview as they are, a str as UTF-8, any other
+    value as standard JSON (no NaN or Infinity). TypeError or ValueError naming `what` otherwise."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{what} is not valid text: {error}") from None
+    return strict_json(value, what)
+
+
+def strict_json(value: Any, what: str = "data") -> bytes:
+    """`value` as standard JSON text in UTF-8 (no NaN or Infinity): TypeError when it is not
+    JSON-serialisable, ValueError when it is not standard JSON; both name `what`."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
+    except TypeError as error:
+        raise TypeError(f"{what} is not JSON-serialisable: {error}") from None
+    except (ValueError, RecursionError) as error:  # NaN/Infinity, a circular or too deep structure, a lone surrogate
+        raise ValueError(f"{what} is not standard JSON: {error}") from None
 
 
 def item_from_row(row: Any, where: str = "") -> NewItem:
@@ -122,31 +184,59 @@ class Item:
 
 @dataclass(slots=True)
 class Response:
-    """A Processor's answer for one item.
+    """A Processor's answer for one item, checked when it is made.
 
     `Response(done=True)` completes the item; `Response(gate=G)` moves it to gate G (G equal to
     its gate means "not yet: ask again later", after `retry_after` seconds or the poll interval).
-    `data` replaces the item's data; `items` are new child items `(gate, data)` added to the same
-    partition in the same transaction (fan-out).
+    `data` replaces the item's data: bytes, a str (stored as UTF-8) or any other JSON value (stored
+    as its JSON text). `items` are new child items added to the same partition in the same
+    transaction (fan-out): `(gate, data)`, `{"gate": g, "data": d}` or `NewItem`, data by the same
+    rule. Gates are ints from 0 to MAX_GATE; `retry_after` is a finite number of seconds >= 0.
+    Anything else raises TypeError or ValueError here, in the processor's own call (a transient
+    failure of the item), never later in the watcher.
     """
 
     done: bool = False
     gate: int | None = None
-    data: bytes | None = None
-    items: Sequence[tuple[int, bytes]] | Iterable[NewItem] = field(default_factory=tuple)
+    data: Any = None  # bytes once made (None: the item's data is kept)
+    items: Sequence[tuple[int, Any]] | Iterable[NewItem | tuple[int, Any] | dict[str, Any]] = field(
+        default_factory=tuple
+    )
     retry_after: float | None = None
     progress: float | None = None  # with a "not yet" answer: how far the item has got (0..1)
 
     def __post_init__(self) -> None:
         if self.done == (self.gate is not None):
             raise ValueError("a Response has either done=True or a gate, not both and not neither")
-        if self.gate is not None and (isinstance(self.gate, bool) or not isinstance(self.gate, int)):
-            raise ValueError(f"gate must be an int, got {self.gate!r}")
-        if isinstance(self.data, str):
-            self.data = self.data.encode()
-        self.items = tuple(NewItem.coerce(child) for child in self.items) if self.items else ()
+        if self.gate is not None and (problem := gate_problem(self.gate)):
+            raise ValueError(f"Response {problem}")
+        if self.data is not None and type(self.data) is not bytes:
+            self.data = encode_data(self.data, "Response data")
+        if self.items:
+            if isinstance(self.items, str | bytes | bytearray | dict):
+                raise TypeError(f"Response items must be a list of children, got {type(self.items).__name__}")
+            self.items = tuple(
+                coerce_item(child, f"Response child {n}: ") for n, child in enumerate(self.items, start=1)
+            )
+        else:
+            self.items = ()
+        if self.retry_after is not None:
+            self.retry_after = check_delay(self.retry_after, "Response retry_after")
         if self.progress is not None:
             self.progress = check_progress(self.progress)
+
+
+def check_delay(seconds: Any, what: str = "retry_after") -> float:
+    """A delay asked for: a finite number of seconds >= 0 (how long it may be is the policy's cap)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {shown(seconds)}")
+    try:
+        value = float(seconds)
+    except OverflowError:  # an int past any float
+        value = math.inf
+    if not (math.isfinite(value) and value >= 0):  # NaN fails both
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {shown(seconds)}")
+    return value
 
 
 def check_progress(fraction: Any) -> float:

@@ -6,20 +6,26 @@ Pure functions, shared by every Processor: a `Response` or an exception goes in,
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from .errors import PermanentError, RetryLater
 from .gates import check_not_below
-from .models import Response
+from .models import NewItem, Response, gate_problem
 from .processors import InvalidAnswer
 from .store import Kind, Outcome, ReadyItem
+
+#: The longest delay a policy ever returns, whatever its settings (a year): every delay becomes a
+#: timestamp in the database, and none may overflow it.
+MAX_DELAY = 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Attempts and backoff: the n-th retry waits `retry_delay * 2**(n-1)` plus up to 25% jitter,
-    never more than `max_retry_delay`; a longer `Retry-After` / `retry_after` wins."""
+    """Attempts and backoff: the n-th retry waits `retry_delay * 2**(n-1)` plus up to 25% jitter; a
+    longer `Retry-After` / `retry_after` wins. Every delay it returns is finite, >= 0 and at most
+    `max_retry_delay` — a requested one included."""
 
     max_attempts: int = 5
     retry_delay: float = 1.0
@@ -30,16 +36,65 @@ class RetryPolicy:
         """Delay before the `retry`-th retry (1-based), jitter included, never above the cap."""
         exponent = min(max(retry - 1, 0), 64)  # 2**64 seconds is past any cap; no float overflow
         base = min(self.retry_delay * 2.0**exponent, self.max_retry_delay)
-        return min(base * (1 + (rng or random).uniform(0, 0.25)), max(self.max_retry_delay, base))
+        return self.cap(min(base * (1 + (rng or random).uniform(0, 0.25)), max(self.max_retry_delay, base)))
+
+    def delay_for(self, retry: int, requested: float | None = None, rng: random.Random | None = None) -> float:
+        """Delay before the `retry`-th retry (1-based) after a transient failure that asked for
+        `requested` seconds (a `Retry-After`, `RetryLater(after=...)`; None: nothing asked): the
+        backoff, or the requested delay when it is longer, capped at `max_retry_delay`. A requested
+        delay that is not a finite number >= 0 is ignored. Pure, apart from the jitter's `rng`."""
+        delay = self.backoff(retry, rng)
+        if _usable(requested) and requested > delay:  # type: ignore[operator]
+            delay = requested  # type: ignore[assignment]
+        return self.cap(delay)
+
+    def not_yet(self, requested: float | None = None) -> float:
+        """Delay before asking again after a "not yet" answer that asked for `requested` seconds
+        (`retry_after`; None: the poll interval), capped at `max_retry_delay`. A requested delay that
+        is not a finite number >= 0 is taken as not given. Pure."""
+        return self.cap(requested if _usable(requested) else self.not_yet_delay)  # type: ignore[arg-type]
+
+    def cap(self, delay: float) -> float:
+        """`delay` made schedulable: at least 0, at most `max_retry_delay` (and MAX_DELAY, whatever
+        the settings); NaN becomes the cap."""
+        ceiling = (
+            self.max_retry_delay if _usable(self.max_retry_delay) and self.max_retry_delay < MAX_DELAY else MAX_DELAY
+        )
+        if not delay <= ceiling:  # NaN, inf, too long
+            return float(ceiling)
+        return float(delay) if delay > 0 else 0.0
+
+
+def _usable(seconds: float | None) -> bool:
+    """A number of seconds a delay may be made of: finite and >= 0 (not None, NaN, inf, a bool)."""
+    return (
+        seconds is not None
+        and not isinstance(seconds, bool)
+        and isinstance(seconds, int | float)
+        and seconds >= 0
+        and math.isfinite(seconds)
+    )
 
 
 def validate(item: ReadyItem, response: Response) -> None:
-    """Raise InvalidAnswer when a Response breaks the contract for this item."""
-    if response.gate is not None and response.gate < item.gate:
-        raise InvalidAnswer(f"gate {response.gate} is lower than the item's gate {item.gate}")
+    """Raise InvalidAnswer when a Response breaks the contract for this item.
+
+    A second line of defence: `Response` checks its values when it is made, but it may be changed
+    afterwards, so gates (0..MAX_GATE), data and children are checked again before any write."""
+    if response.gate is not None:
+        if problem := gate_problem(response.gate):
+            raise InvalidAnswer(problem)
+        if response.gate < item.gate:
+            raise InvalidAnswer(f"gate {response.gate} is lower than the item's gate {item.gate}")
+    if response.data is not None and type(response.data) is not bytes:
+        raise InvalidAnswer(f"data must be bytes once the Response is made, got {type(response.data).__name__}")
     if response.gate == item.gate and response.items:
         raise InvalidAnswer('a "not yet" answer (gate equal to the item\'s) cannot add items')
     for n, child in enumerate(response.items, start=1):  # type: ignore[arg-type]
+        if not isinstance(child, NewItem) or type(child.data) is not bytes:
+            raise InvalidAnswer(f"child {n} is not a NewItem with bytes data (changed after the Response was made?)")
+        if problem := gate_problem(child.gate):
+            raise InvalidAnswer(f"child {n}: {problem}")
         if reason := check_not_below(child.gate, item.gate):
             raise InvalidAnswer(f"child {n}: {reason}")
 
@@ -76,7 +131,7 @@ def outcome_of(
         if response.done:
             return Outcome(**base, kind=Kind.DONE, data=response.data, children=children, attempts=item.attempts)
         if response.gate == item.gate:
-            delay = response.retry_after if response.retry_after is not None else policy.not_yet_delay
+            delay = policy.not_yet(response.retry_after)
             return Outcome(
                 **base,
                 kind=Kind.LATER,
@@ -90,9 +145,7 @@ def outcome_of(
     message = describe(error)
     if isinstance(error, PermanentError) or attempts >= policy.max_attempts:
         return Outcome(**base, kind=Kind.FAIL, attempts=attempts, error=message)
-    delay = policy.backoff(attempts)
-    if isinstance(error, RetryLater) and error.after is not None:
-        delay = max(delay, error.after)
+    delay = policy.delay_for(attempts, error.after if isinstance(error, RetryLater) else None)
     return Outcome(**base, kind=Kind.RETRY, attempts=attempts, delay=delay, error=message)
 
 

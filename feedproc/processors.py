@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import contextvars
 import email.utils
 import importlib
 import inspect
 import itertools
 import json
+import math
 import socket
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from . import __version__
+from . import __version__, tracing
 from .errors import InvalidInput, PermanentError, RetryLater
-from .models import Item, NewItem, Response, check_progress, encode_json
+from .models import Item, NewItem, Response, check_delay, check_progress, gate_problem, shown, strict_json
+from .redact import redact_text, redact_url, url_secrets
 
-BODY_KEPT = 500  # characters of a failed answer's body kept in last_error
+BODY_KEPT = 500  # bytes of a failed answer's body kept in last_error
+MAX_ANSWER_BYTES = 10 * 1024 * 1024  # an answer's body, decoded, at most (`feedproc watch --max-answer-bytes`)
+ACCEPT_ENCODING = "gzip, deflate"  # what read_body inflates within the size limit
 CONNECTIONS_PER_CLIENT = 2
 JSON_CONTENT = {"Content-Type": "application/json"}
 
@@ -149,19 +155,37 @@ def load_processor(path: str) -> Any:
 class HTTPProcessor(Processor):
     """Sends each item to an HTTP handler service (`POST url`) and reads its answer.
 
-    One pooled, keep-alive `httpx.AsyncClient` per watcher. `timeout` bounds each request;
-    `headers` are added to every request (e.g. an Authorization header for the handler).
+    Requests go over pooled, keep-alive `httpx.AsyncClient`s. `timeout` bounds the whole request,
+    from connecting to the answer's last byte (and each phase of it, as httpx does); an answer
+    larger than `max_answer_bytes` once decoded (gzip or deflate, inflated while it streams) is cut
+    off as a transient failure. `headers` are added to every request (e.g. an Authorization header
+    for the handler). Credentials in `url` are used, and never shown: errors name `shown_url`.
     """
 
     def __init__(
-        self, url: str, *, timeout: float = 30.0, headers: Mapping[str, str] | None = None, max_connections: int = 100
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 100,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
+        if max_answer_bytes < 1:
+            raise ValueError("max_answer_bytes must be at least 1")
         self.url = url
+        self.shown_url = redact_url(url)
+        self._secrets = url_secrets(url)
         self.timeout = timeout
-        self.headers = {"User-Agent": f"feedproc/{__version__}", **(headers or {})}
+        self.max_answer_bytes = max_answer_bytes
+        # Only the encodings read_body inflates within the size limit are offered.
+        self.headers = {"User-Agent": f"feedproc/{__version__}", "Accept-Encoding": ACCEPT_ENCODING, **(headers or {})}
         self.max_connections = max_connections
         self._clients: list[httpx.AsyncClient] = []
         self._turn = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"HTTPProcessor({self.shown_url!r})"
 
     async def start(self) -> None:
         if self._clients:
@@ -188,12 +212,147 @@ class HTTPProcessor(Processor):
         await self.start()
         client = self._clients[next(self._turn) % len(self._clients)]
         try:
-            answer = await client.post(self.url, content=request_body(item), headers=JSON_CONTENT)
+            async with asyncio.timeout(self.timeout) as deadline:
+                status, headers, content = await self._exchange(client, request_body(item))
+        except TimeoutError as error:
+            if not deadline.expired():
+                raise
+            raise RetryLater(f"handler timed out after {self.timeout:g}s (whole request, {self.shown_url})") from error
         except httpx.TimeoutException as error:
-            raise RetryLater(f"handler timed out after {self.timeout:g}s ({type(error).__name__})") from error
+            raise RetryLater(
+                f"handler timed out after {self.timeout:g}s ({type(error).__name__}, {self.shown_url})"
+            ) from error
         except httpx.HTTPError as error:
-            raise RetryLater(f"handler unreachable: {type(error).__name__}: {error}") from error
-        return read_answer(answer.status_code, answer.content, answer.headers.get("Retry-After"))
+            text = redact_text(str(error), self._secrets)
+            detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
+            raise RetryLater(f"handler unreachable: {detail} ({self.shown_url})") from error
+        return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
+
+    async def _exchange(self, client: httpx.AsyncClient, body: bytes) -> tuple[int, httpx.Headers, bytes]:
+        """POST `body`; the answer's status, headers and body, read within the size limit."""
+        headers = JSON_CONTENT
+        if tracing.enabled():  # the delivery's span is current here: the handler's spans join its trace
+            headers = dict(JSON_CONTENT)
+            tracing.inject(headers)
+        request = client.build_request("POST", self.url, content=body, headers=headers)
+        response = await client.send(request, stream=True)
+        try:
+            ok = 200 <= response.status_code < 300
+            try:
+                content = await read_body(response, self.max_answer_bytes)
+            except AnswerTooLarge as error:
+                if ok:
+                    raise RetryLater(f"{error} from {self.shown_url}") from None
+                content = error.start  # a failure's status decides; the start of its body is kept
+            except UndecodableAnswer as error:
+                if ok:
+                    raise InvalidAnswer(str(error)) from None
+                content = b""
+        finally:
+            await response.aclose()
+        return response.status_code, response.headers, content
+
+
+class AnswerTooLarge(Exception):
+    """An answer's body is over the size limit (`start`: what was read of it, at most the limit)."""
+
+    def __init__(self, limit: int, start: bytes = b"", declared: int | None = None) -> None:
+        said = f" (Content-Length: {declared})" if declared is not None else ""
+        super().__init__(f"answer larger than {limit} bytes{said}")
+        self.start = start
+
+
+class UndecodableAnswer(Exception):
+    """An answer's body in an encoding we did not offer, or corrupt."""
+
+
+async def read_body(response: httpx.Response, limit: int) -> bytes:
+    """The body of a streamed `response`, decoded (identity, gzip or deflate) as it arrives.
+
+    Raises AnswerTooLarge as soon as the decoded body passes `limit`: decompression never produces
+    more than the room left, so a gzip bomb costs at most `limit` bytes of memory however far it
+    would inflate. A compressed body may take twice the limit on the wire (a stream that inflates
+    to nothing is stopped there); a Content-Length past that is refused before reading."""
+    decoder = _Decoder.of(response.headers)
+    wire_limit = limit if decoder is _IDENTITY else 2 * limit + 1024
+    declared = _content_length(response)
+    if declared is not None and declared > wire_limit:
+        raise AnswerTooLarge(limit, declared=declared)
+    parts: list[bytes] = []
+    size = wire = 0
+    async with contextlib.aclosing(response.aiter_raw()) as chunks:
+        async for chunk in chunks:
+            wire += len(chunk)
+            piece = decoder.decode(chunk, limit - size)
+            size += len(piece)
+            parts.append(piece)
+            if size > limit or wire > wire_limit:
+                raise AnswerTooLarge(limit, b"".join(parts)[:limit])
+    piece = decoder.flush(limit - size)
+    if piece:
+        parts.append(piece)
+        if size + len(piece) > limit:
+            raise AnswerTooLarge(limit, b"".join(parts)[:limit])
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    value = response.headers.get("Content-Length")
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value.strip()[:30])  # 10**30 bytes is past any limit; no 4,300-digit parse
+
+
+class _Decoder:
+    """Undoes a Content-Encoding chunk by chunk, never producing more than it is allowed to.
+
+    httpx's own decoders inflate a whole chunk at once (a 64 KiB chunk of a gzip bomb is 64 MiB);
+    zlib's `max_length` stops here at the room left (plus one byte, to tell that it is over)."""
+
+    __slots__ = ("_raw_deflate", "_zlib")
+
+    def __init__(self, zlib_object: Any = None, raw_deflate: bool = False) -> None:
+        self._zlib = zlib_object
+        self._raw_deflate = raw_deflate  # a "deflate" body may be raw deflate rather than zlib
+
+    @classmethod
+    def of(cls, headers: httpx.Headers) -> _Decoder:
+        encodings = [e.strip().lower() for e in headers.get_list("Content-Encoding", split_commas=True)]
+        encodings = [e for e in encodings if e not in ("", "identity")]
+        if not encodings:
+            return _IDENTITY
+        if len(encodings) == 1 and encodings[0] in ("gzip", "x-gzip"):
+            return cls(zlib.decompressobj(16 + zlib.MAX_WBITS))
+        if len(encodings) == 1 and encodings[0] == "deflate":
+            return cls(zlib.decompressobj(), raw_deflate=True)
+        raise UndecodableAnswer(f"Content-Encoding {', '.join(encodings)!r} was not offered (only {ACCEPT_ENCODING})")
+
+    def decode(self, chunk: bytes, room: int) -> bytes:
+        if self._zlib is None:
+            return chunk
+        try:
+            try:
+                return self._zlib.decompress(chunk, max(room, 0) + 1)
+            except zlib.error:
+                if not self._raw_deflate:
+                    raise
+                self._raw_deflate, self._zlib = False, zlib.decompressobj(-zlib.MAX_WBITS)
+                return self._zlib.decompress(chunk, max(room, 0) + 1)
+            finally:
+                self._raw_deflate = False  # only the first chunk tells zlib from raw deflate
+        except zlib.error as error:
+            raise UndecodableAnswer(f"the answer's compressed body is corrupt ({error})") from None
+
+    def flush(self, room: int) -> bytes:
+        if self._zlib is None:
+            return b""
+        try:
+            return self._zlib.flush(max(room, 0) + 1)
+        except zlib.error as error:
+            raise UndecodableAnswer(f"the answer's compressed body is corrupt ({error})") from None
+
+
+_IDENTITY = _Decoder()
 
 
 def request_body(item: Item) -> bytes:
@@ -212,22 +371,56 @@ def request_body(item: Item) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def read_answer(status: int, content: bytes, retry_after_header: str | None) -> Response:
-    """Turn an HTTP answer into a Response, or raise the failure the contract says it is."""
-    retry_after = parse_retry_after(retry_after_header)
-    parsed: Any = None
+class _NonStandardJSON(Exception):
+    """NaN, Infinity or a number past any float in a JSON text."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonStandardJSON(f"non-standard JSON: {name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonStandardJSON(f"non-standard JSON: the number {text[:40]} is out of range")
+    return value
+
+
+def parse_json(content: bytes) -> Any:
+    """Standard JSON only: NaN, Infinity, -Infinity and numbers past a float (1e400) raise
+    _NonStandardJSON (Python's parser accepts them; no database or handler should see them);
+    anything else that is not JSON raises ValueError."""
     try:
-        parsed = json.loads(content) if content else None
+        return json.loads(content, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def read_answer(status: int, content: bytes, retry_after_header: str | None, url: str | None = None) -> Response:
+    """Turn an HTTP answer into a Response, or raise the failure the contract says it is.
+
+    `url` (shown without credentials) is named in the message of a non-2xx answer."""
+    retry_after = parse_retry_after(retry_after_header)
+    ok = 200 <= status < 300
+    parsed: Any = None
+    problem: str | None = None
+    try:
+        parsed = parse_json(content) if content else None
+    except _NonStandardJSON as error:
+        problem = str(error)
     except (ValueError, UnicodeDecodeError):
         parsed = None
     go_error = parsed.get("error") if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict) else None
-    if not 200 <= status < 300:
+    if not ok:
         text = content[:BODY_KEPT].decode("utf-8", "replace")
-        message = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+        where = f"HTTP {status} from {url}" if url else f"HTTP {status}"
+        message = f"{where}: {text}" if text else where
         permanent = (400 <= status < 500 and status not in (408, 429)) or bool(go_error and go_error.get("no_retry"))
         if permanent:
             raise PermanentError(message)
         raise RetryLater(message, after=retry_after)
+    if problem is not None:
+        raise InvalidAnswer(problem)
     if not isinstance(parsed, dict):
         shown = content[:100].decode("utf-8", "replace")
         raise InvalidAnswer(f"expected a JSON object, got {shown!r}")
@@ -240,15 +433,21 @@ def read_answer(status: int, content: bytes, retry_after_header: str | None) -> 
 
 
 def response_from_json(answer: dict[str, Any], retry_after: float | None = None) -> Response:
-    """Read an answer object (ours, or Go Feed's `complete` / `response` spelling)."""
+    """Read an answer object (ours, or Go Feed's `complete` / `response` spelling).
+
+    Every value is checked here, so that a hostile answer is an InvalidAnswer (a transient failure
+    of its item) and never reaches the database: gates from 0 to MAX_GATE, a finite `retry_after`
+    >= 0 (how long it may be is the policy's cap), standard JSON data."""
     done = answer.get("done", answer.get("complete", False))
     data_value = answer["data"] if "data" in answer else answer.get("response", _MISSING)
-    data = None if data_value is _MISSING else encode_json(data_value)
+    data = None if data_value is _MISSING else _answer_data(data_value, "data")
     field_retry = answer.get("retry_after")
     if field_retry is not None:
-        if isinstance(field_retry, bool) or not isinstance(field_retry, int | float) or field_retry < 0:
-            raise InvalidAnswer(f"retry_after must be a number of seconds >= 0, got {field_retry!r}")
-        retry_after = max(float(field_retry), retry_after or 0.0)
+        try:
+            field_retry = check_delay(field_retry)
+        except ValueError as error:
+            raise InvalidAnswer(str(error)) from None
+        retry_after = max(field_retry, retry_after or 0.0)
     progress = answer.get("progress")
     if progress is not None:
         try:
@@ -264,32 +463,52 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
             raise InvalidAnswer(f"child {n} is not an object")
         gate = child.get("gate", 0)
         if isinstance(gate, bool) or not isinstance(gate, int):
-            raise InvalidAnswer(f"child {n} has gate {gate!r}, not an integer")
-        children.append(NewItem(gate, encode_json(child.get("data"))))
+            raise InvalidAnswer(f"child {n} has gate {shown(gate)}, not an integer")
+        if problem := gate_problem(gate):
+            raise InvalidAnswer(f"child {n}: {problem}")
+        children.append(NewItem(gate, _answer_data(child.get("data"), f"child {n} data")))
     if done is True:
         return Response(done=True, data=data, items=children, retry_after=retry_after, progress=progress)
     gate = answer.get("gate")
     if gate is None:
         raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
     if isinstance(gate, bool) or not isinstance(gate, int):
-        raise InvalidAnswer(f"gate must be an integer, got {gate!r}")
+        raise InvalidAnswer(f"gate must be an integer, got {shown(gate)}")
+    if problem := gate_problem(gate):
+        raise InvalidAnswer(problem)
     return Response(gate=gate, data=data, items=children, retry_after=retry_after, progress=progress)
+
+
+def _answer_data(value: Any, what: str) -> bytes:
+    """A JSON value of an answer as the bytes stored (a str too is stored as JSON text)."""
+    try:
+        return strict_json(value, what)
+    except (TypeError, ValueError) as error:  # e.g. a lone surrogate "\\ud800" in a string
+        raise InvalidAnswer(str(error)) from None
 
 
 _MISSING = object()
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None.
+
+    A value that is not a finite number or a date (`inf`, `nan`, `1e400`, garbage) is taken as no
+    header at all: the header is advice, and unreadable advice should not turn an otherwise valid
+    answer into a failure; the backoff applies. A finite but huge value is returned as it is: the
+    retry policy caps every delay at `max_retry_delay`."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        seconds = when.timestamp() - time.time()
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, seconds) if math.isfinite(seconds) else None

@@ -47,12 +47,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from . import tracing, windows
 from .errors import DatabaseUnavailable
-from .logs import redact_url
 from .metrics import WatcherMetrics
 from .models import Item, check_queue
 from .notify import Listener
 from .policy import RetryPolicy, outcome_of
 from .processors import HTTPProcessor, call_processor
+from .redact import redact_url
 from .store import (
     Applied,
     Kind,

@@ -8,18 +8,25 @@ and the server-side start/end time of each request).
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import itertools
 import json
 import socket
 import threading
+import time
+import tracemalloc
+import zlib
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from feedproc import Feed, HTTPProcessor
+from feedproc import Feed, HTTPProcessor, Item, Processor, Response
+from feedproc.health import handler_base, handler_reason
 from feedproc.schema import items
 from feedproc.store import Store
 
@@ -404,3 +411,363 @@ def test_handler_down_for_a_while_then_back_counts_attempts_and_completes(db_url
     assert all("unreachable" in e for e in errors), errors
     [body] = late.bodies
     assert body["attempt"] == len(errors) + 1  # every refused connection counted as an attempt
+
+
+# ---------------------------------------------------------------- hostile answers are contained (issue 14)
+#
+# Each answer a probe found to stop a watcher's writes for good: the hostile item must fail as a
+# transient failure with a clear last_error (its attempts counted: it fails after --max-attempts 2),
+# while the other items of its partition and a second partition complete.
+
+HOSTILE = {"max_attempts": 2}
+
+
+def hostile_partitions(feed: Feed) -> None:
+    feed.add_partition("hostile", items=[(0, js({"hostile": True}))] + [(0, js({"n": n})) for n in range(3)])
+    feed.add_partition("calm", items=[(0, js({"n": n})) for n in range(3)])
+
+
+def is_hostile(body: dict[str, Any]) -> bool:
+    return isinstance(body.get("data"), dict) and body["data"].get("hostile") is True
+
+
+def contained(feed: Feed, *, attempts: int = 2) -> dict[str, Any]:
+    """Wait until the calm partition completed and the hostile one failed on its hostile item only;
+    the failed item's record (its last_error and attempts)."""
+    calm = wait_status(feed, "calm", "complete")
+    assert calm["items"]["complete"] == 3
+    hostile = wait_status(feed, "hostile", "failed")
+    assert hostile["items"] == {"total": 4, "available": 0, "complete": 3, "failed": 1, "cancelled": 0}
+    [failed] = hostile["failed_items"]
+    assert failed["attempts"] == attempts
+    return failed
+
+
+def answering(hostile_answer: tuple[Any, ...]) -> Any:
+    return lambda body: hostile_answer if is_hostile(body) else (200, {"done": True})
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            (200, {"gate": 18446744073709551616}),
+            "invalid answer: gate 18446744073709551616 is out of range (0..2147483647)",
+        ),
+        (
+            (200, {"done": True, "items": [{"gate": 2**63, "data": {"child": 1}}]}),
+            "invalid answer: child 1: gate 9223372036854775808 is out of range (0..2147483647)",
+        ),
+        (
+            (200, b'{"gate": 0, "retry_after": Infinity}'),
+            "invalid answer: non-standard JSON: Infinity is not allowed",
+        ),
+        ((200, b'{"gate": 0, "retry_after": NaN}'), "invalid answer: non-standard JSON: NaN is not allowed"),
+        ((200, b'{"done": true, "data": {"score": NaN}}'), "invalid answer: non-standard JSON: NaN is not allowed"),
+        ((200, b'{"gate": 0, "retry_after": 1e400}'), "invalid answer: non-standard JSON: the number 1e400"),
+    ],
+    ids=["gate-2**64", "child-gate-2**63", "retry-after-infinity", "retry-after-nan", "nan-in-data", "1e400"],
+)
+def test_hostile_answer_is_an_invalid_answer_and_others_complete(
+    db_url: str, feed: Feed, handler: HandlerService, answer: tuple[Any, ...], reason: str
+) -> None:
+    handler.behavior = answering(answer)
+    hostile_partitions(feed)
+    with watching(db_url, HTTPProcessor(handler.url), **HOSTILE):
+        failed = contained(feed)
+
+    assert failed["last_error"].startswith(reason), failed["last_error"]
+    # Attempts counted, no tight loop: the hostile item was asked exactly twice.
+    assert len([d for d in handler.of("hostile") if is_hostile(d.body)]) == 2
+
+
+@pytest.mark.parametrize("retry_after", ["inf", "1e400", "nan"])
+def test_503_with_a_non_finite_retry_after_header_is_retried_after_the_backoff(
+    db_url: str, feed: Feed, handler: HandlerService, retry_after: str
+) -> None:
+    handler.behavior = answering((503, "busy", {"Retry-After": retry_after}))
+    hostile_partitions(feed)
+    with watching(db_url, HTTPProcessor(handler.url), **HOSTILE):
+        failed = contained(feed)
+
+    assert failed["last_error"] == f"HTTP 503 from {handler.url}: busy"
+    first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
+    assert second.start - first.end < 2.0  # the backoff (0.05 s), the header taken as absent
+
+
+def test_503_with_a_huge_retry_after_header_is_capped_at_max_retry_delay(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    handler.behavior = answering((503, "busy", {"Retry-After": "300000000000"}))
+    hostile_partitions(feed)
+    with watching(db_url, HTTPProcessor(handler.url), max_retry_delay=0.5, **HOSTILE):
+        failed = contained(feed)
+
+    assert failed["last_error"] == f"HTTP 503 from {handler.url}: busy"
+    first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
+    assert 0.5 - 0.01 <= second.start - first.end < 2.0  # the longer delay wins, capped at 0.5 s
+
+
+def test_not_yet_with_a_huge_retry_after_is_asked_again_after_max_retry_delay(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    seen = PerItem()
+
+    def behavior(body: dict[str, Any]) -> tuple[Any, ...]:
+        if is_hostile(body) and seen.next(body) <= 2:
+            return 200, {"gate": body["gate"], "retry_after": 1e308}
+        return 200, {"done": True}
+
+    handler.behavior = behavior
+    hostile_partitions(feed)
+    with watching(db_url, HTTPProcessor(handler.url), max_retry_delay=0.5, **HOSTILE):
+        wait_status(feed, "calm", "complete")
+        final = wait_status(feed, "hostile", "complete")
+
+    assert final["failed_items"] == []
+    deliveries = [d for d in handler.of("hostile") if is_hostile(d.body)]
+    assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
+    assert all(0.5 - 0.01 <= gap < 2.0 for gap in gaps(deliveries)), gaps(deliveries)
+
+
+# ---------------------------------------------------------------- hostile Python processors
+
+
+class Hostile(Processor):
+    """Answers `make()` for the hostile item, done for the others."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    async def process(self, item: Item) -> Response:
+        if item.json().get("hostile") is True:
+            return self.make()
+        return Response(done=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: Response(gate=2**63), "ValueError: Response gate 9223372036854775808 is out of range (0..2147483647)"),
+        (
+            lambda: Response(done=True, items=[(2**63, {"child": 1})]),
+            "ValueError: Response child 1: gate 9223372036854775808 is out of range (0..2147483647)",
+        ),
+        (lambda: Response(done=True, data={"at": {1, 2}}), "TypeError: Response data is not JSON-serialisable"),
+        (lambda: Response(gate=0, retry_after=float("nan")), "ValueError: Response retry_after must be a finite"),
+        (lambda: {"done": True}, "invalid answer: process() returned dict"),
+    ],
+    ids=["gate-2**63", "child-gate-2**63", "data-set", "retry-after-nan", "not-a-response"],
+)
+def test_a_python_processors_bad_response_fails_its_item_and_others_complete(
+    db_url: str, feed: Feed, make: Any, reason: str
+) -> None:
+    hostile_partitions(feed)
+    with watching(db_url, Hostile(make), **HOSTILE):
+        failed = contained(feed)
+
+    assert failed["last_error"].startswith(reason), failed["last_error"]
+
+
+def test_a_python_processors_json_data_and_children_are_encoded(db_url: str, feed: Feed, store: Store) -> None:
+    class Classify(Processor):
+        def process(self, item: Item) -> Response:
+            if item.gate == 0:
+                return Response(done=True, data={"label": "invoice"}, items=[(1, {"file": "a.pdf"})])
+            return Response(done=True, data=["é", 1])
+
+    feed.add_partition("encoded", items=[(0, js({"file": "folder"}))])
+    with watching(db_url, Classify()):
+        wait_status(feed, "encoded", "complete")
+
+    with store.read() as conn:
+        stored = sorted((row.gate, bytes(row.data)) for row in conn.execute(select(items.c.gate, items.c.data)))
+    assert stored == [(0, b'{"label":"invoice"}'), (1, '["é",1]'.encode())]
+
+
+# ---------------------------------------------------------------- answers bounded in size and time
+
+
+class RawHandler:
+    """An HTTP handler whose answers a test writes on the socket itself: `script(body, send)`, where
+    `send(bytes)` writes at once and raises OSError once the client has gone."""
+
+    def __init__(self, script: Any) -> None:
+        self.deliveries: list[Delivery] = []
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        service = self
+
+        class _Request(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                start = time.time()
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                delivery = Delivery(body, dict(self.headers.items()), start, start)
+                with service.lock:
+                    service.deliveries.append(delivery)
+
+                def send(data: bytes) -> None:
+                    if service.closing.is_set():
+                        raise OSError("closing")
+                    self.wfile.write(data)
+                    self.wfile.flush()
+
+                try:
+                    script(body, send)
+                except OSError:  # the client gave up (what these tests are about)
+                    self.close_connection = True
+                delivery.end = time.time()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Request)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/handle"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def of(self, partition: str) -> list[Delivery]:
+        with self.lock:
+            return sorted((d for d in self.deliveries if d.body["partition"] == partition), key=lambda d: d.start)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def head(status: int = 200, **headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", "Content-Type: application/json"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def done(send: Any) -> None:
+    send(head(Content_Length="14") + b'{"done": true}')
+
+
+@contextlib.contextmanager
+def raw_handler(script: Any) -> Iterator[RawHandler]:
+    service = RawHandler(script)
+    try:
+        yield service
+    finally:
+        service.close()
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """About 200 KB of gzip that inflates to 200 MB of zeros (built a megabyte at a time)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(compressor.compress(zeros) for _ in range(200)) + compressor.flush()
+    assert len(bomb) < 250_000
+    return bomb
+
+
+def test_a_gzip_bomb_is_cut_at_max_answer_bytes_with_flat_memory(db_url: str, feed: Feed) -> None:
+    bomb = gzip_bomb()
+
+    def script(body: dict[str, Any], send: Any) -> None:
+        if is_hostile(body):
+            send(head(Content_Encoding="gzip", Content_Length=str(len(bomb))) + bomb)
+        else:
+            done(send)
+
+    limit = 1 << 20
+    hostile_partitions(feed)
+    tracemalloc.start()
+    try:
+        with (
+            raw_handler(script) as service,
+            watching(db_url, HTTPProcessor(service.url, max_answer_bytes=limit), **HOSTILE),
+        ):
+            failed = contained(feed)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert failed["last_error"] == f"answer larger than {limit} bytes from {service.url}"
+    # Inflated a chunk at a time, one 64 KiB chunk of the bomb alone would be 64 MiB.
+    assert peak < 16 * (1 << 20), f"peak of traced memory {peak / (1 << 20):.1f} MiB"
+
+
+def test_a_huge_content_length_is_refused_before_reading(db_url: str, feed: Feed) -> None:
+    def script(body: dict[str, Any], send: Any) -> None:
+        if is_hostile(body):
+            send(head(Content_Length=str(10**12)) + b"{")  # and nothing more: reading would wait
+        else:
+            done(send)
+
+    hostile_partitions(feed)
+    with raw_handler(script) as service, watching(db_url, HTTPProcessor(service.url, timeout=30), **HOSTILE):
+        failed = contained(feed)
+
+    assert failed["last_error"] == (
+        f"answer larger than {10 * 1024 * 1024} bytes (Content-Length: 1000000000000) from {service.url}"
+    )
+
+
+def test_timeout_bounds_the_whole_request_not_each_read(db_url: str, feed: Feed) -> None:
+    def script(body: dict[str, Any], send: Any) -> None:
+        if not is_hostile(body):
+            return done(send)
+        send(head(Content_Length="100"))
+        for _ in range(100):  # a byte every 0.5 s: each read is well within --timeout 1, the answer never
+            time.sleep(0.5)
+            send(b" ")
+
+    hostile_partitions(feed)
+    started = time.monotonic()
+    with raw_handler(script) as service, watching(db_url, HTTPProcessor(service.url, timeout=1), **HOSTILE):
+        failed = contained(feed)
+        first, second = [d for d in service.of("hostile") if is_hostile(d.body)][:2]
+
+    assert failed["last_error"] == f"handler timed out after 1s (whole request, {service.url})"
+    # The first delivery was cut at ~1 s: the second (after a 0.05 s backoff) began soon after.
+    assert 1.0 - 0.01 <= second.start - first.start < 2.5, second.start - first.start
+    assert time.monotonic() - started < 15
+
+
+# ---------------------------------------------------------------- credentials are never shown
+
+
+def test_an_unreachable_handler_is_named_without_its_credentials(db_url: str, feed: Feed) -> None:
+    url = f"http://feeder:s3cr%40t@127.0.0.1:{unused_port()}/handle"
+    feed.add_partition("secret", items=[(0, js({}))])
+    with watching(db_url, HTTPProcessor(url), max_attempts=2):
+        final = wait_status(feed, "secret", "failed")
+
+    [failed] = final["failed_items"]
+    error = failed["last_error"]
+    assert error.startswith("handler unreachable: ConnectError: "), error
+    assert error.endswith(f"(http://***@127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}/handle)"), error
+    every_error = [error, *error_events(feed, "secret"), repr(HTTPProcessor(url))]
+    assert not [e for e in every_error if "s3cr" in e or "feeder" in e], every_error
+
+
+def test_a_handler_with_credentials_gets_them_but_errors_do_not_show_them(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    handler.behavior = lambda body: (500, "boom: " + "x" * 600)
+    url = handler.url.replace("http://", "http://feeder:s3cret@")
+    feed.add_partition("auth-fail", items=[(0, js({}))])
+    with watching(db_url, HTTPProcessor(url), max_attempts=2):
+        final = wait_status(feed, "auth-fail", "failed")
+
+    [failed] = final["failed_items"]
+    shown_url = handler.url.replace("http://", "http://***@")
+    assert failed["last_error"] == f"HTTP 500 from {shown_url}: boom: " + "x" * 494  # the body's first 500 bytes
+    expected = "Basic " + base64.b64encode(b"feeder:s3cret").decode()
+    assert all(d.headers["authorization"] == expected for d in handler.of("auth-fail"))
+
+
+def test_healthz_reason_never_shows_the_handlers_credentials() -> None:
+    port = unused_port()
+    reason = handler_reason(f"http://feeder:s3cret@127.0.0.1:{port}/handle")
+    assert reason is not None and reason.startswith(f"handler http://127.0.0.1:{port}/: ")
+    assert "s3cret" not in reason and "feeder" not in reason
+    assert handler_base("https://u:p@ocr:8443/classify") == "https://ocr:8443/"

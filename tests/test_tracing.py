@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -165,3 +166,25 @@ def test_without_opentelemetry_everything_is_a_no_op(monkeypatch: pytest.MonkeyP
             tracing.enable()
     finally:
         tracing.reset()
+
+
+def test_a_handler_request_carries_the_traceparent_of_its_delivery_span(
+    provider: TracerProvider, db_url: str, handler: Any
+) -> None:
+    """End to end: a real watcher, the HTTP processor and a handler on loopback."""
+    from feedproc import Feed, HTTPProcessor
+
+    from .test_watcher import wait_status, watching
+
+    handler.behavior = lambda body: (200, {"done": True}) if body["gate"] else (200, {"gate": 1})
+    with Feed(db_url) as feed:
+        feed.add_partition("traced", [(0, b"{}")])
+        with watching(db_url, HTTPProcessor(handler.url)):
+            wait_status(feed, "traced", "complete")
+    finished = spans(provider)
+    deliveries = sorted((s for s in finished if s.name == "feedproc.deliver"), key=lambda s: s.start_time)
+    assert [s.attributes["feedproc.outcome"] for s in deliveries] == ["move", "done"]
+    for delivery, request in zip(deliveries, handler.deliveries, strict=True):
+        trace_id, span_id, _ = TRACEPARENT.match(request.headers["traceparent"]).groups()
+        assert int(trace_id, 16) == delivery.context.trace_id and int(span_id, 16) == delivery.context.span_id
+    assert any(s.name == "feedproc.group_commit" for s in finished)
