@@ -1008,6 +1008,13 @@ class Store:
                 self._store_progress(conn, leases, progress)
             return leases
 
+    def partition_statuses(self, pids: Sequence[int]) -> dict[int, str]:
+        """The status of each of these partitions (a watcher telling why a lease went)."""
+        if not pids:
+            return {}
+        with self.read() as conn:
+            return dict(conn.execute(select(P.id, P.status).where(P.id.in_(sorted(pids)))).all())
+
     def owned(self, watcher_id: str) -> list[Lease]:
         """The partitions currently leased to a watcher (with any steal request on them)."""
         with self.single() as conn:

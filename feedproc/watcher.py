@@ -416,7 +416,12 @@ class Watcher:
                         self.config.lease_seconds,
                         len(self.owned),
                     )
-                    self._reconcile([], dict(self.owned))
+                    for lease in self._reconcile([], dict(self.owned)):
+                        log.warning(
+                            "lost the lease on partition %s; no longer dispatching it",
+                            lease.key,
+                            extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                        )
                 continue
             self._health.ok()
             self._last_renewal = time.monotonic()
@@ -428,28 +433,50 @@ class Watcher:
         before = dict(self.owned)
         started = time.monotonic()
         leases = await self._db_call(executor, fn, *args)
-        self._reconcile(leases, before)
+        lost = self._reconcile(leases, before)
         self._note_deadlines(leases, started)
+        if lost:
+            await self._tell_lost(executor, lost)
         return [lease for lease in leases if (lease.partition_id, lease.epoch) in self._given_up]
 
-    def _reconcile(self, leases: list[Lease], before: dict[int, Lease]) -> None:
+    async def _tell_lost(self, executor: ThreadPoolExecutor, lost: list[Lease]) -> None:
+        """Say why leases went: the partition was cancelled (INFO), or another watcher has it (WARNING)."""
+        try:
+            statuses = await self._db_call(executor, self.store.partition_statuses, [x.partition_id for x in lost])
+        except Exception:  # only the wording depends on it
+            statuses = {}
+        for lease in lost:
+            event = _FINISHED_EVENTS.get(statuses.get(lease.partition_id, ""))
+            if event is not None:
+                log.info(
+                    "partition %s is %s; no longer dispatching it",
+                    lease.key,
+                    statuses[lease.partition_id],
+                    extra={"event": event, "key": lease.key, "watcher": self.id},
+                )
+            else:
+                log.warning(
+                    "lost the lease on partition %s; no longer dispatching it",
+                    lease.key,
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                )
+
+    def _reconcile(self, leases: list[Lease], before: dict[int, Lease]) -> list[Lease]:
         """Bring `owned` in line with `leases`, read from the database while `owned` was `before`.
 
         Only leases held before the read can be judged lost (one leased meanwhile is not in the
-        answer yet), and a lease given up meanwhile is not taken back from a stale answer.
+        answer yet), and a lease given up meanwhile is not taken back from a stale answer. Returns
+        the leases lost.
         """
         current = {lease.partition_id: lease for lease in leases}
+        lost = []
         for pid, lease in before.items():
             held = self.owned.get(pid)
             if held is None or held.epoch != lease.epoch:
                 continue  # released, handed over or re-leased since the read began
             now = current.get(pid)
             if now is None or now.epoch != lease.epoch:
-                log.warning(
-                    "lost the lease on partition %s; no longer dispatching it",
-                    lease.key,
-                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
-                )
+                lost.append(lease)
                 self._forget(pid)
         for pid, lease in current.items():
             if (pid, lease.epoch) in self._given_up:
@@ -462,6 +489,7 @@ class Watcher:
             self.owned[pid] = lease
             if lease.wanted_by:
                 self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
+        return lost
 
     def _note_deadlines(self, leases: list[Lease], read_at: float) -> None:
         """Remember, on our monotonic clock, until when each lease is surely still ours: what the
@@ -1143,6 +1171,9 @@ class Watcher:
                 "handler": handler,
             },
         )
+
+
+_FINISHED_EVENTS = {"complete": "partition_completed", "failed": "partition_failed", "cancelled": "partition_cancelled"}
 
 
 def _merge(total: Applied, applied: Applied) -> None:

@@ -4,12 +4,14 @@ the traceback (in-process watcher, both databases)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
 from feedproc import Feed, Item, Processor, Response
 
+from .support import wait_until
 from .test_watcher import wait_status, watching
 
 
@@ -61,3 +63,21 @@ def test_gate_advances_and_completions_are_logged_at_info(
     assert (advance.key, advance.gate) == ("steps", 2) and "from gate 0 to gate 2" in advance.getMessage()
     (completed,) = records(caplog, "partition_completed")
     assert completed.key == "steps"
+
+
+def test_a_partition_cancelled_while_leased_is_logged_at_info_not_as_a_lost_lease(
+    db_url: str, feed: Feed, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Slow(Processor):
+        async def process(self, item: Item) -> Response:
+            await asyncio.sleep(0.2)
+            return Response(done=True)
+
+    caplog.set_level(logging.INFO, logger="feedproc.watcher")
+    feed.add_partition("doomed", [(0, b"{}")] * 50)
+    with watching(db_url, Slow(), concurrency=2):
+        wait_until(lambda: records(caplog, "leased"), what="the partition leased")
+        feed.cancel("doomed")
+        (cancelled,) = wait_until(lambda: records(caplog, "partition_cancelled"), what="the cancellation told")
+    assert cancelled.key == "doomed" and cancelled.levelno == logging.INFO
+    assert not records(caplog, "lease_lost")
