@@ -30,21 +30,9 @@ from feedproc.processors import (
     read_body,
 )
 from feedproc.redact import redact_text, redact_url, url_secrets
-from feedproc.store import Kind, ReadyItem
+from feedproc.store import Kind
 
-
-def ready(gate: int = 0, attempts: int = 0) -> ReadyItem:
-    return ReadyItem(
-        id=7,
-        version=3,
-        partition_id=11,
-        partition="p",
-        queue="default",
-        epoch=5,
-        gate=gate,
-        attempts=attempts,
-        data=b"{}",
-    )
+from .test_policy import ready
 
 
 def item(gate: int = 0) -> Item:
