@@ -162,7 +162,9 @@ queues = Table(
 inflight = Table(
     "feedproc_inflight",
     metadata,
-    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), primary_key=True),
+    # No foreign key: its check would take a key-share lock on the partition in every fetch, which
+    # waits behind a group commit's lock; retention deletes these rows with their partition.
+    Column("partition_id", BigId, primary_key=True),
     Column("watcher", String(120), nullable=False),
     Column("epoch", BigInteger, nullable=False),
     Column("entries", Text, nullable=False),

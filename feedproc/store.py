@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,6 @@ from .dialects import (
     is_postgres,
     make_engine,
     pg_bigint_array,
-    pg_float_array,
     seconds_from_now,
     seconds_until,
 )
@@ -130,7 +130,6 @@ class ReadyItem:
     weight: int = 1  # its share of the queue's concurrency limit while in flight
     deliveries: int = 0  # the item's deliveries so far, every gate (its next one is number deliveries + 1)
     lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
-    entry: str = ""  # "id/version": how the in-flight record names this delivery
 
 
 class Kind:
@@ -163,8 +162,8 @@ class Outcome:
     # The delivery's record (feedproc_attempts; a completing delivery's lives on the item row).
     n: int = 0  # the item's delivery number (its deliveries + 1)
     attempt: int = 0  # the attempt number the processor saw
-    started_at: float | None = None  # when the processor was called: epoch seconds, the watcher's clock
-    duration: float | None = None  # seconds the call took
+    started_us: int | None = None  # when the processor was called: epoch microseconds, the watcher's clock
+    duration_us: int | None = None  # microseconds the call took
     detail: str | None = None  # the error with its traceback or the answer's start, for the record
 
 
@@ -1201,13 +1200,13 @@ class Store:
         leases: Sequence[Lease],
         *,
         kind: str = "yielded",
-        abandoned: dict[int, str] | None = None,
+        abandoned: dict[int, list[tuple[int, int]]] | None = None,
         max_attempts: int = 5,
     ) -> int:
         """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry.
 
-        `abandoned`: per partition, the in-flight entries (`inflight_entries`) of deliveries still
-        running that the watcher gives up on; each is charged as a lost delivery now."""
+        `abandoned`: per partition, the (item id, version) of deliveries still running that the
+        watcher gives up on; each is charged as a lost delivery now."""
         if not leases:
             return 0
         with self.write() as conn:
@@ -1226,7 +1225,7 @@ class Store:
                     reason = (
                         "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace"
                     )
-                    self._charge(conn, pid, watcher_id, abandoned[pid], max_attempts, reason)
+                    self._charge(conn, pid, watcher_id, encode_inflight(abandoned[pid]), max_attempts, reason)
             conn.execute(sa_delete(inflight).where(F.partition_id.in_(ids)))
             conn.execute(
                 update(partitions)
@@ -1284,11 +1283,7 @@ class Store:
         self, conn: Connection, pid: int, watcher: str, entries: str, max_attempts: int, reason: str
     ) -> list[dict[str, Any]]:
         """Charge the unanswered deliveries among `entries` (items still available, same version)."""
-        wanted: dict[int, tuple[int, bool]] = {}
-        for entry in entries.split(","):
-            parts = entry.split("/")
-            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                wanted[int(parts[0])] = (int(parts[1]), parts[2:] == ["i"])
+        wanted = decode_inflight(entries)
         if not wanted:
             return []
         rows = conn.execute(
@@ -1360,7 +1355,7 @@ class Store:
             ).first()
             if held is None:
                 return False
-            entries = f"{item.id}/{item.version}/i"
+            entries = "=" + encode_inflight([(item.id, item.version)], alone=True)
             params = {"pid": item.partition_id, "watcher": watcher_id, "epoch": item.epoch, "entries": entries}
             conn.execute(_SQLITE_MARK_INFLIGHT, params)  # standard SQL upsert: both databases
             return True
@@ -1375,7 +1370,7 @@ class Store:
         *,
         slots: SlotClaim | None = None,
         closed: Iterable[int] = (),
-        kept: dict[int, str] | None = None,
+        kept: dict[int, list[tuple[int, int]]] | None = None,
     ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): partitions by priority then age, items in
@@ -1384,9 +1379,10 @@ class Store:
         With `slots` (the watcher's queue has a concurrency limit) the fetch is also the slot claim:
         see `_fetch_within_limit`.
 
-        The items returned are recorded as in flight (`feedproc_inflight`) in the same statement or
-        transaction, with `kept` (partition id -> entries still in flight from earlier fetches, see
-        `inflight_entries`): a watcher that takes a partition over charges whatever is still there."""
+        The items returned are recorded as in flight (`feedproc_inflight`) before they are returned,
+        appended to what the partition's record holds, or, for the partitions in `kept` (partition id
+        -> (item id, version) of the items still in flight from earlier fetches), replacing it with
+        those and these: a watcher that takes a partition over charges whatever is still there."""
         excluded, shut, kept = sorted(set(exclude)), sorted(set(closed)), kept or {}
         if slots is not None:
             return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept)
@@ -1397,6 +1393,39 @@ class Store:
                 return self._fetch_ready_pg(conn, watcher_id, limit, excluded, shut, kept)
         with self.write() as conn:
             return self._fetch_ready_sqlite(conn, watcher_id, limit, excluded, shut, kept)
+
+    def _mark_inflight(
+        self, conn: Connection, watcher_id: str, found: list[ReadyItem], kept: dict[int, list[tuple[int, int]]]
+    ) -> list[ReadyItem]:
+        """Record `found` (and `kept`) as in flight, per partition; the items of partitions whose
+        record a newer lease holds are dropped (PostgreSQL; SQLite's write lock rules that out)."""
+        if not found:
+            return found
+        taken: dict[int, list[tuple[int, int]]] = {}
+        epochs: dict[int, int] = {}
+        for item in found:
+            taken.setdefault(item.partition_id, []).append((item.id, item.version))
+            epochs[item.partition_id] = item.epoch
+        pids = sorted(taken)
+        entries = [
+            "=" + encode_inflight([*kept[pid], *taken[pid]]) if pid in kept else encode_inflight(taken[pid])
+            for pid in pids
+        ]
+        if not self.postgres:
+            rows = [
+                {"pid": pid, "watcher": watcher_id, "epoch": epochs[pid], "entries": e}
+                for pid, e in zip(pids, entries, strict=True)
+            ]
+            conn.execute(_SQLITE_MARK_INFLIGHT, rows)
+            return found
+        params = {
+            "watcher": watcher_id,
+            "pids": pg_bigint_array(pids),
+            "epochs": pg_bigint_array(epochs[pid] for pid in pids),
+            "entries": entries,
+        }
+        marked = set(conn.execute(_PG_MARK_INFLIGHT, params).scalars())
+        return found if len(marked) == len(pids) else [item for item in found if item.partition_id in marked]
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
         return select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at, P.weight).where(
@@ -1428,18 +1457,13 @@ class Store:
         limit: int,
         excluded: list[int],
         closed: list[int],
-        kept: dict[int, str],
+        kept: dict[int, list[tuple[int, int]]],
     ) -> list[ReadyItem]:
-        params = {
-            "watcher": watcher_id,
-            "excluded": pg_bigint_array(excluded),
-            "limit": limit,
-            "closed": pg_bigint_array(closed),
-            "kept_pids": pg_bigint_array(kept),
-            "kept": list(kept.values()),
-        }
+        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit}
+        params["closed"] = pg_bigint_array(closed)
         # fetchall and positional rows: the columns are ReadyItem's fields, in order.
-        return [ReadyItem(*row) for row in conn.execute(_PG_FETCH_READY, params).all()]
+        found = [ReadyItem(*row) for row in conn.execute(_PG_FETCH_READY, params).all()]
+        return self._mark_inflight(conn, watcher_id, found, kept)
 
     def _fetch_ready_sqlite(
         self,
@@ -1448,7 +1472,7 @@ class Store:
         limit: int,
         excluded: list[int],
         closed: list[int],
-        kept: dict[int, str],
+        kept: dict[int, list[tuple[int, int]]],
     ) -> list[ReadyItem]:
         # SQLite has no LATERAL; it is in-process, so one short query per partition costs little.
         owned = conn.execute(
@@ -1479,30 +1503,12 @@ class Store:
                     p.weight,
                     r.deliveries,
                     r.lost,
-                    f"{r.id}/{r.version}",
                 )
                 for r in conn.execute(query)
             ]
             if len(found) >= limit:
                 break
-        if found:  # the write transaction holds SQLite's only write lock: no newer lease can interleave
-            taken: dict[int, list[str]] = {}
-            for item in found:
-                taken.setdefault(item.partition_id, []).append(item.entry)
-            epochs = {item.partition_id: item.epoch for item in found}
-            conn.execute(
-                _SQLITE_MARK_INFLIGHT,
-                [
-                    {
-                        "pid": pid,
-                        "watcher": watcher_id,
-                        "epoch": epochs[pid],
-                        "entries": ",".join(filter(None, [kept.get(pid), *entries])),
-                    }
-                    for pid, entries in taken.items()
-                ],
-            )
-        return found
+        return self._mark_inflight(conn, watcher_id, found, kept)
 
     def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
@@ -1562,8 +1568,8 @@ class Store:
                         "clear": o.kind in (Kind.DONE, Kind.MOVE),
                         "delay": float(o.delay),
                         "progress": o.progress,
-                        "started": o.started_at,
-                        "duration": o.duration,
+                        "started": o.started_us,
+                        "duration": o.duration_us,
                     }
                 )
             if o.kind != Kind.DONE:
@@ -1575,8 +1581,8 @@ class Store:
                         "attempt": o.attempt,
                         "gate": o.gate,
                         "watcher": watcher_id,
-                        "started_at": _from_epoch(o.started_at),
-                        "duration": o.duration,
+                        "started_at": _from_micros(o.started_us),
+                        "duration": None if o.duration_us is None else o.duration_us / 1e6,
                         "outcome": RECORD_OUTCOMES[o.kind],
                         "error": _record_error(o) if failure else None,
                     }
@@ -1614,8 +1620,8 @@ class Store:
             params = {
                 "id": pg_bigint_array(o.item_id for o in completed),
                 "version": pg_bigint_array(o.version for o in completed),
-                "started": pg_float_array(o.started_at for o in completed),
-                "duration": pg_float_array(o.duration for o in completed),
+                "started": _micros_array(o.started_us for o in completed),
+                "duration": _micros_array(o.duration_us for o in completed),
                 "watcher": watcher_id,
             }
             matched += conn.execute(_PG_COMPLETE_ITEMS, params).rowcount
@@ -1624,7 +1630,8 @@ class Store:
             matched += conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount
         elif rows:
             for r in rows:
-                r["started"] = _from_epoch(r["started"])
+                r["started"] = _from_micros(r["started"])
+                r["duration"] = None if r["duration"] is None else r["duration"] / 1e6
             matched += conn.execute(
                 _UPDATE_ITEM, [{"b_watcher": watcher_id, **{f"b_{k}": v for k, v in r.items()}} for r in rows]
             ).rowcount
@@ -1775,7 +1782,7 @@ class Store:
         excluded: list[int],
         claim: SlotClaim,
         closed: list[int],
-        kept: dict[int, str],
+        kept: dict[int, list[tuple[int, int]]],
     ) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
         in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
@@ -2049,20 +2056,17 @@ class Store:
 # The ready items of a watcher's partitions, in dispatch order, in one statement: for each leased
 # partition LATERAL walks feedproc_items_by_gate in due order (ids only: an index-only scan,
 # stopped at `limit`); the best `limit` overall are then joined back to their rows for the data.
-# The same statement records them as taken for delivery (`feedproc_inflight`, one row per
-# partition: what is still in flight from earlier fetches, `kept`, plus these), unless a newer lease
-# wrote that row meanwhile; only the items so recorded are returned. A row per partition and fetch,
-# not per item: marking each item row cost as much as completing it (28 against 25 us per item,
-# measured on 30,000 items in batches of 200).
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
 # with a few hundred in flight).
 _PG_FETCH_READY = text(
     """
-    WITH best AS MATERIALIZED (
+    SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data, best.weight,
+           i.deliveries, i.lost
+    FROM (
         SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
                p.weight
-        FROM (SELECT set_config('synchronous_commit', 'off', true)) AS durability, feedproc_partitions AS p
+        FROM feedproc_partitions AS p
         CROSS JOIN LATERAL (
             SELECT c.id, c.next_attempt_at
             FROM feedproc_items AS c
@@ -2075,27 +2079,38 @@ _PG_FETCH_READY = text(
           AND p.lease_expires_at > now() AND p.ready_at <= now()
           AND p.id NOT IN (SELECT unnest(CAST(:closed AS bigint[])))
         ORDER BY p.priority DESC, p.created_at, p.id, ready.next_attempt_at, ready.id
-        LIMIT :limit
-    ), rows AS MATERIALIZED (
-        SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data,
-               best.weight, i.deliveries, i.lost, i.id || '/' || i.version AS entry,
-               best.priority, best.created_at, best.next_attempt_at
-        FROM best JOIN feedproc_items AS i ON i.id = best.id
-    ), marked AS (
-        INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
-        SELECT t.pid, :watcher, t.lease_epoch, concat_ws(',', k.entries, t.entries)
-        FROM (SELECT pid, lease_epoch, string_agg(entry, ',') AS entries FROM rows GROUP BY pid, lease_epoch) AS t
-        LEFT JOIN unnest(CAST(:kept_pids AS bigint[]), CAST(:kept AS text[])) AS k(pid, entries) ON k.pid = t.pid
-        ORDER BY t.pid
-        ON CONFLICT (partition_id) DO UPDATE
-            SET watcher = excluded.watcher, epoch = excluded.epoch, entries = excluded.entries
-            WHERE f.epoch <= excluded.epoch
-        RETURNING f.partition_id
-    )
-    SELECT id, version, pid, key, queue, lease_epoch, gate, attempts, data, weight, deliveries, lost, entry
-    FROM rows
-    WHERE pid IN (SELECT partition_id FROM marked)
-    ORDER BY priority DESC, created_at, pid, next_attempt_at, id
+        LIMIT :limit) AS best
+    JOIN feedproc_items AS i ON i.id = best.id
+    ORDER BY best.priority DESC, best.created_at, best.pid, best.next_attempt_at, best.id
+    """
+)
+# What a fetch took, recorded as in flight before anything of it is delivered: one row per
+# partition (what is still in flight there from earlier fetches, plus these), unless a newer lease
+# wrote that row meanwhile; only the partitions returned may be delivered. A row per partition and
+# fetch, not per item: marking each item row cost as much as completing it (28 against 25 us per
+# item, measured on 30,000 items in batches of 200); and a statement of its own, with the entries
+# encoded here as runs of ids: built inside the fetch statement (a CTE and an aggregate), the
+# record cost 8 us of database CPU per item. It commits without waiting for its WAL flush: a record
+# lost in a database crash means a delivery not charged, nothing worse.
+# A fetch appends its runs to the partition's record, so what is still in flight from earlier fetches
+# is not sent again; now and then a watcher rewrites the record whole (entries starting with "="),
+# leaving out what was answered meanwhile. A record of an older lease is always replaced. (A first
+# record keeps its "=", which decoding ignores.)
+_APPEND_OR_REPLACE = """CASE
+            WHEN f.epoch = excluded.epoch AND substr(excluded.entries, 1, 1) <> '='
+                THEN f.entries || ',' || excluded.entries
+            ELSE ltrim(excluded.entries, '=') END"""
+_PG_MARK_INFLIGHT = text(
+    f"""
+    INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
+    SELECT m.pid, :watcher, m.epoch, m.entries
+    FROM (SELECT set_config('synchronous_commit', 'off', true)) AS durability,
+         unnest(CAST(:pids AS bigint[]), CAST(:epochs AS bigint[]), CAST(:entries AS text[])) AS m(pid, epoch, entries)
+    ORDER BY m.pid
+    ON CONFLICT (partition_id) DO UPDATE
+        SET watcher = excluded.watcher, epoch = excluded.epoch, entries = {_APPEND_OR_REPLACE}
+        WHERE f.epoch <= excluded.epoch
+    RETURNING f.partition_id
     """
 )
 # `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
@@ -2166,16 +2181,16 @@ _PG_UPDATE_ITEMS = text(
         progress = v.progress,  -- kept only by a 'not yet' answer that carries it
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = to_timestamp(v.started),
-        duration = v.duration,
+        started_at = to_timestamp(v.started / 1e6),
+        duration = v.duration / 1e6,
         delivered_by = :watcher,
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
                 CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
-                CAST(:progress AS double precision[]), CAST(:started AS double precision[]),
-                CAST(:duration AS double precision[]))
+                CAST(:progress AS double precision[]), CAST(:started AS bigint[]),
+                CAST(:duration AS bigint[]))
         AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
@@ -2274,8 +2289,9 @@ _REFRESH_READY_AT = (
 # needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
 # turn the facts' correlated subqueries into questions about the items' own columns.)
 _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate))
-# The same update for the common answer, "done" without new data: four arrays instead of twelve (the
-# start times as epoch seconds: all four bound as text literals, see pg_float_array).
+# The same update for the common answer, "done" without new data: four arrays instead of twelve, all
+# bound as text literals (pg_bigint_array): the start time and duration in microseconds, because
+# formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy).
 # `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
 _PG_COMPLETE_ITEMS = text(
     """
@@ -2286,13 +2302,13 @@ _PG_COMPLETE_ITEMS = text(
         progress = NULL,
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = to_timestamp(v.started),
-        duration = v.duration,
+        started_at = to_timestamp(v.started / 1e6),
+        duration = v.duration / 1e6,
         delivered_by = :watcher,
         version = i.version + 1,
         updated_at = now()
-    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS double precision[]),
-                CAST(:duration AS double precision[])) AS v(id, version, started, duration)
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS bigint[]),
+                CAST(:duration AS bigint[])) AS v(id, version, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
@@ -2364,11 +2380,11 @@ _CHARGE_LOST = (
 # SQLite's twin of the marking in _PG_FETCH_READY (the fetch runs in a write transaction there);
 # `isolate` uses it on both databases.
 _SQLITE_MARK_INFLIGHT = text(
-    """
+    f"""
     INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
     VALUES (:pid, :watcher, :epoch, :entries)
     ON CONFLICT (partition_id) DO UPDATE
-        SET watcher = excluded.watcher, epoch = excluded.epoch, entries = excluded.entries
+        SET watcher = excluded.watcher, epoch = excluded.epoch, entries = {_APPEND_OR_REPLACE}
         WHERE f.epoch <= excluded.epoch
     """
 )
@@ -2426,8 +2442,59 @@ def _record_error(o: Outcome) -> str:
     return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
 
 
-def _from_epoch(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+def encode_inflight(deliveries: Iterable[tuple[int, int]], *, alone: bool = False) -> str:
+    """An in-flight record's entries: (item id, version) pairs as runs of consecutive ids with one
+    version, `first-last/version` or `id/version`, comma-separated; `/i` ends each when the
+    delivery is alone (isolated). Runs keep a fetch's record a few bytes however many items it took."""
+    pairs = sorted(set(deliveries))
+    suffix = "/i" if alone else ""
+    one_run = len(pairs) > 1 and pairs[-1][0] - pairs[0][0] == len(pairs) - 1
+    if one_run and len(set(map(itemgetter(1), pairs))) == 1:  # the common case of a fetch
+        return f"{pairs[0][0]}-{pairs[-1][0]}/{pairs[0][1]}{suffix}"
+    runs: list[str] = []
+    first = last = version = None
+    for item_id, item_version in pairs:
+        if last is not None and item_id == last + 1 and item_version == version:
+            last = item_id
+            continue
+        if first is not None:
+            runs.append(f"{first}-{last}/{version}{suffix}" if last != first else f"{first}/{version}{suffix}")
+        first = last = item_id
+        version = item_version
+    if first is not None:
+        runs.append(f"{first}-{last}/{version}{suffix}" if last != first else f"{first}/{version}{suffix}")
+    return ",".join(runs)
+
+
+def decode_inflight(entries: str) -> dict[int, tuple[int, bool]]:
+    """{item id: (version, alone)} from `encode_inflight`'s text (malformed runs are skipped)."""
+    wanted: dict[int, tuple[int, bool]] = {}
+    for run in entries.lstrip("=").split(","):
+        parts = run.split("/")
+        if len(parts) < 2 or not parts[1].isdigit():
+            continue
+        first, dash, last = parts[0].partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            continue
+        span = range(int(first), int(last or first) + 1)
+        if len(span) > 1_000_000:  # not written by us: never expand it
+            continue
+        alone = parts[2:] == ["i"]
+        for item_id in span:
+            wanted[item_id] = (int(parts[1]), alone)
+    return wanted
+
+
+def _from_micros(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1e6, UTC)
+
+
+def _micros_array(values: Iterable[int | None]) -> str:
+    """`pg_bigint_array` for values that may be missing (outcomes written without a record)."""
+    values = list(values)
+    if None not in values:
+        return "{" + ",".join(map(str, values)) + "}"
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -72,6 +72,9 @@ PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurre
 TRACEBACK_KEPT = 4096  # characters of a processor's traceback kept in its delivery record (the end)
 FAILED_WRITES_FATAL = 3  # group commits in a row that could write nothing (not an outage): the watcher stops
 FAILED_POLLS_FATAL = 5  # poll cycles in a row failing with an error of ours (not an outage): likewise
+# A fetch appends to its partitions' in-flight records; every this many fetches of a partition its
+# record is rewritten whole from what is in flight here (answered deliveries drop out of it).
+COMPACT_AFTER = 32
 T = TypeVar("T")
 
 
@@ -190,6 +193,7 @@ class Watcher:
         self._suspect_found = asyncio.Event()
         self._isolating = False  # delivering a suspect alone: nothing else is fetched or started
         self._failed_writes = 0  # group commits in a row that wrote nothing for reasons other than an outage
+        self._appended: Counter[int] = Counter()  # fetches appended to each partition's record since its rewrite
         self._failed_polls = 0
         self._handler = getattr(processor, "url", None) if isinstance(processor, HTTPProcessor) else None
         # Three threads, three connections: the heartbeat never waits behind anything; flushes
@@ -352,6 +356,13 @@ class Watcher:
             log.error("writing answers on stop failed: %s", error)
         abandoned = self._inflight_entries(self.busy)  # still running: charged as lost deliveries
         try:
+            # A lease taken by a poll that was cancelled mid-call is in the database, not in `owned`:
+            # this read queues behind that call on the same thread, so it sees it.
+            for lease in await self._db_call(self._db, self.store.owned, self.id):
+                self.owned.setdefault(lease.partition_id, lease)
+        except Exception:  # the release below says what went wrong, if anything
+            pass
+        try:
             released = await self._db_call(
                 self._db,
                 self.store.release,
@@ -508,6 +519,7 @@ class Watcher:
     def _forget(self, pid: int) -> None:
         """Stop holding partition `pid` (released, handed over or lost); drop its buffered items."""
         self._valid_until.pop(pid, None)
+        self._appended.pop(pid, None)
         lease = self.owned.pop(pid, None)
         if lease is not None:
             self._given_up[(pid, lease.epoch)] = None
@@ -697,13 +709,29 @@ class Watcher:
             if any(c["failed"] for c in charged):
                 self._maintain_now = True  # the partition may have failed with it: read the leases again
 
-    def _inflight_entries(self, only: set[int] | None = None) -> dict[int, str]:
-        """Per partition, this watcher's items in flight as `Store.fetch_ready` records them ("id/version,...")."""
-        taken: dict[int, list[str]] = {}
+    def _kept(self) -> dict[int, list[tuple[int, int]]]:
+        """What the next fetch rewrites: the in-flight items of partitions whose record is due a rewrite."""
+        due = {pid for pid, n in self._appended.items() if n >= COMPACT_AFTER}
+        if not due:
+            return {}
+        taken: dict[int, list[tuple[int, int]]] = {pid: [] for pid in due}
+        for item in self.inflight.values():
+            if item.partition_id in due:
+                taken[item.partition_id].append((item.id, item.version))
+        return taken
+
+    def _note_fetch(self, ready: list[ReadyItem], kept: dict[int, list[tuple[int, int]]]) -> None:
+        """Count the appends to each fetched partition's record (a rewrite starts again at 0)."""
+        for pid in {item.partition_id for item in ready}:
+            self._appended[pid] = 0 if pid in kept else self._appended[pid] + 1
+
+    def _inflight_entries(self, only: set[int] | None = None) -> dict[int, list[tuple[int, int]]]:
+        """Per partition, the (id, version) of this watcher's items in flight (or of those in `only`)."""
+        taken: dict[int, list[tuple[int, int]]] = {}
         for item in self.inflight.values():
             if only is None or item.id in only:
-                taken.setdefault(item.partition_id, []).append(item.entry)
-        return {pid: ",".join(entries) for pid, entries in taken.items()}
+                taken.setdefault(item.partition_id, []).append((item.id, item.version))
+        return taken
 
     def _is_suspect(self, item: ReadyItem) -> bool:
         """An item to deliver alone: its last deliveries were lost with their watcher twice in a row, or
@@ -718,7 +746,7 @@ class Watcher:
                 self._unknown_lease(item, lease)
                 continue  # (a limited queue: its slot stays counted until the next fetch sets the count again)
             self.inflight[item.id] = item
-            if self._is_suspect(item):
+            if item.lost and self._is_suspect(item):  # `lost` is 0 but after a watcher died
                 self._suspects.append(item)
                 self._suspect_found.set()
             else:
@@ -754,8 +782,9 @@ class Watcher:
             want,
             list(self.inflight),
             closed=self._not_now(),
-            kept=self._inflight_entries(),
+            kept=(kept := self._kept()),
         )
+        self._note_fetch(ready, kept)
         self._take(ready)
 
     def _unknown_lease(self, item: ReadyItem, lease: Lease | None) -> None:
@@ -786,8 +815,9 @@ class Watcher:
             list(self.inflight),
             slots=claim,
             closed=self._not_now(),
-            kept=self._inflight_entries(),
+            kept=(kept := self._kept()),
         )
+        self._note_fetch(ready, kept)
         self._slots_reported = held + sum(item.weight for item in ready)
         self._take(ready)
 
@@ -826,68 +856,57 @@ class Watcher:
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
 
-    async def _run_one(self, item: ReadyItem, lease: Lease) -> None:
-        """Deliver one item and queue its outcome for the next group commit."""
-        self.busy.add(item.id)
-        try:
-            outcome = await self._deliver(item, lease)
-        except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
-            log.exception(
-                "internal error delivering item %s",
-                item.id,
-                extra={"event": "internal_error", "key": item.partition, "item": item.id, "watcher": self.id},
-            )
-            outcome = outcome_of(item, self.policy, error=error)
-            self._record(outcome, item, time.time(), 0.0, error)
-        finally:
-            self.busy.discard(item.id)
-            report = self._progress.pop(item.id, None)  # its answer is written instead
-        if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
-            outcome.progress = report.fraction
-        self.results.append(outcome)
-        self._answered.add(item.id)
-        self._results_ready.set()
-
-    async def _deliver(self, ready: ReadyItem, lease: Lease) -> Outcome:
+    async def _run_one(self, ready: ReadyItem, lease: Lease) -> None:
+        """Deliver one item and queue its outcome, with its record, for the next group commit."""
+        self.busy.add(ready.id)
         item = Item(
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
-        with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
-            started_at = time.time()
-            started = time.perf_counter()
-            failure: BaseException | None = None
-            try:
-                response = await call_processor(self.processor, item, lease.item_timeout or self.config.item_timeout)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # a call past its item timeout is a RetryLater, like any transient failure
-                failure = error
-            duration = time.perf_counter() - started
-            self.metrics.latency.observe(duration)
-            if failure is None:
+        failure: BaseException | None = None
+        timeout = lease.item_timeout or self.config.item_timeout
+        started_us = time.time_ns() // 1000
+        started = time.perf_counter_ns()
+        try:
+            with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 try:
-                    outcome = outcome_of(ready, self.policy, response=response)
-                except Exception as error:  # an answer our rules cannot read: its delivery failed, transiently
+                    response = await call_processor(self.processor, item, timeout)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # a call past its item timeout is a RetryLater, like any transient one
                     failure = error
-            if failure is not None:
-                outcome = outcome_of(ready, self.policy, error=failure)
-            span.outcome(outcome.kind, outcome.error)
-            return self._record(outcome, ready, started_at, duration, failure)
-
-    def _record(
-        self, outcome: Outcome, ready: ReadyItem, started_at: float, duration: float, error: BaseException | None = None
-    ) -> Outcome:
-        """Fill in the delivery's record: its number, attempt, start, duration and error detail."""
-        outcome.n = ready.deliveries + 1
-        outcome.attempt = ready.attempts + 1
-        outcome.started_at = started_at
-        outcome.duration = duration
-        if error is not None and not isinstance(self.processor, HTTPProcessor):
-            # A Python processor's own traceback (its last frames); the HTTP processor's errors are its
-            # own words (status, URL, the start of the body).
-            text = "".join(traceback.format_exception(error)).rstrip()
+                elapsed = time.perf_counter_ns() - started
+                self.metrics.latency.observe(elapsed / 1e9)
+                if failure is None:
+                    try:
+                        outcome = outcome_of(ready, self.policy, response=response)
+                    except Exception as error:  # an answer our rules cannot read: a transient failure
+                        failure = error
+                if failure is not None:
+                    outcome = outcome_of(ready, self.policy, error=failure)
+                span.outcome(outcome.kind, outcome.error)
+        except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
+            log.exception(
+                "internal error delivering item %s",
+                ready.id,
+                extra={"event": "internal_error", "key": ready.partition, "item": ready.id, "watcher": self.id},
+            )
+            failure, elapsed = error, time.perf_counter_ns() - started
+            outcome = outcome_of(ready, self.policy, error=error)
+        finally:
+            self.busy.discard(ready.id)
+            report = self._progress.pop(ready.id, None)  # its answer is written instead
+        # The delivery's record: its number, attempt, start, duration and (a Python processor's own
+        # exception) the end of its traceback; the HTTP processor's errors are their own words.
+        outcome.n, outcome.attempt = ready.deliveries + 1, item.attempt
+        outcome.started_us, outcome.duration_us = started_us, elapsed // 1000
+        if failure is not None and not isinstance(self.processor, HTTPProcessor):
+            text = "".join(traceback.format_exception(failure)).rstrip()
             outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
-        return outcome
+        if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
+            outcome.progress = report.fraction
+        self.results.append(outcome)
+        self._answered.add(ready.id)
+        self._results_ready.set()
 
     async def _isolation_loop(self) -> None:
         """Deliver suspects alone: stop starting anything else, let what runs finish and its answers
@@ -1089,7 +1108,7 @@ class Watcher:
         cause = RuntimeError(f"the answer could not be written: {type(error).__name__}: {error}")
         replacement = outcome_of(ready, self.policy, error=cause)
         replacement.n, replacement.attempt = outcome.n, outcome.attempt
-        replacement.started_at, replacement.duration = outcome.started_at, outcome.duration
+        replacement.started_us, replacement.duration_us = outcome.started_us, outcome.duration_us
         return replacement
 
     def _settled(self, batch: list[Outcome]) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from feedproc.dialects import seconds_from_now
 from feedproc.errors import NotFound
 from feedproc.schema import attempts, inflight, partitions
-from feedproc.store import RECORDS_KEPT, Kind, Store
+from feedproc.store import RECORDS_KEPT, Kind, Store, decode_inflight, encode_inflight
 
 from .test_store import A, B, answer, register
 
@@ -42,7 +42,7 @@ def recorded(store: Store, item_id: int) -> list[str]:
 def delivered(ready, outcome, n_started: float = 0.0):
     """Give an outcome the record fields a watcher fills in."""
     outcome.n, outcome.attempt = ready.deliveries + 1, ready.attempts + 1
-    outcome.started_at, outcome.duration = time.time(), 0.25
+    outcome.started_us, outcome.duration_us = time.time_ns() // 1000, 250_000
     return outcome
 
 
@@ -59,17 +59,17 @@ def test_a_fetch_records_what_it_takes_as_in_flight(three: Store) -> None:
     with three.read() as conn:
         row = conn.execute(select(inflight)).one()
     assert (row.watcher, row.epoch) == (A, ready[0].epoch)
-    assert sorted(row.entries.split(",")) == sorted(f"{r.id}/{r.version}" for r in ready)
+    assert decode_inflight(row.entries) == {r.id: (r.version, False) for r in ready}
 
 
 def test_a_fetch_keeps_the_entries_still_in_flight_from_earlier_fetches(three: Store) -> None:
     three.add_partition("p", [(0, b"1"), (0, b"2")])
     first = take(three, A, limit=1)
-    kept = {first[0].partition_id: f"{first[0].id}/{first[0].version}"}
+    kept = {first[0].partition_id: [(first[0].id, first[0].version)]}
     second = three.fetch_ready(A, 10, exclude=[first[0].id], kept=kept)
     with three.read() as conn:
         entries = conn.execute(select(inflight.c.entries)).scalar_one()
-    assert sorted(entries.split(",")) == sorted(f"{r.id}/{r.version}" for r in first + second)
+    assert decode_inflight(entries) == {r.id: (r.version, False) for r in first + second}
 
 
 def test_a_takeover_charges_the_unanswered_deliveries_of_a_dead_watcher(three: Store) -> None:
@@ -135,7 +135,7 @@ def test_release_on_stop_charges_the_deliveries_it_abandons_and_only_those(three
     three.add_partition("p", [(0, b"1"), (0, b"2")])
     running, buffered = take(three, A)
     leases = three.owned(A)
-    three.release(A, leases, abandoned={running.partition_id: f"{running.id}/{running.version}"}, max_attempts=5)
+    three.release(A, leases, abandoned={running.partition_id: [(running.id, running.version)]}, max_attempts=5)
     item = three.item(running.id)
     assert item["attempts"] == 1 and "stopped during delivery 1" in item["last_error"]
     assert three.item(buffered.id)["attempts"] == 0  # taken, never started: not charged
@@ -218,3 +218,33 @@ def test_retention_removes_the_records_with_their_partition(three: Store) -> Non
     assert deleted["partitions"] == 1 and deleted["attempts"] == 1
     with three.read() as conn:
         assert conn.execute(select(attempts)).all() == []
+
+
+# ---------------------------------------------------------------- the record's encoding
+
+
+def test_an_in_flight_record_keeps_runs_of_consecutive_ids_short() -> None:
+    deliveries = [(n, 0) for n in range(100, 300)] + [(301, 2), (302, 2), (400, 0)]
+    text = encode_inflight(deliveries)
+    assert text == "100-299/0,301-302/2,400/0"
+    assert decode_inflight(text) == {item: (version, False) for item, version in deliveries}
+
+
+def test_an_isolated_delivery_is_marked_alone_and_malformed_runs_are_skipped() -> None:
+    assert decode_inflight(encode_inflight([(7, 3)], alone=True)) == {7: (3, True)}
+    assert decode_inflight("x/1,5-/2,9/z,1-99999999999/0,8/4") == {8: (4, False)}
+
+
+def test_a_fetch_appends_to_the_record_and_a_rewrite_leaves_out_what_was_answered(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2"), (0, b"3")])
+    first = take(three, A, limit=1)
+    second = three.fetch_ready(A, 1, exclude=[first[0].id])  # appended: both recorded
+    with three.read() as conn:
+        entries = conn.execute(select(inflight.c.entries)).scalar_one()
+    assert set(decode_inflight(entries)) == {first[0].id, second[0].id}
+    three.apply(A, [delivered(first[0], answer(first[0], Kind.DONE))])
+    kept = {second[0].partition_id: [(second[0].id, second[0].version)]}  # first is answered: not kept
+    third = three.fetch_ready(A, 1, exclude=[second[0].id], kept=kept)
+    with three.read() as conn:
+        entries = conn.execute(select(inflight.c.entries)).scalar_one()
+    assert set(decode_inflight(entries)) == {second[0].id, third[0].id}

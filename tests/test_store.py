@@ -517,8 +517,9 @@ def test_acquire_records_a_leased_event_with_a_new_epoch(store):
 
 
 @pytest.mark.postgres_only
-def test_leasing_and_fetching_are_one_autocommit_statement_each_on_postgres(store):
-    """The path from a notification to a dispatch: no BEGIN and COMMIT round trips around them."""
+def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store):
+    """The path from a notification to a dispatch: no BEGIN and COMMIT round trips around them; the
+    fetch's second statement records what it took as in flight."""
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     seen: list[tuple[bool, str]] = []
@@ -535,7 +536,7 @@ def test_leasing_and_fetching_are_one_autocommit_statement_each_on_postgres(stor
     finally:
         event.remove(store.engine, "before_cursor_execute", record)
     assert leased == [(True, "WITH")]
-    assert fetched == [(True, "WITH")]  # the fetch also records what it takes as in flight
+    assert fetched == [(True, "SELECT"), (True, "INSERT")]
     assert item.epoch == lease.epoch
 
 

@@ -35,12 +35,9 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 def upgrade() -> None:
     op.create_table(
         "feedproc_inflight",
-        sa.Column(
-            "partition_id",
-            BigId,
-            sa.ForeignKey("feedproc_partitions.id", ondelete="CASCADE"),
-            primary_key=True,
-        ),
+        # No foreign key: its check would take a key-share lock on the partition in every fetch,
+        # which waits behind a group commit's lock (retention deletes these rows with their partition).
+        sa.Column("partition_id", BigId, primary_key=True),
         sa.Column("watcher", sa.String(120), nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=False),
         sa.Column("entries", sa.Text, nullable=False),
