@@ -727,9 +727,10 @@ def test_timeout_bounds_the_whole_request_not_each_read(db_url: str, feed: Feed)
         first, second = [d for d in service.of("hostile") if is_hostile(d.body)][:2]
 
     assert failed["last_error"] == f"handler timed out after 1s (whole request, {service.url})"
-    # The first delivery was cut at ~1 s: the second (after a 0.05 s backoff) began soon after.
-    assert 1.0 - 0.01 <= second.start - first.start < 2.5, second.start - first.start
-    assert time.monotonic() - started < 15
+    # The first delivery was cut at ~1 s: the second (after a 0.05 s backoff) began soon after, not
+    # after the 50 s the dribble would last (the bound leaves room for a loaded 2-core machine).
+    assert 1.0 - 0.01 <= second.start - first.start < 5, second.start - first.start
+    assert time.monotonic() - started < 30
 
 
 # ---------------------------------------------------------------- credentials are never shown
