@@ -38,6 +38,7 @@ import time
 import traceback
 import uuid
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -354,7 +355,8 @@ class Watcher:
             await asyncio.gather(flusher, return_exceptions=True)
         except Exception as error:
             log.error("writing answers on stop failed: %s", error)
-        abandoned = self._inflight_entries(self.busy)  # still running: charged as lost deliveries
+        busy = self.busy
+        abandoned = self._inflight_entries(lambda item: item.id in busy)  # still running: charged as lost
         try:
             # A lease taken by a poll that was cancelled mid-call is in the database, not in `owned`:
             # this read queues behind that call on the same thread, so it sees it.
@@ -714,22 +716,19 @@ class Watcher:
         due = {pid for pid, n in self._appended.items() if n >= COMPACT_AFTER}
         if not due:
             return {}
-        taken: dict[int, list[tuple[int, int]]] = {pid: [] for pid in due}
-        for item in self.inflight.values():
-            if item.partition_id in due:
-                taken[item.partition_id].append((item.id, item.version))
-        return taken
+        taken = self._inflight_entries(lambda item: item.partition_id in due)
+        return {pid: taken.get(pid, []) for pid in due}
 
     def _note_fetch(self, ready: list[ReadyItem], kept: dict[int, list[tuple[int, int]]]) -> None:
         """Count the appends to each fetched partition's record (a rewrite starts again at 0)."""
         for pid in {item.partition_id for item in ready}:
             self._appended[pid] = 0 if pid in kept else self._appended[pid] + 1
 
-    def _inflight_entries(self, only: set[int] | None = None) -> dict[int, list[tuple[int, int]]]:
-        """Per partition, the (id, version) of this watcher's items in flight (or of those in `only`)."""
+    def _inflight_entries(self, which: Callable[[ReadyItem], bool]) -> dict[int, list[tuple[int, int]]]:
+        """Per partition, the (id, version) of this watcher's items in flight that match `which`."""
         taken: dict[int, list[tuple[int, int]]] = {}
         for item in self.inflight.values():
-            if only is None or item.id in only:
+            if which(item):
                 taken.setdefault(item.partition_id, []).append((item.id, item.version))
         return taken
 
