@@ -115,6 +115,8 @@ def _count_statements() -> Counter[str]:
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
 
+    from .dialects import DriverStatement
+
     counts: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -127,6 +129,7 @@ def _count_statements() -> Counter[str]:
         add("statements", len(parameters) if many and isinstance(parameters, list | tuple) else 1)
 
     event.listen(Engine, "before_cursor_execute", on_statement)
+    DriverStatement.observer = lambda conn, statement: add("statements")
     event.listen(Engine, "commit", lambda conn: add("commits"))
     event.listen(Engine, "rollback", lambda conn: add("rollbacks"))
     event.listen(Pool, "checkout", lambda *args: add("checkouts"))

@@ -57,6 +57,7 @@ from . import gates
 from . import windows as timewindows
 from .dialects import (
     WRITE_OPTION,
+    DriverStatement,
     db_now,
     is_postgres,
     make_engine,
@@ -1424,7 +1425,7 @@ class Store:
             "epochs": pg_bigint_array(epochs[pid] for pid in pids),
             "entries": entries,
         }
-        marked = set(conn.execute(_PG_MARK_INFLIGHT, params).scalars())
+        marked = {row[0] for row in _PG_MARK_INFLIGHT.rows(conn, params)}
         return found if len(marked) == len(pids) else [item for item in found if item.partition_id in marked]
 
     def _leased_for_dispatch(self, watcher_id: str) -> Any:
@@ -1462,7 +1463,7 @@ class Store:
         params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit}
         params["closed"] = pg_bigint_array(closed)
         # fetchall and positional rows: the columns are ReadyItem's fields, in order.
-        found = [ReadyItem(*row) for row in conn.execute(_PG_FETCH_READY, params).all()]
+        found = [ReadyItem(*row) for row in _PG_FETCH_READY.rows(conn, params)]
         return self._mark_inflight(conn, watcher_id, found, kept)
 
     def _fetch_ready_sqlite(
@@ -1624,7 +1625,7 @@ class Store:
                 "duration": _micros_array(o.duration_us for o in completed),
                 "watcher": watcher_id,
             }
-            matched += conn.execute(_PG_COMPLETE_ITEMS, params).rowcount
+            matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows and self.postgres:
             params = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
             matched += conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount
@@ -2059,7 +2060,7 @@ class Store:
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
 # with a few hundred in flight).
-_PG_FETCH_READY = text(
+_PG_FETCH_READY = DriverStatement(
     """
     SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data, best.weight,
            i.deliveries, i.lost
@@ -2100,7 +2101,7 @@ _APPEND_OR_REPLACE = """CASE
             WHEN f.epoch = excluded.epoch AND substr(excluded.entries, 1, 1) <> '='
                 THEN f.entries || ',' || excluded.entries
             ELSE ltrim(excluded.entries, '=') END"""
-_PG_MARK_INFLIGHT = text(
+_PG_MARK_INFLIGHT = DriverStatement(
     f"""
     INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
     SELECT m.pid, :watcher, m.epoch, m.entries
@@ -2293,7 +2294,7 @@ _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*_SETTLE_COLUMNS, *_gate_fact
 # bound as text literals (pg_bigint_array): the start time and duration in microseconds, because
 # formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy).
 # `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
-_PG_COMPLETE_ITEMS = text(
+_PG_COMPLETE_ITEMS = DriverStatement(
     """
     UPDATE feedproc_items AS i SET
         status = 'complete',

@@ -10,12 +10,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
+
+from feedproc.dialects import DriverStatement
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,3 +178,20 @@ class WatcherProcesses:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+@contextmanager
+def statements_observed(store, observe):
+    """Call `observe(connection, statement)` before every statement the store runs: SQLAlchemy's
+    own, and the hot path's driver statements (which SQLAlchemy's events do not see)."""
+
+    def on_execute(conn, cursor, statement, parameters, context, executemany):
+        observe(conn, statement)
+
+    event.listen(store.engine, "before_cursor_execute", on_execute)
+    DriverStatement.observer = observe
+    try:
+        yield
+    finally:
+        event.remove(store.engine, "before_cursor_execute", on_execute)
+        DriverStatement.observer = None

@@ -22,7 +22,7 @@ import pytest
 from feedproc import Feed, Item, Processor, Response
 from feedproc.store import Store
 
-from .support import HandlerService, run_cli, wait_until
+from .support import HandlerService, run_cli, statements_observed, wait_until
 from .test_watcher import history_of, wait_status, watching
 
 
@@ -340,21 +340,15 @@ def test_a_killed_watchers_slots_come_back_and_another_watcher_goes_on(
 
 
 def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
-    from sqlalchemy import event
-
     from feedproc.store import Kind, Outcome
 
     feed.add_partition("p", [(0, b"{}")] * 3)
     register(store, "w1")
     lease_all(store, "w1")
     statements: list[str] = []
-    listener = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
-    event.listen(store.engine, "before_cursor_execute", listener)
-    try:
+    with statements_observed(store, lambda conn, statement: statements.append(statement)):
         taken = store.fetch_ready("w1", 10)
         store.apply("w1", [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken])
-    finally:
-        event.remove(store.engine, "before_cursor_execute", listener)
     assert len(taken) == 3
     assert not [s for s in statements if "feedproc_watchers" in s or "feedproc_queues" in s], statements
 

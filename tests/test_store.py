@@ -5,15 +5,15 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import event, func, insert, select, text
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from feedproc.errors import DuplicateKey, InvalidInput, NotFound, Refused
+from feedproc.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused
 from feedproc.models import NewItem
 from feedproc.schema import items, partitions
-from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Kind, Outcome, StaleWrite
+from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Kind, Outcome, StaleWrite, Store
 
-from .support import wait_until
+from .support import statements_observed, wait_until
 
 A, B = "watcher-a", "watcher-b"
 
@@ -524,20 +524,42 @@ def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store)
     store.add_partition("p", [(0, b"x")])
     seen: list[tuple[bool, str]] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):
+    def record(conn, statement):
         seen.append((conn.connection.dbapi_connection.autocommit, statement.split()[0]))
 
-    event.listen(store.engine, "before_cursor_execute", record)
-    try:
+    with statements_observed(store, record):
         (lease,) = store.acquire(A, "default", 10, 30)
         leased, seen[:] = list(seen), []
         (item,) = store.fetch_ready(A, 10)
         fetched = list(seen)
-    finally:
-        event.remove(store.engine, "before_cursor_execute", record)
     assert leased == [(True, "WITH")]
     assert fetched == [(True, "SELECT"), (True, "INSERT")]
     assert item.epoch == lease.epoch
+
+
+@pytest.mark.postgres_only
+def test_a_connection_lost_under_a_hot_path_statement_is_an_outage_and_is_not_reused(db_url):
+    """The fetch runs on the driver's cursor: a server gone mid-way is DatabaseUnavailable like any
+    statement's, and the dead connection is dropped from the pool instead of failing the next call."""
+    store = Store(db_url, pool_size=1, pre_ping=False)  # as a watcher's: no ping before each checkout
+    try:
+        register(store, A)
+        store.add_partition("p", [(0, b"x")])
+        store.acquire(A, "default", 10, 30)
+        with store.read() as conn:
+            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        killer = Store(db_url)
+        try:
+            with killer.write() as conn:
+                assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({backend})").scalar()
+        finally:
+            killer.close()
+        with pytest.raises(DatabaseUnavailable):
+            store.fetch_ready(A, 10)
+        (item,) = store.fetch_ready(A, 10)
+        assert item.partition == "p"
+    finally:
+        store.close()
 
 
 @pytest.mark.postgres_only
@@ -550,7 +572,7 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
     store.acquire(A, "default", 10, 30)
     params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "kept_pids": "{}", "kept": []}
     with store.read() as conn:
-        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + _PG_FETCH_READY.text), params))
+        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + _PG_FETCH_READY.clause.text), params))
     assert "feedproc_items_by_gate" in plan, plan
     assert "Sort Key: c.next_attempt_at" not in plan, plan
     assert len(store.fetch_ready(A, 50)) == 50
@@ -618,15 +640,12 @@ def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store):
     ready = lease_and_fetch(store)
     seen: list[str] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):
+    def record(conn, statement):
         if statement.lstrip().startswith("UPDATE feedproc_items"):
-            seen.append(cursor.connection.execute("SHOW enable_seqscan").fetchone()[0])
+            seen.append(conn.connection.dbapi_connection.execute("SHOW enable_seqscan").fetchone()[0])
 
-    event.listen(store.engine, "before_cursor_execute", record)
-    try:
+    with statements_observed(store, record):
         applied = store.apply(A, [answer(item, Kind.DONE) for item in ready])
-    finally:
-        event.remove(store.engine, "before_cursor_execute", record)
     assert len(applied.written) == 3
     assert seen == ["off"]
     with store.read() as conn:  # a transaction-local setting: gone after the batch
