@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from feedproc import Feed  # noqa: E402
-from feedproc.errors import DatabaseUnavailable  # noqa: E402
+from feedproc.core.errors import DatabaseUnavailable  # noqa: E402
 from tests.faults_support import (  # noqa: E402
     DISPATCHED_HEADER,
     WATCHER_HEADER,

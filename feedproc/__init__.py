@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (
+from .core.errors import (
     DatabaseUnavailable,
     DuplicateKey,
     FeedprocError,
@@ -19,8 +19,8 @@ from .errors import (
     RetryLater,
     SchemaMissing,
 )
+from .core.models import Item, NewItem, Response
 from .feed import Feed
-from .models import Item, NewItem, Response
 from .processors import HTTPProcessor, Processor
 from .watcher import Watcher, WatcherConfig
 

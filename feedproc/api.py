@@ -30,10 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
-from .errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
+from .core.errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
+from .core.models import KEY_PATTERN, QUEUE_PATTERN, check_key, item_from_row
 from .health import serve_health
 from .metrics import CONTENT_TYPE, render_down, render_gauges
-from .models import KEY_PATTERN, QUEUE_PATTERN, check_key, item_from_row
 from .store import MAX_PAGE, Store
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
@@ -392,8 +392,7 @@ async def _api_error(request: Request, error: ApiError) -> JSONResponse:
 
 
 def _status_of(error: FeedprocError) -> int:
-    if isinstance(error, InvalidInput):
-        return 400
+    return error.http_status
     if isinstance(error, NotFound):
         return 404
     if isinstance(error, Refused):  # DuplicateKey included

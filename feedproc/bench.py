@@ -54,8 +54,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import FeedprocError, InvalidInput
-from .models import Response
+from .core.errors import FeedprocError, InvalidInput
+from .core.models import Response
 from .processors import Processor
 
 WORKLOADS = ("flat", "fan", "http")

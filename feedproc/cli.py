@@ -23,8 +23,8 @@ import typer
 from typer.exceptions import Abort, TyperException
 
 from . import __version__, logs
-from .errors import FeedprocError, InvalidInput, Refused
-from .models import NewItem, check_key, item_from_row
+from .core.errors import FeedprocError, InvalidInput, Refused
+from .core.models import NewItem, check_key, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
 ITEMS_PAGE = 1000  # items read per query by `feedproc items`
@@ -280,7 +280,7 @@ def list_items(
     db: DbOption = None,
 ) -> None:
     """List a partition's items (a finished partition's results are read this way), a page at a time."""
-    from .models import STATUSES
+    from .core.models import STATUSES
     from .report import item_json, print_items
 
     check_key(key)

@@ -20,8 +20,8 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from starlette.datastructures import URL
 
-from .errors import InvalidInput, NotFound
-from .models import KEY_PATTERN, STATUSES, check_key
+from .core.errors import InvalidInput, NotFound
+from .core.models import KEY_PATTERN, STATUSES, check_key
 from .store import Store
 
 HERE = Path(__file__).resolve().parent

@@ -6,8 +6,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from .models import NewItem
-from .store import QueueSettings, Store
+from .core.models import NewItem
+from .core.records import QueueSettings
+from .store import Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 

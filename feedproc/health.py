@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import FeedprocError
+from .core.errors import FeedprocError
 from .logs import redact
 from .metrics import CONTENT_TYPE
 

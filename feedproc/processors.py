@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 
 from . import __version__, tracing
-from .errors import InvalidInput, PermanentError, RetryLater
-from .models import Item, NewItem, Response, check_delay, check_progress, gate_problem, shown, strict_json
+from .core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
+from .core.models import Item, NewItem, Response, check_delay, check_progress, gate_problem, shown, strict_json
 from .redact import redact_text, redact_url, url_secrets
 
 BODY_KEPT = 500  # bytes of a failed answer's body kept in last_error
@@ -36,13 +36,6 @@ MAX_ANSWER_BYTES = 10 * 1024 * 1024  # an answer's body, decoded, at most (`feed
 ACCEPT_ENCODING = "gzip, deflate"  # what read_body inflates within the size limit
 CONNECTIONS_PER_CLIENT = 2
 JSON_CONTENT = {"Content-Type": "application/json"}
-
-
-class InvalidAnswer(Exception):
-    """A processor's answer does not follow the contract (a transient failure)."""
-
-    def __str__(self) -> str:
-        return f"invalid answer: {self.args[0] if self.args else ''}"
 
 
 class Processor:

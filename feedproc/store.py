@@ -23,9 +23,8 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +52,33 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
-from . import gates
-from . import windows as timewindows
+from .core import gates
+from .core import windows as timewindows
+from .core.errors import (
+    DatabaseUnavailable,
+    DuplicateKey,
+    InvalidInput,
+    NotFound,
+    Refused,
+    SchemaMissing,
+    StaleWrite,
+    WatcherGone,
+)
+from .core.gates import GateFacts, Move
+from .core.models import NewItem, Status, check_key, check_queue, truncate_error
+from .core.records import (
+    RECORD_OUTCOMES,
+    Applied,
+    Kind,
+    Lease,
+    Outcome,
+    ProgressReport,
+    QueueSettings,
+    ReadyItem,
+    SlotClaim,
+    decode_inflight,
+    encode_inflight,
+)
 from .dialects import (
     WRITE_OPTION,
     DriverStatement,
@@ -65,9 +89,6 @@ from .dialects import (
     seconds_from_now,
     seconds_until,
 )
-from .errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, SchemaMissing
-from .gates import GateFacts, Move
-from .models import NewItem, Status, check_key, check_queue, truncate_error
 from .notify import notify_finished, notify_ready, notify_wanted
 from .schema import attempts, events, inflight, items, partitions, queues, watchers
 
@@ -83,157 +104,8 @@ IS_FAILED = literal_column("'failed'")
 INSERT_CHUNK = 5000  # rows per INSERT statement
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
-RECORD_OUTCOMES = {"done": "done", "move": "moved", "later": "not yet", "retry": "retry", "fail": "failed"}
 FAILED_ITEMS_SHOWN = 100
 MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
-
-
-class StaleWrite(Exception):
-    """A guarded write matched fewer rows than it must have; the transaction was rolled back."""
-
-
-# ---------------------------------------------------------------- values exchanged with watchers
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A partition leased to a watcher under a lease epoch (the fencing token)."""
-
-    partition_id: int
-    key: str
-    epoch: int
-    wanted_by: str | None = None
-    remaining: float = 0.0  # seconds the lease had left on the database clock when read
-    # Scheduling controls of the partition (issue 7): its share of the queue's concurrency limit,
-    # its per-item time limit, and the windows of the day in which it may be dispatched.
-    weight: int = 1
-    item_timeout: float | None = None
-    windows: str | None = None
-    window_tz: str | None = None
-    # Taken over from a watcher that died, stalled or stopped with deliveries unanswered: (that
-    # watcher, its in-flight entries). `Store.charge_lost` counts them before anything is fetched.
-    pending: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReadyItem:
-    """An item at its partition's current gate, ready to dispatch."""
-
-    id: int
-    version: int
-    partition_id: int
-    partition: str
-    queue: str
-    epoch: int
-    gate: int
-    attempts: int
-    data: bytes
-    weight: int = 1  # its share of the queue's concurrency limit while in flight
-    deliveries: int = 0  # the item's deliveries so far, every gate (its next one is number deliveries + 1)
-    lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
-
-
-class Kind:
-    """What an outcome does to its item."""
-
-    DONE = "done"  # complete
-    MOVE = "move"  # to a higher gate
-    LATER = "later"  # "not yet": same gate, ask again after a delay
-    RETRY = "retry"  # transient failure, another attempt after a backoff
-    FAIL = "fail"  # permanent failure, or attempts ran out
-
-
-@dataclass(slots=True)
-class Outcome:
-    """The result of one delivery, ready to be written by `Store.apply`."""
-
-    item_id: int
-    version: int
-    partition_id: int
-    epoch: int
-    gate: int  # the item's gate when it was dispatched
-    kind: str
-    new_gate: int | None = None
-    data: bytes | None = None
-    children: tuple[NewItem, ...] = ()
-    delay: float = 0.0
-    attempts: int = 0  # the item's attempts after this outcome
-    error: str | None = None
-    progress: float | None = None  # reported with a "not yet" answer (0..1)
-    # The delivery's record (feedproc_attempts; a completing delivery's lives on the item row).
-    n: int = 0  # the item's delivery number (its deliveries + 1)
-    attempt: int = 0  # the attempt number the processor saw
-    started_us: int | None = None  # when the processor was called: epoch microseconds, the watcher's clock
-    duration_us: int | None = None  # microseconds the call took
-    detail: str | None = None  # the error with its traceback or the answer's start, for the record
-
-
-@dataclass(slots=True)
-class Applied:
-    """What `Store.apply` did: outcomes written and dropped, and what became of each partition."""
-
-    written: list[int] = field(default_factory=list)  # item ids
-    lost: set[int] = field(default_factory=set)  # partition ids no longer leased to this watcher
-    released: set[int] = field(default_factory=set)  # partitions finished or idle: lease given up
-    advanced: int = 0  # gate advances the batch caused (for metrics)
-    advances: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, from gate, to gate)
-    moves: dict[int, str] = field(default_factory=dict)  # released partitions: "complete", "fail" or "wait"
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressReport:
-    """How far an item in flight has got, as its processor reported (written with the heartbeat)."""
-
-    item_id: int
-    partition_id: int
-    epoch: int
-    gate: int
-    fraction: float
-
-
-@dataclass(frozen=True, slots=True)
-class SlotClaim:
-    """A watcher of a limited queue asking for slots: its queue and the weight it has in flight."""
-
-    queue: str
-    held: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """A queue's scheduling settings: concurrency limit (< 1: none) and windows of the day."""
-
-    name: str
-    limit: int = 0
-    windows: str | None = None
-    window_tz: str | None = None
-
-    @property
-    def limited(self) -> bool:
-        return self.limit >= 1
-
-    @property
-    def parsed(self) -> tuple[timewindows.Window, ...]:
-        return timewindows.parse_windows(self.windows)
-
-    @property
-    def zone(self) -> Any:
-        return timewindows.zone(self.window_tz)
-
-    def is_open(self, at: datetime) -> bool:
-        return timewindows.is_open(self.parsed, self.zone, at)
-
-    def describe(self, now: datetime, in_use: int | None = None) -> dict[str, Any]:
-        opens = timewindows.next_opening(self.parsed, self.zone, now)
-        return {
-            "name": self.name,
-            "limit": self.limit if self.limited else None,
-            "slots_in_use": in_use,
-            "windows": self.windows,
-            "timezone": self.window_tz or "UTC",
-            "window_open": opens == now,
-            "next_window_opens_at": None if opens == now else _iso(opens),
-        }
 
 
 # ---------------------------------------------------------------- the store
@@ -2430,10 +2302,6 @@ def _schedule_values(
     }
 
 
-class WatcherGone(Exception):
-    """The watcher's registration was removed (it was presumed dead)."""
-
-
 # ---------------------------------------------------------------- module helpers
 
 
@@ -2441,49 +2309,6 @@ def _record_error(o: Outcome) -> str:
     """A delivery record's error: the outcome's full detail (traceback included), its last 4 KB."""
     text = o.detail or o.error or "failed"
     return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
-
-
-def encode_inflight(deliveries: Iterable[tuple[int, int]], *, alone: bool = False) -> str:
-    """An in-flight record's entries: (item id, version) pairs as runs of consecutive ids with one
-    version, `first-last/version` or `id/version`, comma-separated; `/i` ends each when the
-    delivery is alone (isolated). Runs keep a fetch's record a few bytes however many items it took."""
-    pairs = sorted(set(deliveries))
-    suffix = "/i" if alone else ""
-    one_run = len(pairs) > 1 and pairs[-1][0] - pairs[0][0] == len(pairs) - 1
-    if one_run and len(set(map(itemgetter(1), pairs))) == 1:  # the common case of a fetch
-        return f"{pairs[0][0]}-{pairs[-1][0]}/{pairs[0][1]}{suffix}"
-    runs: list[str] = []
-    first = last = version = None
-    for item_id, item_version in pairs:
-        if last is not None and item_id == last + 1 and item_version == version:
-            last = item_id
-            continue
-        if first is not None:
-            runs.append(f"{first}-{last}/{version}{suffix}" if last != first else f"{first}/{version}{suffix}")
-        first = last = item_id
-        version = item_version
-    if first is not None:
-        runs.append(f"{first}-{last}/{version}{suffix}" if last != first else f"{first}/{version}{suffix}")
-    return ",".join(runs)
-
-
-def decode_inflight(entries: str) -> dict[int, tuple[int, bool]]:
-    """{item id: (version, alone)} from `encode_inflight`'s text (malformed runs are skipped)."""
-    wanted: dict[int, tuple[int, bool]] = {}
-    for run in entries.lstrip("=").split(","):
-        parts = run.split("/")
-        if len(parts) < 2 or not parts[1].isdigit():
-            continue
-        first, dash, last = parts[0].partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            continue
-        span = range(int(first), int(last or first) + 1)
-        if len(span) > 1_000_000:  # not written by us: never expand it
-            continue
-        alone = parts[2:] == ["i"]
-        for item_id in span:
-            wanted[item_id] = (int(parts[1]), alone)
-    return wanted
 
 
 def _from_micros(micros: int | None) -> datetime | None:

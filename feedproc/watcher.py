@@ -46,27 +46,17 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
 
-from . import tracing, windows
-from .errors import DatabaseUnavailable
+from . import tracing
+from .core import windows
+from .core.errors import DatabaseUnavailable, StaleWrite, WatcherGone
+from .core.models import Item, check_queue
+from .core.policy import RetryPolicy, outcome_of
+from .core.records import Applied, Kind, Lease, Outcome, ProgressReport, QueueSettings, ReadyItem, SlotClaim
 from .metrics import WatcherMetrics
-from .models import Item, check_queue
 from .notify import Listener
-from .policy import RetryPolicy, outcome_of
 from .processors import HTTPProcessor, call_processor
 from .redact import redact_url
-from .store import (
-    Applied,
-    Kind,
-    Lease,
-    Outcome,
-    ProgressReport,
-    QueueSettings,
-    ReadyItem,
-    SlotClaim,
-    StaleWrite,
-    Store,
-    WatcherGone,
-)
+from .store import Store
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency

@@ -17,12 +17,12 @@ import httpx
 import pytest
 
 from feedproc import Item, Processor, Response
-from feedproc.errors import InvalidInput, RetryLater
-from feedproc.models import MAX_GATE, NewItem, check_gate
-from feedproc.policy import MAX_DELAY, RetryPolicy, outcome_of, validate
+from feedproc.core.errors import InvalidAnswer, InvalidInput, RetryLater
+from feedproc.core.models import MAX_GATE, NewItem, check_gate
+from feedproc.core.policy import MAX_DELAY, RetryPolicy, outcome_of, validate
+from feedproc.core.records import Kind
 from feedproc.processors import (
     AnswerTooLarge,
-    InvalidAnswer,
     UndecodableAnswer,
     call_processor,
     parse_retry_after,
@@ -30,7 +30,6 @@ from feedproc.processors import (
     read_body,
 )
 from feedproc.redact import redact_text, redact_url, url_secrets
-from feedproc.store import Kind
 
 from .test_policy import ready
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from feedproc import Feed
-from feedproc.store import Kind
+from feedproc.core.records import Kind
 
 from .api_support import AUTH, TOKEN, ApiServer, ServeProcess
 from .support import run_cli

@@ -97,7 +97,7 @@ def test_overview_lists_partitions_with_a_bar_per_gate(api: ApiServer, feed: Fee
 
 
 def test_partition_page_draws_the_mean_progress_of_items_in_flight(api: ApiServer, feed: Feed) -> None:
-    from feedproc.store import ProgressReport
+    from feedproc.core.records import ProgressReport
 
     from .test_scheduling import register
 

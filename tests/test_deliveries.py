@@ -12,10 +12,11 @@ import time
 import pytest
 from sqlalchemy import select, update
 
+from feedproc.core.errors import NotFound
+from feedproc.core.records import Kind, decode_inflight, encode_inflight
 from feedproc.dialects import seconds_from_now
-from feedproc.errors import NotFound
 from feedproc.schema import attempts, inflight, partitions
-from feedproc.store import RECORDS_KEPT, Kind, Store, decode_inflight, encode_inflight
+from feedproc.store import RECORDS_KEPT, Store
 
 from .test_store import A, B, answer, register
 

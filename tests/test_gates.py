@@ -22,12 +22,13 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
-from feedproc.errors import Refused
-from feedproc.gates import GateFacts, Move, Outcome, check_not_below, initial_gate, settle
-from feedproc.models import NewItem
+from feedproc.core.errors import Refused, StaleWrite
+from feedproc.core.gates import Decision, GateFacts, Move, check_not_below, initial_gate, settle
+from feedproc.core.models import NewItem
+from feedproc.core.records import Outcome as Answer
+from feedproc.core.records import Kind
 from feedproc.schema import items, partitions
-from feedproc.store import Kind, StaleWrite, Store
-from feedproc.store import Outcome as Answer
+from feedproc.store import Store
 
 
 def facts(gate=0, *, available_here=False, failed_here=False, next_gate=None, sealed=False, manual_checkpoint=False):
@@ -38,66 +39,66 @@ def facts(gate=0, *, available_here=False, failed_here=False, next_gate=None, se
 
 
 def test_settle_stays_while_the_gate_has_available_items():
-    assert settle(facts(2, available_here=True, next_gate=5, sealed=True)) == Outcome(Move.STAY, 2)
+    assert settle(facts(2, available_here=True, next_gate=5, sealed=True)) == Decision(Move.STAY, 2)
 
 
 def test_settle_stays_while_available_items_remain_beside_a_failed_one():
-    assert settle(facts(2, available_here=True, failed_here=True, sealed=True)) == Outcome(Move.STAY, 2)
+    assert settle(facts(2, available_here=True, failed_here=True, sealed=True)) == Decision(Move.STAY, 2)
 
 
 def test_settle_fails_a_drained_gate_with_a_failed_item():
-    assert settle(facts(3, failed_here=True)) == Outcome(Move.FAIL, 3)
+    assert settle(facts(3, failed_here=True)) == Decision(Move.FAIL, 3)
 
 
 def test_settle_fail_beats_advance():
-    assert settle(facts(3, failed_here=True, next_gate=4)) == Outcome(Move.FAIL, 3)
+    assert settle(facts(3, failed_here=True, next_gate=4)) == Decision(Move.FAIL, 3)
 
 
 def test_settle_fail_beats_complete():
-    assert settle(facts(3, failed_here=True, sealed=True)) == Outcome(Move.FAIL, 3)
+    assert settle(facts(3, failed_here=True, sealed=True)) == Decision(Move.FAIL, 3)
 
 
 def test_settle_fail_beats_checkpoint():
     outcome = settle(facts(3, failed_here=True, next_gate=4, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Outcome(Move.FAIL, 3)
+    assert outcome == Decision(Move.FAIL, 3)
 
 
 def test_settle_advances_to_the_next_gate_that_holds_work_skipping_empty_gates():
-    assert settle(facts(1, next_gate=7)) == Outcome(Move.ADVANCE, 7)
+    assert settle(facts(1, next_gate=7)) == Decision(Move.ADVANCE, 7)
 
 
 def test_settle_advances_an_unsealed_partition_with_work_above():
-    assert settle(facts(0, next_gate=1, sealed=False)) == Outcome(Move.ADVANCE, 1)
+    assert settle(facts(0, next_gate=1, sealed=False)) == Decision(Move.ADVANCE, 1)
 
 
 def test_settle_manual_checkpoint_waits_at_a_drained_gate():
-    assert settle(facts(1, next_gate=2, sealed=True, manual_checkpoint=True)) == Outcome(Move.WAIT, 1)
+    assert settle(facts(1, next_gate=2, sealed=True, manual_checkpoint=True)) == Decision(Move.WAIT, 1)
 
 
 def test_settle_manual_checkpoint_advances_on_checkpoint():
     outcome = settle(facts(1, next_gate=4, sealed=True, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Outcome(Move.ADVANCE, 4)
+    assert outcome == Decision(Move.ADVANCE, 4)
 
 
 def test_settle_checkpoint_does_not_move_a_gate_that_still_has_work():
     outcome = settle(facts(1, available_here=True, next_gate=4, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Outcome(Move.STAY, 1)
+    assert outcome == Decision(Move.STAY, 1)
 
 
 def test_settle_manual_checkpoint_completes_a_sealed_partition_with_nothing_above():
-    assert settle(facts(5, sealed=True, manual_checkpoint=True)) == Outcome(Move.COMPLETE, 5)
+    assert settle(facts(5, sealed=True, manual_checkpoint=True)) == Decision(Move.COMPLETE, 5)
 
 
 def test_settle_completes_a_sealed_drained_partition():
-    assert settle(facts(5, sealed=True)) == Outcome(Move.COMPLETE, 5)
+    assert settle(facts(5, sealed=True)) == Decision(Move.COMPLETE, 5)
 
 
 def test_settle_unsealed_drained_partition_waits():
-    assert settle(facts(5, sealed=False)) == Outcome(Move.WAIT, 5)
+    assert settle(facts(5, sealed=False)) == Decision(Move.WAIT, 5)
 
 
 def test_settle_checkpoint_on_an_unsealed_drained_partition_waits():
-    assert settle(facts(5, manual_checkpoint=True), checkpoint=True) == Outcome(Move.WAIT, 5)
+    assert settle(facts(5, manual_checkpoint=True), checkpoint=True) == Decision(Move.WAIT, 5)
 
 
 # ---------------------------------------------------------------- rules 1 and 4
@@ -174,8 +175,8 @@ def test_property_checkpoint_only_releases_a_manual_wait(f):
     plain, forced = settle(f), settle(f, checkpoint=True)
     if plain != forced:
         assert f.manual_checkpoint
-        assert plain == Outcome(Move.WAIT, f.gate)
-        assert forced == Outcome(Move.ADVANCE, f.next_gate)
+        assert plain == Decision(Move.WAIT, f.gate)
+        assert forced == Decision(Move.ADVANCE, f.next_gate)
 
 
 @given(gate_facts())
@@ -190,7 +191,7 @@ def test_property_settling_after_an_advance_stays(f, checkpoint):
     if outcome.move is Move.ADVANCE:
         # the next gate holds available work by definition of next_gate
         after = GateFacts(outcome.gate, True, False, None, f.sealed, f.manual_checkpoint)
-        assert settle(after) == Outcome(Move.STAY, outcome.gate)
+        assert settle(after) == Decision(Move.STAY, outcome.gate)
 
 
 # ---------------------------------------------------------------- the rules against the real Store (SQLite)

@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from feedproc.errors import SchemaMissing
+from feedproc.core.errors import SchemaMissing
 from feedproc.schema import metadata
 from feedproc.store import Store, _alembic_config
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from feedproc import Item, PermanentError, Processor, Response, RetryLater
-from feedproc.models import NewItem
-from feedproc.policy import RetryPolicy, outcome_of
-from feedproc.processors import InvalidAnswer, call_processor, parse_retry_after, read_answer, response_from_json
-from feedproc.store import Kind, ReadyItem
+from feedproc.core.errors import InvalidAnswer
+from feedproc.core.models import NewItem
+from feedproc.core.policy import RetryPolicy, outcome_of
+from feedproc.core.records import Kind, ReadyItem
+from feedproc.processors import call_processor, parse_retry_after, read_answer, response_from_json
 
 
 def ready(gate: int = 0, attempts: int = 0) -> ReadyItem:

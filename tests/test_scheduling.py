@@ -153,7 +153,7 @@ def test_queue_set_limit_is_stored_and_a_limit_below_1_means_none(feed: Feed) ->
 
 
 def test_a_fetch_takes_no_more_than_the_limit_in_slots(feed: Feed, store: Store) -> None:
-    from feedproc.store import SlotClaim
+    from feedproc.core.records import SlotClaim
 
     feed.set_queue("default", limit=3)
     feed.add_partition("p", [(0, b"{}")] * 10)
@@ -164,7 +164,7 @@ def test_a_fetch_takes_no_more_than_the_limit_in_slots(feed: Feed, store: Store)
 
 
 def test_slots_held_by_one_watcher_are_not_given_to_another(feed: Feed, store: Store) -> None:
-    from feedproc.store import SlotClaim
+    from feedproc.core.records import SlotClaim
 
     feed.set_queue("default", limit=3)
     feed.add_partition("a", [(0, b"{}")] * 5)
@@ -179,7 +179,7 @@ def test_slots_held_by_one_watcher_are_not_given_to_another(feed: Feed, store: S
 
 
 def test_weights_count_against_the_limit_and_a_heavier_item_than_the_limit_runs_alone(feed: Feed, store: Store) -> None:
-    from feedproc.store import SlotClaim
+    from feedproc.core.records import SlotClaim
 
     feed.set_queue("default", limit=4)
     feed.add_partition("heavy", [(0, b"{}")] * 3, weight=3, priority=1)
@@ -193,7 +193,7 @@ def test_weights_count_against_the_limit_and_a_heavier_item_than_the_limit_runs_
 
 
 def test_the_next_fetch_gives_back_the_slots_of_answered_items(feed: Feed, store: Store) -> None:
-    from feedproc.store import SlotClaim
+    from feedproc.core.records import SlotClaim
 
     feed.set_queue("default", limit=2)
     feed.add_partition("p", [(0, b"{}")] * 4)
@@ -209,9 +209,9 @@ def test_the_next_fetch_gives_back_the_slots_of_answered_items(feed: Feed, store
 def test_a_dead_watchers_slots_come_back_when_its_registration_expires(feed: Feed, store: Store) -> None:
     from sqlalchemy import update
 
+    from feedproc.core.records import SlotClaim
     from feedproc.dialects import seconds_from_now
     from feedproc.schema import watchers
-    from feedproc.store import SlotClaim
 
     feed.set_queue("default", limit=2)
     feed.add_partition("a", [(0, b"{}")] * 4)
@@ -340,7 +340,7 @@ def test_a_killed_watchers_slots_come_back_and_another_watcher_goes_on(
 
 
 def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
-    from feedproc.store import Kind, Outcome
+    from feedproc.core.records import Kind, Outcome
 
     feed.add_partition("p", [(0, b"{}")] * 3)
     register(store, "w1")
@@ -436,7 +436,8 @@ def test_http_not_yet_answer_with_progress_is_accepted_and_shown(
 
 
 def test_http_answer_with_progress_out_of_range_is_an_invalid_answer() -> None:
-    from feedproc.processors import InvalidAnswer, read_answer
+    from feedproc.core.errors import InvalidAnswer
+    from feedproc.processors import read_answer
 
     with pytest.raises(InvalidAnswer, match="progress"):
         read_answer(200, b'{"gate": 0, "progress": 1.5}', None)
@@ -444,7 +445,7 @@ def test_http_answer_with_progress_out_of_range_is_an_invalid_answer() -> None:
 
 
 def test_a_progress_report_under_a_lost_lease_is_not_stored(feed: Feed, store: Store) -> None:
-    from feedproc.store import ProgressReport
+    from feedproc.core.records import ProgressReport
 
     feed.add_partition("p", [(0, b"{}")])
     register(store, "w1")
@@ -534,7 +535,7 @@ def test_a_time_zone_without_windows_is_malformed_and_changes_nothing(db_url: st
 
 
 def test_progress_is_kept_by_a_not_yet_answer_and_cleared_by_a_transient_failure(feed: Feed, store: Store) -> None:
-    from feedproc.store import Kind, Outcome, ProgressReport
+    from feedproc.core.records import Kind, Outcome, ProgressReport
 
     feed.add_partition("p", [(0, b"{}")])
     register(store, "w1")

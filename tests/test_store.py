@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from feedproc.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused
-from feedproc.models import NewItem
+from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, StaleWrite
+from feedproc.core.models import NewItem
+from feedproc.core.records import Kind, Outcome
 from feedproc.schema import items, partitions
-from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Kind, Outcome, StaleWrite, Store
+from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Store
 
 from .support import statements_observed, wait_until
 

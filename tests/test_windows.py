@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedproc.errors import InvalidInput
-from feedproc.windows import (
+from feedproc.core.errors import InvalidInput
+from feedproc.core.windows import (
     Window,
     format_windows,
     is_open,

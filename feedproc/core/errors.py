@@ -1,4 +1,9 @@
-"""Exceptions users of feedproc see. The CLI maps each to its exit code."""
+"""Every exception of feedproc, in one place.
+
+`FeedprocError`s are what callers of `Feed`, the CLI and the API see: each carries the CLI's exit code
+(`exit_code`: 2 for malformed input, 1 for a refusal or a failure) and the HTTP API's status
+(`http_status`). The rest are signals between parts of feedproc (`StaleWrite`, `WatcherGone`) or
+raised by processors (`PermanentError`, `RetryLater`) and about them (`InvalidAnswer`)."""
 
 from __future__ import annotations
 
@@ -7,16 +12,20 @@ class FeedprocError(Exception):
     """Base class of feedproc's own errors."""
 
     exit_code = 1
+    http_status = 400
 
 
 class InvalidInput(FeedprocError, ValueError):
     """The input itself is malformed (bad JSON, negative gate, bad key, bad processor path)."""
 
     exit_code = 2
+    http_status = 400  # (422: a request that does not match the API's schema)
 
 
 class Refused(FeedprocError):
     """A well-formed request the current state does not allow (sealed, finished, gate too low...)."""
+
+    http_status = 409
 
 
 class DuplicateKey(Refused):
@@ -26,6 +35,8 @@ class DuplicateKey(Refused):
 class NotFound(FeedprocError, KeyError):
     """No partition with that key."""
 
+    http_status = 404
+
     def __str__(self) -> str:  # KeyError would print the repr of its argument
         return str(self.args[0]) if self.args else "not found"
 
@@ -33,9 +44,13 @@ class NotFound(FeedprocError, KeyError):
 class SchemaMissing(FeedprocError):
     """The database has no (or an outdated) feedproc schema."""
 
+    http_status = 503
+
 
 class DatabaseUnavailable(FeedprocError):
     """The database could not be reached."""
+
+    http_status = 503
 
 
 class PermanentError(Exception):
@@ -48,3 +63,18 @@ class RetryLater(Exception):
     def __init__(self, message: str = "retry later", *, after: float | None = None) -> None:
         super().__init__(message)
         self.after = after
+
+
+class InvalidAnswer(Exception):
+    """A processor's answer does not follow the contract (a transient failure)."""
+
+    def __str__(self) -> str:
+        return f"invalid answer: {self.args[0] if self.args else ''}"
+
+
+class StaleWrite(Exception):
+    """A guarded write matched fewer rows than it must have; the transaction was rolled back."""
+
+
+class WatcherGone(Exception):
+    """The watcher's registration was removed (it was presumed dead)."""

@@ -10,11 +10,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from .errors import PermanentError, RetryLater
+from .errors import InvalidAnswer, PermanentError, RetryLater
 from .gates import check_not_below
 from .models import NewItem, Response, gate_problem
-from .processors import InvalidAnswer
-from .store import Kind, Outcome, ReadyItem
+from .records import Kind, Outcome, ReadyItem
 
 #: The longest delay a policy ever returns, whatever its settings (a year): every delay becomes a
 #: timestamp in the database, and none may overflow it.

@@ -32,24 +32,24 @@ class GateFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class Decision:
     move: Move
     gate: int
 
 
-def settle(facts: GateFacts, *, checkpoint: bool = False) -> Outcome:
+def settle(facts: GateFacts, *, checkpoint: bool = False) -> Decision:
     """Apply gate rule 3 to a partition; `checkpoint=True` is an operator's `feedproc checkpoint`."""
     if facts.available_here:
-        return Outcome(Move.STAY, facts.gate)
+        return Decision(Move.STAY, facts.gate)
     if facts.failed_here:
-        return Outcome(Move.FAIL, facts.gate)
+        return Decision(Move.FAIL, facts.gate)
     if facts.next_gate is not None:
         if facts.manual_checkpoint and not checkpoint:
-            return Outcome(Move.WAIT, facts.gate)
-        return Outcome(Move.ADVANCE, facts.next_gate)
+            return Decision(Move.WAIT, facts.gate)
+        return Decision(Move.ADVANCE, facts.next_gate)
     if facts.sealed:
-        return Outcome(Move.COMPLETE, facts.gate)
-    return Outcome(Move.WAIT, facts.gate)
+        return Decision(Move.COMPLETE, facts.gate)
+    return Decision(Move.WAIT, facts.gate)
 
 
 def initial_gate(item_gates: list[int] | None) -> int:
