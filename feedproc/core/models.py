@@ -9,7 +9,7 @@ import reprlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from .errors import InvalidInput
 
@@ -60,7 +60,7 @@ def check_gate(gate: Any, where: str = "") -> int:
     """Return `gate` if it is a valid gate (0..MAX_GATE), else raise InvalidInput."""
     if problem := gate_problem(gate):
         raise InvalidInput(f"{where}{problem}")
-    return gate
+    return int(gate)
 
 
 _SHORT = reprlib.Repr()
@@ -102,6 +102,8 @@ def coerce_item(value: Any, where: str = "") -> NewItem:
     """`NewItem`, `(gate, data)` or `{"gate": g, "data": d}` (gate defaults to 0, data to null) as a
     checked NewItem: TypeError for another shape or a gate that is not an int, ValueError for a gate
     out of range or data that is not standard JSON. `where` prefixes the messages ("child 2: ")."""
+    gate: Any
+    data: Any
     if isinstance(value, NewItem):
         gate, data = value.gate, value.data
     elif isinstance(value, tuple) and len(value) == 2:
@@ -204,6 +206,11 @@ class Response:
     )
     retry_after: float | None = None
     progress: float | None = None  # with a "not yet" answer: how far the item has got (0..1)
+
+    @property
+    def children(self) -> tuple[NewItem, ...]:
+        """`items` once the Response is made: checked `NewItem`s."""
+        return cast("tuple[NewItem, ...]", self.items)
 
     def __post_init__(self) -> None:
         if self.done == (self.gate is not None):

@@ -89,7 +89,7 @@ def validate(item: ReadyItem, response: Response) -> None:
         raise InvalidAnswer(f"data must be bytes once the Response is made, got {type(response.data).__name__}")
     if response.gate == item.gate and response.items:
         raise InvalidAnswer('a "not yet" answer (gate equal to the item\'s) cannot add items')
-    for n, child in enumerate(response.items, start=1):  # type: ignore[arg-type]
+    for n, child in enumerate(response.children, start=1):
         if not isinstance(child, NewItem) or type(child.data) is not bytes:
             raise InvalidAnswer(f"child {n} is not a NewItem with bytes data (changed after the Response was made?)")
         if problem := gate_problem(child.gate):
@@ -113,39 +113,33 @@ def outcome_of(
             data=response.data,
             attempts=item.attempts,
         )
-    base = {
-        "item_id": item.id,
-        "version": item.version,
-        "partition_id": item.partition_id,
-        "epoch": item.epoch,
-        "gate": item.gate,
-    }
+    base = (item.id, item.version, item.partition_id, item.epoch, item.gate)
     if error is None and response is not None:
         try:
             validate(item, response)
         except InvalidAnswer as invalid:
             error = invalid
     if error is None and response is not None:
-        children = tuple(response.items)  # type: ignore[arg-type]
+        children = response.children
         if response.done:
-            return Outcome(**base, kind=Kind.DONE, data=response.data, children=children, attempts=item.attempts)
+            return Outcome(*base, kind=Kind.DONE, data=response.data, children=children, attempts=item.attempts)
         if response.gate == item.gate:
             delay = policy.not_yet(response.retry_after)
             return Outcome(
-                **base,
+                *base,
                 kind=Kind.LATER,
                 data=response.data,
                 delay=delay,
                 attempts=item.attempts,
                 progress=response.progress,
             )
-        return Outcome(**base, kind=Kind.MOVE, new_gate=response.gate, data=response.data, children=children)
+        return Outcome(*base, kind=Kind.MOVE, new_gate=response.gate, data=response.data, children=children)
     attempts = item.attempts + 1
     message = describe(error)
     if isinstance(error, PermanentError) or attempts >= policy.max_attempts:
-        return Outcome(**base, kind=Kind.FAIL, attempts=attempts, error=message)
+        return Outcome(*base, kind=Kind.FAIL, attempts=attempts, error=message)
     delay = policy.delay_for(attempts, error.after if isinstance(error, RetryLater) else None)
-    return Outcome(**base, kind=Kind.RETRY, attempts=attempts, delay=delay, error=message)
+    return Outcome(*base, kind=Kind.RETRY, attempts=attempts, delay=delay, error=message)
 
 
 def describe(error: BaseException | None) -> str:
