@@ -1,6 +1,6 @@
 """Fault injection: a fan-out/fan-in workflow, a fleet of watcher processes that can be faulted, and
 the invariant checks, in plain Python (no pytest), so that `cmds/soak.py` checks a soak run with
-exactly the code `tests/test_faults.py` uses.
+exactly the code `tests/e2e/test_faults.py` uses.
 
 The workflow (one partition):
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
+from feedproc import Feed, Watcher, WatcherConfig
+from feedproc.core.records import Kind, Outcome, ReadyItem
 from feedproc.dialects import DriverStatement
+from feedproc.schema import events, items, partitions
+from feedproc.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,3 +201,130 @@ def statements_observed(store, observe):
     finally:
         event.remove(store.engine, "before_cursor_execute", on_execute)
         DriverStatement.observer = None
+
+
+# ---------------------------------------------------------------- shared by the tiers' tests
+
+
+def db_state(feed: Feed) -> dict[str, list[tuple[Any, ...]]]:
+    """Every partition, item and event row: equal before and after means nothing was written."""
+    with feed.store.engine.connect() as conn:
+        return {
+            t.name: [tuple(r) for r in conn.execute(select(t).order_by(t.c.id))] for t in (partitions, items, events)
+        }
+
+
+def ready(gate: int = 0, attempts: int = 0) -> ReadyItem:
+    return ReadyItem(
+        id=7,
+        version=3,
+        partition_id=11,
+        partition="p",
+        queue="default",
+        epoch=5,
+        gate=gate,
+        attempts=attempts,
+        data=b"{}",
+    )
+
+
+A, B = "watcher-a", "watcher-b"
+
+
+def register(store, watcher, *, lease_seconds=30.0, queue="default", capacity=8):
+    store.register_watcher(
+        watcher, host="test", pid=1, queue=queue, concurrency=2, capacity=capacity, lease_seconds=lease_seconds
+    )
+
+
+def answer(ready, kind, **fields):
+    return Outcome(
+        item_id=ready.id,
+        version=ready.version,
+        partition_id=ready.partition_id,
+        epoch=ready.epoch,
+        gate=ready.gate,
+        kind=kind,
+        **fields,
+    )
+
+
+FAST: dict[str, Any] = {"poll_interval": 0.05, "lease_seconds": 3.0, "retry_delay": 0.05, "shutdown_grace": 5.0}
+
+
+class WatcherThread:
+    """A `feedproc.Watcher` on its own event loop in a background thread, with its own Store."""
+
+    def __init__(self, db_url: str, processor: Any, **settings: Any) -> None:
+        self.store = Store(db_url)
+        self.watcher = Watcher(self.store, processor, WatcherConfig(**{**FAST, **settings}))
+        self.loop = asyncio.new_event_loop()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=f"watcher-{self.watcher.id}", daemon=True)
+        self.thread.start()
+
+    @property
+    def id(self) -> str:
+        return self.watcher.id
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.watcher.run())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        except BaseException as error:
+            self.error = error
+        finally:
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the watcher to stop and wait until `run()` has returned (leases released)."""
+        if self.thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed in the meantime
+                self.loop.call_soon_threadsafe(self.watcher.stop)
+            self.thread.join(timeout)
+        self.store.close()
+        assert not self.thread.is_alive(), f"watcher {self.id} did not stop within {timeout}s"
+        if self.error is not None:
+            raise self.error
+
+
+@contextlib.contextmanager
+def watching(db_url: str, processor: Any, **settings: Any) -> Iterator[WatcherThread]:
+    """Run a watcher for the duration of the block; always stopped afterwards."""
+    running = WatcherThread(db_url, processor, **settings)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        current = feed.status(key, history=history)
+        return current if current["status"] == status else None
+
+    return wait_until(reached, timeout=timeout, what=f"partition {key} to become {status}")
+
+
+def history_of(feed: Feed, key: str, kind: str | None = None) -> list[dict[str, Any]]:
+    events = feed.status(key, history=500)["history"]
+    return [e for e in events if kind is None or e["kind"] == kind]
+
+
+def fail(ready, attempts=1, error="boom"):
+    return answer(ready, Kind.FAIL, attempts=attempts, error=error)
+
+
+def lease_and_fetch(store, watcher=A, limit=100):
+    store.acquire(watcher, "default", 10, 30)
+    return store.fetch_ready(watcher, limit)
+
+
+def work_off(store, key, kind=Kind.DONE, watcher=A):
+    """Answer every ready item of `key` at its current gate with `kind`."""
+    ready = [r for r in lease_and_fetch(store, watcher) if r.partition == key]
+    assert ready, f"nothing ready in {key}"
+    make = fail if kind == Kind.FAIL else (lambda r: answer(r, kind))
+    return store.apply(watcher, [make(r) for r in ready])

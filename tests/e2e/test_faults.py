@@ -34,7 +34,7 @@ from sqlalchemy.exc import OperationalError
 
 from feedproc import Feed
 
-from .faults_support import (
+from ..faults_support import (
     WATCHER_HEADER,
     Call,
     FanOut,
@@ -53,7 +53,7 @@ from .faults_support import (
     stored_partitions,
     workflow_checks,
 )
-from .support import HandlerService, WatcherProcesses, run_cli, wait_until
+from ..support import HandlerService, WatcherProcesses, run_cli, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

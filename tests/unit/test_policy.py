@@ -19,22 +19,10 @@ from feedproc import Item, PermanentError, Processor, Response, RetryLater
 from feedproc.core.errors import InvalidAnswer
 from feedproc.core.models import NewItem
 from feedproc.core.policy import RetryPolicy, outcome_of
-from feedproc.core.records import Kind, ReadyItem
+from feedproc.core.records import Kind
 from feedproc.processors import call_processor, parse_retry_after, read_answer, response_from_json
 
-
-def ready(gate: int = 0, attempts: int = 0) -> ReadyItem:
-    return ReadyItem(
-        id=7,
-        version=3,
-        partition_id=11,
-        partition="p",
-        queue="default",
-        epoch=5,
-        gate=gate,
-        attempts=attempts,
-        data=b"{}",
-    )
+from ..support import ready
 
 
 def body(value: object) -> bytes:

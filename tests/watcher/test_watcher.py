@@ -22,78 +22,14 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url, select, text, update
 
-from feedproc import Feed, Item, PermanentError, Processor, Response, Watcher, WatcherConfig
+from feedproc import Feed, Item, PermanentError, Processor, Response
 from feedproc.dialects import db_now, seconds_from_now
 from feedproc.schema import items, partitions
 from feedproc.store import Store
 
-from .support import wait_until
-
-FAST: dict[str, Any] = {"poll_interval": 0.05, "lease_seconds": 3.0, "retry_delay": 0.05, "shutdown_grace": 5.0}
-
+from ..support import WatcherThread, history_of, wait_status, wait_until, watching
 
 # ---------------------------------------------------------------- running a watcher in a thread
-
-
-class WatcherThread:
-    """A `feedproc.Watcher` on its own event loop in a background thread, with its own Store."""
-
-    def __init__(self, db_url: str, processor: Any, **settings: Any) -> None:
-        self.store = Store(db_url)
-        self.watcher = Watcher(self.store, processor, WatcherConfig(**{**FAST, **settings}))
-        self.loop = asyncio.new_event_loop()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, name=f"watcher-{self.watcher.id}", daemon=True)
-        self.thread.start()
-
-    @property
-    def id(self) -> str:
-        return self.watcher.id
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self.watcher.run())
-            self.loop.run_until_complete(self.loop.shutdown_default_executor())
-        except BaseException as error:
-            self.error = error
-        finally:
-            asyncio.set_event_loop(None)
-            self.loop.close()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ask the watcher to stop and wait until `run()` has returned (leases released)."""
-        if self.thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # the loop closed in the meantime
-                self.loop.call_soon_threadsafe(self.watcher.stop)
-            self.thread.join(timeout)
-        self.store.close()
-        assert not self.thread.is_alive(), f"watcher {self.id} did not stop within {timeout}s"
-        if self.error is not None:
-            raise self.error
-
-
-@contextlib.contextmanager
-def watching(db_url: str, processor: Any, **settings: Any) -> Iterator[WatcherThread]:
-    """Run a watcher for the duration of the block; always stopped afterwards."""
-    running = WatcherThread(db_url, processor, **settings)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        current = feed.status(key, history=history)
-        return current if current["status"] == status else None
-
-    return wait_until(reached, timeout=timeout, what=f"partition {key} to become {status}")
-
-
-def history_of(feed: Feed, key: str, kind: str | None = None) -> list[dict[str, Any]]:
-    events = feed.status(key, history=500)["history"]
-    return [e for e in events if kind is None or e["kind"] == kind]
 
 
 # ---------------------------------------------------------------- recording deliveries

@@ -25,10 +25,10 @@ from sqlalchemy import create_engine, inspect, select
 
 import feedproc
 from feedproc import Feed
-from feedproc.schema import events, items, partitions
+from feedproc.schema import items, partitions
 
-from .cli_processors import DELAY_VARIABLE, LOG_VARIABLE
-from .support import HandlerService, WatcherProcesses, run_cli, wait_until
+from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
+from ..support import HandlerService, WatcherProcesses, db_state, run_cli, wait_until
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
 # Input rejected before any database access (argument parsing, key syntax, processor loading) behaves
@@ -63,14 +63,6 @@ def assert_error(result: subprocess.CompletedProcess[str], code: int, *fragments
 
 def status_json(db_url: str, key: str, *extra: str) -> dict[str, Any]:
     return json.loads(ok(run_cli(db_url, "status", key, "--json", *extra)))
-
-
-def db_state(feed: Feed) -> dict[str, list[tuple[Any, ...]]]:
-    """Every partition, item and event row: equal before and after means nothing was written."""
-    with feed.store.engine.connect() as conn:
-        return {
-            t.name: [tuple(r) for r in conn.execute(select(t).order_by(t.c.id))] for t in (partitions, items, events)
-        }
 
 
 def stored_items(feed: Feed, key: str) -> list[dict[str, Any]]:

@@ -22,8 +22,7 @@ import pytest
 from feedproc import Feed, Item, Processor, Response
 from feedproc.store import Store
 
-from .support import HandlerService, run_cli, statements_observed, wait_until
-from .test_watcher import history_of, wait_status, watching
+from ..support import HandlerService, history_of, run_cli, statements_observed, wait_status, wait_until, watching
 
 
 def js(value: Any) -> bytes:

@@ -13,7 +13,7 @@ from feedproc.dialects import seconds_from_now
 from feedproc.schema import events, items, partitions
 from feedproc.store import Store
 
-from .support import run_cli, wait_until
+from ..support import run_cli, wait_until
 
 
 def age(store: Store, key: str, seconds: float) -> None:

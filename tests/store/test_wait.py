@@ -16,7 +16,7 @@ from feedproc import Feed, NotFound
 from feedproc.store import Store
 from feedproc.wait import wait_final
 
-from .support import run_cli
+from ..support import run_cli
 
 
 def later(seconds: float, action) -> threading.Thread:

@@ -16,7 +16,7 @@ import pytest
 from feedproc import logs
 from feedproc.logs import RateLimit
 
-from .support import run_cli, wait_until
+from ..support import run_cli, wait_until
 
 SECRET = "s3cr3t-t0ken-value"
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

@@ -10,51 +10,13 @@ from sqlalchemy.exc import IntegrityError
 
 from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, StaleWrite
 from feedproc.core.models import NewItem
-from feedproc.core.records import Kind, Outcome
+from feedproc.core.records import Kind
 from feedproc.schema import items, partitions
 from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Store
 
-from .support import statements_observed, wait_until
-
-A, B = "watcher-a", "watcher-b"
-
+from ..support import A, B, answer, fail, lease_and_fetch, register, statements_observed, wait_until, work_off
 
 # ---------------------------------------------------------------- helpers
-
-
-def register(store, watcher, *, lease_seconds=30.0, queue="default", capacity=8):
-    store.register_watcher(
-        watcher, host="test", pid=1, queue=queue, concurrency=2, capacity=capacity, lease_seconds=lease_seconds
-    )
-
-
-def answer(ready, kind, **fields):
-    return Outcome(
-        item_id=ready.id,
-        version=ready.version,
-        partition_id=ready.partition_id,
-        epoch=ready.epoch,
-        gate=ready.gate,
-        kind=kind,
-        **fields,
-    )
-
-
-def fail(ready, attempts=1, error="boom"):
-    return answer(ready, Kind.FAIL, attempts=attempts, error=error)
-
-
-def lease_and_fetch(store, watcher=A, limit=100):
-    store.acquire(watcher, "default", 10, 30)
-    return store.fetch_ready(watcher, limit)
-
-
-def work_off(store, key, kind=Kind.DONE, watcher=A):
-    """Answer every ready item of `key` at its current gate with `kind`."""
-    ready = [r for r in lease_and_fetch(store, watcher) if r.partition == key]
-    assert ready, f"nothing ready in {key}"
-    make = fail if kind == Kind.FAIL else (lambda r: answer(r, kind))
-    return store.apply(watcher, [make(r) for r in ready])
 
 
 def item_rows(store, key):

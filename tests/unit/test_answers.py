@@ -31,7 +31,7 @@ from feedproc.processors import (
 )
 from feedproc.redact import redact_text, redact_url, url_secrets
 
-from .test_policy import ready
+from ..support import ready
 
 
 def item(gate: int = 0) -> Item:

@@ -1,9 +1,5 @@
-"""The gate rules (CONTRACT.md §1, rules 1-4).
-
-First the pure state machine in `feedproc.gates`, one branch per test, then hypothesis properties
-of `settle`, then a hypothesis state machine that drives the real Store on SQLite through random
-producer operations and watcher answers and checks the gate rules after every step.
-"""
+"""The gate rules against the real store: a hypothesis state machine drives a Store on SQLite through
+random producer operations and watcher answers and checks the rules after every step."""
 
 import shutil
 import tempfile
@@ -11,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,176 +19,12 @@ from hypothesis.stateful import (
 from sqlalchemy import select
 
 from feedproc.core.errors import Refused, StaleWrite
-from feedproc.core.gates import Decision, GateFacts, Move, check_not_below, initial_gate, settle
+from feedproc.core.gates import initial_gate
 from feedproc.core.models import NewItem
-from feedproc.core.records import Outcome as Answer
 from feedproc.core.records import Kind
+from feedproc.core.records import Outcome as Answer
 from feedproc.schema import items, partitions
 from feedproc.store import Store
-
-
-def facts(gate=0, *, available_here=False, failed_here=False, next_gate=None, sealed=False, manual_checkpoint=False):
-    return GateFacts(gate, available_here, failed_here, next_gate, sealed, manual_checkpoint)
-
-
-# ---------------------------------------------------------------- settle: one branch per test
-
-
-def test_settle_stays_while_the_gate_has_available_items():
-    assert settle(facts(2, available_here=True, next_gate=5, sealed=True)) == Decision(Move.STAY, 2)
-
-
-def test_settle_stays_while_available_items_remain_beside_a_failed_one():
-    assert settle(facts(2, available_here=True, failed_here=True, sealed=True)) == Decision(Move.STAY, 2)
-
-
-def test_settle_fails_a_drained_gate_with_a_failed_item():
-    assert settle(facts(3, failed_here=True)) == Decision(Move.FAIL, 3)
-
-
-def test_settle_fail_beats_advance():
-    assert settle(facts(3, failed_here=True, next_gate=4)) == Decision(Move.FAIL, 3)
-
-
-def test_settle_fail_beats_complete():
-    assert settle(facts(3, failed_here=True, sealed=True)) == Decision(Move.FAIL, 3)
-
-
-def test_settle_fail_beats_checkpoint():
-    outcome = settle(facts(3, failed_here=True, next_gate=4, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Decision(Move.FAIL, 3)
-
-
-def test_settle_advances_to_the_next_gate_that_holds_work_skipping_empty_gates():
-    assert settle(facts(1, next_gate=7)) == Decision(Move.ADVANCE, 7)
-
-
-def test_settle_advances_an_unsealed_partition_with_work_above():
-    assert settle(facts(0, next_gate=1, sealed=False)) == Decision(Move.ADVANCE, 1)
-
-
-def test_settle_manual_checkpoint_waits_at_a_drained_gate():
-    assert settle(facts(1, next_gate=2, sealed=True, manual_checkpoint=True)) == Decision(Move.WAIT, 1)
-
-
-def test_settle_manual_checkpoint_advances_on_checkpoint():
-    outcome = settle(facts(1, next_gate=4, sealed=True, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Decision(Move.ADVANCE, 4)
-
-
-def test_settle_checkpoint_does_not_move_a_gate_that_still_has_work():
-    outcome = settle(facts(1, available_here=True, next_gate=4, manual_checkpoint=True), checkpoint=True)
-    assert outcome == Decision(Move.STAY, 1)
-
-
-def test_settle_manual_checkpoint_completes_a_sealed_partition_with_nothing_above():
-    assert settle(facts(5, sealed=True, manual_checkpoint=True)) == Decision(Move.COMPLETE, 5)
-
-
-def test_settle_completes_a_sealed_drained_partition():
-    assert settle(facts(5, sealed=True)) == Decision(Move.COMPLETE, 5)
-
-
-def test_settle_unsealed_drained_partition_waits():
-    assert settle(facts(5, sealed=False)) == Decision(Move.WAIT, 5)
-
-
-def test_settle_checkpoint_on_an_unsealed_drained_partition_waits():
-    assert settle(facts(5, manual_checkpoint=True), checkpoint=True) == Decision(Move.WAIT, 5)
-
-
-# ---------------------------------------------------------------- rules 1 and 4
-
-
-def test_initial_gate_is_the_lowest_item_gate():
-    assert initial_gate([4, 2, 9, 2]) == 2
-
-
-def test_initial_gate_without_items_is_zero():
-    assert initial_gate([]) == 0
-    assert initial_gate(None) == 0
-
-
-def test_check_not_below_refuses_a_lower_gate_naming_both_gates():
-    reason = check_not_below(1, 3)
-    assert reason is not None
-    assert "1" in reason and "3" in reason
-
-
-def test_check_not_below_allows_the_current_gate():
-    assert check_not_below(3, 3) is None
-
-
-def test_check_not_below_allows_a_higher_gate():
-    assert check_not_below(9, 3) is None
-
-
-# ---------------------------------------------------------------- settle: properties
-
-
-@st.composite
-def gate_facts(draw):
-    gate = draw(st.integers(0, 1000))
-    next_gate = draw(st.none() | st.integers(gate + 1, gate + 1000))
-    available_here, failed_here, sealed, manual = (draw(st.booleans()) for _ in range(4))
-    return GateFacts(gate, available_here, failed_here, next_gate, sealed, manual)
-
-
-@given(gate_facts(), st.booleans())
-def test_property_outcome_gate_is_never_below_the_current_gate(f, checkpoint):
-    assert settle(f, checkpoint=checkpoint).gate >= f.gate
-
-
-@given(gate_facts(), st.booleans())
-def test_property_only_advance_changes_the_gate_and_only_to_next_gate(f, checkpoint):
-    outcome = settle(f, checkpoint=checkpoint)
-    if outcome.move is Move.ADVANCE:
-        assert f.next_gate is not None
-        assert outcome.gate == f.next_gate
-    else:
-        assert outcome.gate == f.gate
-
-
-@given(gate_facts(), st.booleans())
-def test_property_stay_exactly_when_the_gate_has_available_items(f, checkpoint):
-    assert (settle(f, checkpoint=checkpoint).move is Move.STAY) == f.available_here
-
-
-@given(gate_facts(), st.booleans())
-def test_property_complete_only_when_sealed_and_nothing_available_anywhere(f, checkpoint):
-    complete = settle(f, checkpoint=checkpoint).move is Move.COMPLETE
-    assert complete == (f.sealed and not f.available_here and not f.failed_here and f.next_gate is None)
-
-
-@given(gate_facts(), st.booleans())
-def test_property_fail_only_with_a_failed_item_and_nothing_available_here(f, checkpoint):
-    failed = settle(f, checkpoint=checkpoint).move is Move.FAIL
-    assert failed == (f.failed_here and not f.available_here)
-
-
-@given(gate_facts())
-def test_property_checkpoint_only_releases_a_manual_wait(f):
-    plain, forced = settle(f), settle(f, checkpoint=True)
-    if plain != forced:
-        assert f.manual_checkpoint
-        assert plain == Decision(Move.WAIT, f.gate)
-        assert forced == Decision(Move.ADVANCE, f.next_gate)
-
-
-@given(gate_facts())
-def test_property_a_manual_checkpoint_partition_never_advances_by_itself(f):
-    if f.manual_checkpoint:
-        assert settle(f).move is not Move.ADVANCE
-
-
-@given(gate_facts(), st.booleans())
-def test_property_settling_after_an_advance_stays(f, checkpoint):
-    outcome = settle(f, checkpoint=checkpoint)
-    if outcome.move is Move.ADVANCE:
-        # the next gate holds available work by definition of next_gate
-        after = GateFacts(outcome.gate, True, False, None, f.sealed, f.manual_checkpoint)
-        assert settle(after) == Decision(Move.STAY, outcome.gate)
-
 
 # ---------------------------------------------------------------- the rules against the real Store (SQLite)
 

@@ -20,8 +20,7 @@ from feedproc.core.records import Kind
 from feedproc.schema import partitions
 from feedproc.store import Store
 
-from .support import wait_until
-from .test_watcher import WatcherThread, wait_status, watching
+from ..support import WatcherThread, wait_status, wait_until, watching
 
 
 class Numbered(Processor):

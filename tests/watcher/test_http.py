@@ -30,8 +30,7 @@ from feedproc.health import handler_base, handler_reason
 from feedproc.schema import items
 from feedproc.store import Store
 
-from .support import Delivery, HandlerService, wait_until
-from .test_watcher import history_of, wait_status, watching
+from ..support import Delivery, HandlerService, history_of, wait_status, wait_until, watching
 
 
 def js(value: Any) -> bytes:

@@ -16,8 +16,8 @@ import pytest
 from feedproc import DatabaseUnavailable, Feed, health
 from feedproc.health import MonitorServer, WatcherProbe
 
-from .api_support import free_port
-from .support import HandlerService, WatcherProcesses, wait_until
+from ..api_support import free_port
+from ..support import HandlerService, WatcherProcesses, wait_until
 
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "5", "--retry-delay", "0.05", "--monitor-host", "127.0.0.1")
 pytestmark = pytest.mark.slow

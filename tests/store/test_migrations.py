@@ -11,7 +11,7 @@ from feedproc.core.errors import SchemaMissing
 from feedproc.schema import metadata
 from feedproc.store import Store, _alembic_config
 
-from .support import run_cli
+from ..support import run_cli
 
 VERSION_TABLE = "feedproc_version"
 

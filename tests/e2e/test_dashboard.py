@@ -20,8 +20,8 @@ import pytest
 
 from feedproc import Feed
 
-from .api_support import TOKEN, ApiServer, ServeProcess
-from .support import ROOT, HandlerService, WatcherProcesses
+from ..api_support import TOKEN, ApiServer, ServeProcess
+from ..support import ROOT, HandlerService, WatcherProcesses
 
 CHROMIUM = os.environ.get("FEEDPROC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -99,7 +99,7 @@ def test_overview_lists_partitions_with_a_bar_per_gate(api: ApiServer, feed: Fee
 def test_partition_page_draws_the_mean_progress_of_items_in_flight(api: ApiServer, feed: Feed) -> None:
     from feedproc.core.records import ProgressReport
 
-    from .test_scheduling import register
+    from ..support import register
 
     feed.add_partition("long", [(0, b"1"), (0, b"2")])
     register(feed.store, "w1")

@@ -174,7 +174,7 @@ def test_a_handler_request_carries_the_traceparent_of_its_delivery_span(
     """End to end: a real watcher, the HTTP processor and a handler on loopback."""
     from feedproc import Feed, HTTPProcessor
 
-    from .test_watcher import wait_status, watching
+    from ..support import wait_status, watching
 
     handler.behavior = lambda body: (200, {"done": True}) if body["gate"] else (200, {"gate": 1})
     with Feed(db_url) as feed:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from .conftest import _require_pg
+from ..conftest import _require_pg
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from feedproc.dialects import seconds_from_now
 from feedproc.schema import attempts, inflight, partitions
 from feedproc.store import RECORDS_KEPT, Store
 
-from .test_store import A, B, answer, register
+from ..support import A, B, answer, register
 
 C = "watcher-c"
 

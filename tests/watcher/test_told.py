@@ -11,8 +11,7 @@ import pytest
 
 from feedproc import Feed, Item, Processor, Response
 
-from .support import wait_until
-from .test_watcher import wait_status, watching
+from ..support import wait_status, wait_until, watching
 
 
 class RaisesKeyError(Processor):

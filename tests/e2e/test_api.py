@@ -15,10 +15,8 @@ import pytest
 from feedproc import Feed
 from feedproc.core.records import Kind
 
-from .api_support import AUTH, TOKEN, ApiServer, ServeProcess
-from .support import run_cli
-from .test_cli import db_state
-from .test_store import register, work_off
+from ..api_support import AUTH, TOKEN, ApiServer, ServeProcess
+from ..support import db_state, register, run_cli, work_off
 
 # Requests rejected before any database access (schema, auth, size) behave the same on every database:
 # those tests run on SQLite only, to keep the suite fast.

@@ -11,9 +11,8 @@ import pytest
 
 from feedproc import Feed
 
-from .cli_processors import LOG_VARIABLE
-from .support import WatcherProcesses
-from .test_watcher import wait_status
+from ..cli_processors import LOG_VARIABLE
+from ..support import WatcherProcesses, wait_status
 
 pytestmark = pytest.mark.slow
 

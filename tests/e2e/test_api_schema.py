@@ -14,7 +14,7 @@ import pytest
 
 from feedproc import Feed
 
-from .api_support import TOKEN, ApiServer
+from ..api_support import TOKEN, ApiServer
 
 MAX_EXAMPLES = int(os.environ.get("FEEDPROC_SCHEMATHESIS_EXAMPLES", "20"))
 # PostgreSQL only: it is the stricter database (integer ranges, NUL in text), and time is bounded.

@@ -10,9 +10,8 @@ import pytest
 
 from feedproc import Feed, Item, PermanentError, Processor, Response
 
-from .api_support import ApiServer
-from .support import run_cli
-from .test_watcher import wait_status, watching
+from ..api_support import ApiServer
+from ..support import run_cli, wait_status, watching
 
 
 class FailsOnceThenLabels(Processor):

@@ -1,0 +1,1 @@
+"""The store on every database (SQLite and PostgreSQL): its operations, guards and SQL plans."""

@@ -1,0 +1,1 @@
+"""The pure core, tested directly: no database, no processes."""

@@ -1,0 +1,1 @@
+"""Watchers in-process against a real database: dispatch, answers, the write path, scheduling, logs, probes."""
