@@ -6,8 +6,7 @@ Public API: `Feed` (producers), `Processor`, `Item`, `Response`, `HTTPProcessor`
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .core.errors import (
     DatabaseUnavailable,
     DuplicateKey,

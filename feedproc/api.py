@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import __version__
+from ._version import __version__
 from .core.errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, check_key, item_from_row
 from .health import serve_health

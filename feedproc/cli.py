@@ -22,7 +22,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.exceptions import Abort, TyperException
 
-from . import __version__, logs
+from . import logs
+from ._version import __version__
 from .core.errors import FeedprocError, InvalidInput, Refused
 from .core.models import NewItem, check_key, item_from_row
 

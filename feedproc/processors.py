@@ -26,7 +26,8 @@ from typing import Any
 
 import httpx
 
-from . import __version__, tracing
+from . import tracing
+from ._version import __version__
 from .core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
 from .core.models import Item, NewItem, Response, check_delay, check_progress, gate_problem, shown, strict_json
 from .redact import redact_text, redact_url, url_secrets

@@ -149,7 +149,7 @@ def enable(tracer_provider: Any = None) -> None:
     global _tracer
     if not _import():
         raise ImportError("tracing needs opentelemetry-api: pip install 'feedproc[otel]'")
-    from . import __version__
+    from ._version import __version__
 
     provider = tracer_provider if tracer_provider is not None else _api.trace.get_tracer_provider()
     _tracer = provider.get_tracer("feedproc", __version__)
