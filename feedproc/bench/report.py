@@ -1,0 +1,162 @@
+"""The benchmark's report: a line per run on standard error as it goes, and the Markdown tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def summary(result: dict[str, Any]) -> str:
+    drain = result.get("drain") or {}
+    name = result["system"] if result["system"] == "feedproc" else f"{result['system']} {result.get('settings')}"
+    text = f"{name} {result['db']} {result['workload']} x{result['watchers']}: {result.get('items', 0)} items"
+    if drain.get("rate"):
+        text += f", drain {drain['rate']:,.0f}/s"
+    if result.get("problems"):
+        text += "  PROBLEM: " + "; ".join(result["problems"])
+    return text
+
+
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def _pair(stats: dict[str, Any] | None) -> str:
+    if not stats or stats.get("p50") is None:
+        return "—"
+    return f"{stats['p50']:.1f} / {stats['p99']:.1f}"
+
+
+def _peak(values: list[float] | None) -> str:
+    return f"{max(values):.0f}" if values else "—"
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    meta = report["meta"]
+    settings = meta["settings"]
+    load = meta["host"].get("load_average_at_start")
+    lines = [
+        f"### feedproc bench, {meta['started_at']}",
+        "",
+        f"`{meta['command']}`: {meta['host']['cpus']} CPUs, load average {load[0] if load else '?'} at start, "
+        f"Python {meta['host']['python']}, {', '.join(meta['databases'])}; "
+        f"watchers `feedproc watch {settings['watch']}`, {settings['partitions']} partitions x "
+        f"{settings['items_per_partition']} items; latencies at half the drain rate "
+        f"for {settings['latency_seconds']:g}s.",
+        "",
+        "| db | workload | watchers | items | enqueue items/s | drain items/s | ½ load items/s: offered of target "
+        "| dispatch p50 / p99 ms (½ load) | gate advance p50 / p99 ms (drain) | gate advance p50 / p99 ms (½ load) "
+        "| peak RSS MB | statements / item | transactions / item | server transactions / item | once |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for run in report["runs"]:
+        drain = run.get("drain") or {}
+        paced = run.get("paced") or {}
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    run["db"],
+                    run["workload"] + (f" (+{run['finished_rows']:,} finished)" if run.get("finished_rows") else ""),
+                    str(run["watchers"]),
+                    _num(run.get("items")),
+                    _num((run.get("enqueue") or {}).get("rate")),
+                    _num(drain.get("rate")),
+                    f"{_num(paced.get('offered_rate'))} of {_num(paced.get('target_rate'))}" if paced else "—",
+                    _pair(paced.get("dispatch_latency_ms")),
+                    _pair(drain.get("gate_advance_ms")),
+                    _pair(paced.get("gate_advance_ms")),
+                    _peak(drain.get("peak_rss_mb")),
+                    _num(drain.get("statements_per_item"), 2),
+                    _num(drain.get("transactions_per_item"), 3),
+                    _num((drain.get("server") or {}).get("transactions_per_item"), 3),
+                    _once(run),
+                ]
+            )
+            + " |"
+        )
+    if report["peers"]:
+        lines += [
+            "",
+            "Flat no-op drain on the same PostgreSQL, same number of processes ("
+            "drain = first dispatch to last completion, from each system's own tables):",
+            "",
+            "| system | settings | processes | jobs | enqueue jobs/s | drain jobs/s | feedproc ÷ system "
+            "| peak RSS MB | server transactions / job | once |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        ours = {
+            r["watchers"]: r
+            for r in report["runs"]
+            if r["db"] == "postgresql" and r["workload"] == "flat" and (r.get("drain") or {}).get("rate")
+        }
+        for watchers in sorted({p["watchers"] for p in report["peers"]}):
+            rows = [ours[watchers]] if watchers in ours else []
+            rows += [p for p in report["peers"] if p["watchers"] == watchers]
+            mine = ours.get(watchers, {}).get("drain", {}).get("rate")
+            for row in rows:
+                drain = row.get("drain") or {}
+                ratio = mine / drain["rate"] if mine and drain.get("rate") else None
+                lines.append(
+                    "| "
+                    + " | ".join(
+                        [
+                            row["system"],
+                            _settings_text(row),
+                            str(row["watchers"]),
+                            _num(row.get("items")),
+                            _num((row.get("enqueue") or {}).get("rate")),
+                            _num(drain.get("rate")),
+                            "—" if ratio is None else f"{ratio:.2f}x",
+                            _peak(drain.get("peak_rss_mb")),
+                            _num((drain.get("server") or {}).get("transactions_per_item"), 3),
+                            _once(row),
+                        ]
+                    )
+                    + " |"
+                )
+    lines += ["", *LEGEND]
+    problems = [
+        f"- {r['system']} {r['db']} {r['workload']} x{r['watchers']}: {p}"
+        for r in report["runs"] + report["peers"]
+        for p in r.get("problems", [])
+    ]
+    if problems:
+        lines += ["", "Problems:", *problems]
+    return "\n".join(lines) + "\n"
+
+
+LEGEND = [
+    "How each figure is measured (clocks: the database's and the processes' are the same host's):",
+    "- enqueue: items ÷ time of the `Feed.add_partition` calls (peers: their batched enqueue), in the bench process;",
+    "- drain: items ÷ (first `leased` event → last item `updated_at`), read from the database after the run "
+    "(peers: first `picked`/`started` → last `successful`/`succeeded` in their own tables);",
+    "- dispatch: processor call time (logged by the no-op processor or the HTTP handler) minus the item's readiness: "
+    "the moment the producer sent the COMMIT that added it, or its gate's `gate_advanced` event (the JSON also has "
+    "the figure from the insert, `created_at`), while a producer adds partitions at half the drain rate "
+    "(flat, http: one partition every 20 ms; fan: the backlog's partitions), or as close to it as one producer gets "
+    "(the rate it offered is in the table);",
+    "- gate advance: per partition, first call at gate g+1 minus last `updated_at` at gate g (the commit that "
+    "advanced it); in the drain, and at half load;",
+    "- peak RSS: the highest of the watcher processes (psutil samples and /proc VmHWM);",
+    "- statements and transactions per item: counted in the watchers by SQLAlchemy engine events "
+    "(an executemany counts each row; the pool's pre-ping is not counted); server transactions: "
+    "pg_stat_database xact_commit + xact_rollback of the throwaway database over the drain, less the bench's own;",
+    "- once: every item complete, and called exactly once according to the call logs.",
+]
+
+
+def _settings_text(row: dict[str, Any]) -> str:
+    if row["system"] == "feedproc":
+        return "flat, no-op processor"
+    if row["system"] == "pgqueuer":
+        s = row["settings"]
+        return f"asyncpg, {s['consumers']} consumers x batch {s['batch_size']} per process"
+    return f"psycopg, concurrency {row['settings']['concurrency']} per process"
+
+
+def _once(run: dict[str, Any]) -> str:
+    if run.get("exactly_once"):
+        return "yes"
+    return "NO" if "exactly_once" in run else "—"

@@ -1,0 +1,91 @@
+"""What runs inside the bench's watcher processes: `python -m feedproc.bench.watch watch ARGS...`.
+
+That is exactly `feedproc watch ARGS...`, with the watcher's SQLAlchemy statements, transactions
+and pool checkouts counted first (when FEEDPROC_BENCH_STATS is set) and written to
+FEEDPROC_BENCH_DIR/stats-<pid>.json at exit; and `BenchProcessor`, the no-op processor, which
+appends `<item id> <gate> <attempt> <unix time>` per call to FEEDPROC_BENCH_DIR/calls-<pid>.log.
+
+This module imports the CLI (to hand over to `feedproc watch`), which is why nothing imports it:
+the bench names it on a subprocess command line only, so the CLI's lazy import of the bench
+(`feedproc bench`) makes no cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .. import Processor, Response
+from .options import DIR_ENV, STATS_ENV
+
+
+class BenchProcessor(Processor):
+    """The no-op processor of the bench: completes every item, logging `id gate attempt time`."""
+
+    def __init__(self) -> None:
+        folder = os.environ.get(DIR_ENV)
+        self._log = open(Path(folder) / f"calls-{os.getpid()}.log", "a", buffering=1 << 16) if folder else None  # noqa: SIM115
+
+    async def process(self, item: Any) -> Response:
+        if self._log is not None:
+            self._log.write(f"{item.id} {item.gate} {item.attempt} {time.time():.6f}\n")
+        return Response(done=True)
+
+    async def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def watch_main() -> None:
+    """`feedproc ARGS` (ARGS: `watch ...`), with statements, transactions and pool checkouts counted
+    (when FEEDPROC_BENCH_STATS is set) and written to FEEDPROC_BENCH_DIR/stats-<pid>.json at exit."""
+    counts = _count_statements() if os.environ.get(STATS_ENV) else None
+    try:
+        from ..cli import main
+
+        main(sys.argv[1:])
+    finally:
+        folder = os.environ.get(DIR_ENV)
+        if counts is not None and folder:
+            path = Path(folder) / f"stats-{os.getpid()}.json"
+            path.with_suffix(".tmp").write_text(json.dumps(dict(counts)))
+            path.with_suffix(".tmp").replace(path)
+
+
+def _count_statements() -> Counter[str]:
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.pool import Pool
+
+    # The hot path's statements run on the driver's cursor, out of the engine events' sight: the
+    # runtime offers this hook for them (and nothing else of the runtime's internals is used here).
+    from ..dialects import DriverStatement
+
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def add(key: str, n: int = 1) -> None:
+        with lock:
+            counts[key] += n
+
+    def on_statement(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        # An executemany (SQLite's per-row UPDATE) is one statement per parameter set in the database.
+        add("statements", len(parameters) if many and isinstance(parameters, list | tuple) else 1)
+
+    event.listen(Engine, "before_cursor_execute", on_statement)
+    DriverStatement.observer = lambda conn, statement: add("statements")
+    event.listen(Engine, "commit", lambda conn: add("commits"))
+    event.listen(Engine, "rollback", lambda conn: add("rollbacks"))
+    event.listen(Pool, "checkout", lambda *args: add("checkouts"))
+    return counts
+
+
+if __name__ == "__main__":
+    watch_main()
