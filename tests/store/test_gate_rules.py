@@ -22,9 +22,10 @@ from feedproc.core.errors import Refused, StaleWrite
 from feedproc.core.gates import initial_gate
 from feedproc.core.models import NewItem
 from feedproc.core.records import Kind
-from feedproc.core.records import Outcome as Answer
 from feedproc.schema import items, partitions
 from feedproc.store import Store
+
+from ..support import answer
 
 # ---------------------------------------------------------------- the rules against the real Store (SQLite)
 
@@ -186,13 +187,9 @@ class GateMachine(RuleBasedStateMachine):
         return ready
 
     def _answer(self, ready, kind, step, children):
-        outcome = Answer(
-            item_id=ready.id,
-            version=ready.version,
-            partition_id=ready.partition_id,
-            epoch=ready.epoch,
-            gate=ready.gate,
-            kind=kind,
+        outcome = answer(
+            ready,
+            kind,
             new_gate=ready.gate + step if kind == Kind.MOVE else None,
             children=tuple(NewItem(ready.gate + c, b"{}") for c in children) if kind in (Kind.DONE, Kind.MOVE) else (),
             attempts=1 if kind in (Kind.FAIL, Kind.RETRY) else 0,
@@ -231,13 +228,9 @@ class GateMachine(RuleBasedStateMachine):
             self._answer(old, kind, step, [])
             return
         before = snapshot(self.store)
-        outcome = Answer(
-            item_id=old.id,
-            version=old.version,
-            partition_id=old.partition_id,
-            epoch=old.epoch,
-            gate=old.gate,
-            kind=kind,
+        outcome = answer(
+            old,
+            kind,
             new_gate=old.gate + step if kind == Kind.MOVE else None,
             attempts=1 if kind in (Kind.FAIL, Kind.RETRY) else 0,
             error="boom",
