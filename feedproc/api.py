@@ -1,6 +1,6 @@
 """The HTTP API of `feedproc serve` (FastAPI), under /api/v1, plus /healthz and /metrics.
 
-The same operations as the command line, through the same `Store` methods, with the same rules and
+The same operations as the command line, through the same `Feed` methods, with the same rules and
 errors: malformed input is 400 (422 when the request does not match the OpenAPI schema), an unknown
 partition 404, a refusal (duplicate key, sealed or finished partition, gate too low) 409, a missing
 schema or an unreachable database 503; every error is `{"error": "..."}` and changes nothing.
@@ -31,10 +31,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._version import __version__
 from .core.errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
-from .core.models import KEY_PATTERN, QUEUE_PATTERN, check_key, item_from_row
+from .core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row
+from .feed import Feed
 from .health import serve_health
 from .metrics import CONTENT_TYPE, render_down, render_gauges
-from .store import MAX_PAGE, Store
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 INT32 = 2**31 - 1
@@ -147,8 +147,8 @@ class BodyLimit:
 # ---------------------------------------------------------------- helpers
 
 
-def _store(request: Request) -> Store:
-    return request.app.state.store
+def _feed(request: Request) -> Feed:
+    return request.app.state.feed
 
 
 def _key(key: str) -> str:
@@ -195,8 +195,8 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most
 @api.post("/partitions", status_code=201, dependencies=Mutating, tags=["partitions"])
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
     """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
-    store = _store(request)
-    count = store.add_partition(
+    feed = _feed(request)
+    count = feed.add_partition(
         body.key,
         _items(body.items),
         queue=body.queue,
@@ -205,7 +205,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         manual_checkpoint=body.manual_checkpoint,
         not_before=_not_before(body.not_before),
     )
-    return {"added": count, "partition": store.status(body.key)}
+    return {"added": count, "partition": feed.status(body.key)}
 
 
 @api.get("/partitions", tags=["partitions"])
@@ -218,14 +218,14 @@ def list_partitions(
     limit: Limit = 50,
 ) -> dict[str, Any]:
     """Partitions in key order with their item counts per gate; filter by queue, status, key prefix."""
-    rows = _store(request).list_partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
+    rows = _feed(request).partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
     return _page(rows, limit, "key")
 
 
 @api.get("/status", tags=["partitions"])
 def summary(request: Request) -> dict[str, Any]:
     """Counts of partitions and items by status (`feedproc status --json`)."""
-    return _store(request).summary()
+    return _feed(request).summary()
 
 
 @api.get("/partitions/{key:path}", tags=["partitions"])
@@ -233,7 +233,7 @@ def partition_status(
     key: KeyPath, request: Request, history: Annotated[int, Query(ge=0, le=1000)] = 0
 ) -> dict[str, Any]:
     """One partition: the `feedproc status KEY --json` object (with `history` events when asked)."""
-    return _store(request).status(_key(key), history=history)
+    return _feed(request).status(_key(key), history=history)
 
 
 @api.get("/items", tags=["partitions"])
@@ -246,7 +246,7 @@ def list_items(
     limit: Limit = 100,
 ) -> dict[str, Any]:
     """A partition's items in id order (data as JSON, or `data_base64`)."""
-    rows = _store(request).items(key, gate=gate, status=status, after_id=after, limit=limit)
+    rows = _feed(request).items(key, gate=gate, status=status, after_id=after, limit=limit)
     return _page([{**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])} for r in rows], limit, "id")
 
 
@@ -254,7 +254,7 @@ def list_items(
 def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
     """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
     (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error)."""
-    item = _store(request).item(item_id)
+    item = _feed(request).item(item_id)
     return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
 
 
@@ -266,66 +266,66 @@ def history(
     limit: Limit = 100,
 ) -> dict[str, Any]:
     """A partition's history (leases, steals, gate advances, failures, retries...), oldest first."""
-    return _page(_store(request).history(key, after=after, limit=limit), limit, "id")
+    return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
 
 
 @api.post("/partitions/{key:path}/items", dependencies=Mutating, tags=["actions"])
 def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
     """Add items to an open partition (`feedproc add-items`)."""
-    store = _store(request)
-    count = store.add_items(_key(key), _items(body.items))
-    return {"added": count, "partition": store.status(key)}
+    feed = _feed(request)
+    count = feed.add_items(_key(key), _items(body.items))
+    return {"added": count, "partition": feed.status(key)}
 
 
 @api.post("/partitions/{key:path}/seal", dependencies=Mutating, tags=["actions"])
 def seal(key: KeyPath, request: Request) -> dict[str, Any]:
     """No more items will be added (`feedproc seal`)."""
-    store = _store(request)
-    store.seal(_key(key))
-    return {"partition": store.status(key)}
+    feed = _feed(request)
+    feed.seal(_key(key))
+    return {"partition": feed.status(key)}
 
 
 @api.post("/partitions/{key:path}/retry", dependencies=Mutating, tags=["actions"])
 def retry(key: KeyPath, request: Request) -> dict[str, Any]:
     """A failed partition and its failed items back to work (`feedproc retry`); 409 unless failed."""
-    store = _store(request)
-    count = store.retry(_key(key))
-    return {"retried": count, "partition": store.status(key)}
+    feed = _feed(request)
+    count = feed.retry(_key(key))
+    return {"retried": count, "partition": feed.status(key)}
 
 
 @api.post("/partitions/{key:path}/cancel", dependencies=Mutating, tags=["actions"])
 def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
     """Cancel a partition and its available items (`feedproc cancel`); 409 if complete."""
-    store = _store(request)
-    store.cancel(_key(key))
-    return {"partition": store.status(key)}
+    feed = _feed(request)
+    feed.cancel(_key(key))
+    return {"partition": feed.status(key)}
 
 
 @api.post("/partitions/{key:path}/checkpoint", dependencies=Mutating, tags=["actions"])
 def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
     """Advance a manual-checkpoint partition whose gate has drained (`feedproc checkpoint`)."""
-    store = _store(request)
-    gate = store.checkpoint(_key(key))
-    return {"gate": gate, "partition": store.status(key)}
+    feed = _feed(request)
+    gate = feed.checkpoint(_key(key))
+    return {"gate": gate, "partition": feed.status(key)}
 
 
 @api.get("/watchers", tags=["watchers"])
 def list_watchers(request: Request) -> dict[str, Any]:
     """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""
-    store = _store(request)
-    return {"watchers": store.watchers(), "leases": store.leases()}
+    feed = _feed(request)
+    return {"watchers": feed.watchers(), "leases": feed.leases()}
 
 
 @api.get("/failures", tags=["partitions"])
 def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
     """The most recently failed partitions, each with one of its errors."""
-    return {"items": _store(request).recent_failures(limit=limit)}
+    return {"items": _feed(request).recent_failures(limit=limit)}
 
 
 # ---------------------------------------------------------------- the application
 
 
-def create_app(store: Store, *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+def create_app(feed: Feed, *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
     """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
     from . import dashboard
 
@@ -337,7 +337,7 @@ def create_app(store: Store, *, token: str | None = None, max_body: int = DEFAUL
         docs_url="/api/v1/docs",
         redoc_url=None,
     )
-    app.state.store = store
+    app.state.feed = feed
     app.state.token = token or None
     app.include_router(api)
     dashboard.install(app)
@@ -345,14 +345,14 @@ def create_app(store: Store, *, token: str | None = None, max_body: int = DEFAUL
     @app.get("/healthz", tags=["operations"])
     def healthz() -> JSONResponse:
         """200 when the database answers; 503 with the reason otherwise."""
-        status, body = serve_health(store)
+        status, body = serve_health(feed)
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
         """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
         try:
-            text = render_gauges(store.queue_gauges())
+            text = render_gauges(feed.gauges())
         except FeedprocError as error:
             text = render_down(str(error))
         return PlainTextResponse(text, media_type=CONTENT_TYPE)

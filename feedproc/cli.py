@@ -257,7 +257,7 @@ def status(
 
     with _feed(db) as feed:
         if key is None:
-            summary = feed.store.summary(recent=0 if as_json else 20)
+            summary = feed.summary(recent=0 if as_json else 20)
             if as_json:
                 typer.echo(json.dumps(summary))
             else:
@@ -382,12 +382,11 @@ def wait(
 ) -> None:
     """Block until KEY is complete (exit 0), failed or cancelled (exit 1); 124 on timeout."""
     from .report import print_partition
-    from .wait import wait_final
 
     check_key(key)  # malformed: exit 2 before touching the database
     with _feed(db) as feed:
         try:
-            result = wait_final(feed.store, key, timeout)
+            result = feed.wait(key, timeout)
         except TimeoutError as error:
             print(f"feedproc: {error}", file=sys.stderr)
             result = getattr(error, "status", None)
@@ -460,7 +459,6 @@ def watch(
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
     from .processors import HTTPProcessor, load_processor
     from .redact import redact_url
-    from .store import Store
     from .watcher import Watcher, WatcherConfig
 
     if (handler is None) == (processor is None):
@@ -502,10 +500,8 @@ def watch(
         logs.add_secret(value)
     logs.add_url_secrets(handler)
     logs.add_url_secrets(database_url(db))
-    store = Store(database_url(db), pool_size=4, pre_ping=False)
+    watcher = Watcher.connect(database_url(db), target, config)
     try:
-        store.check_schema()
-        watcher = Watcher(store, target, config)
         if handler is not None:
             shown = logs.redact_url(handler)
             logging.getLogger("feedproc.watcher").info("handler %s", shown, extra={"handler": shown})
@@ -517,7 +513,7 @@ def watch(
             for monitor in monitors:
                 monitor.close()
     finally:
-        store.close()
+        watcher.close()
     fatal = getattr(watcher, "fatal", None)
     if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
         raise Refused(f"watcher stopped: {fatal}")
@@ -580,7 +576,7 @@ def serve(
         from .api import create_app, run
     except ImportError as error:
         raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
-    from .store import Store
+    from .feed import Feed
 
     _check_log_options(log_level, log_format)
     token = os.environ.get("FEEDPROC_API_TOKEN") or None
@@ -592,9 +588,9 @@ def serve(
         raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
     logs.configure(log_level, log_format)
     logs.add_url_secrets(database_url(db))
-    store = Store(database_url(db))
+    feed = Feed(database_url(db))
     try:
-        store.check_schema()
+        feed.check_schema()
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
             sock = socket.create_server((host, port), family=family)
@@ -603,9 +599,9 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
-        run(create_app(store, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
+        run(create_app(feed, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
     finally:
-        store.close()
+        feed.close()
 
 
 @app.command()

@@ -22,7 +22,7 @@ from starlette.datastructures import URL
 
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, STATUSES, check_key
-from .store import Store
+from .feed import Feed
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # partitions per page
@@ -85,42 +85,42 @@ def _render(request: Request, name: str, context: dict[str, Any], status: int = 
     return response
 
 
-def _overview(store: Store, status: str | None, prefix: str | None, after: str | None) -> dict[str, Any]:
+def _overview(feed: Feed, status: str | None, prefix: str | None, after: str | None) -> dict[str, Any]:
     if status not in STATUSES:
         status = None
     # Filters come from the address bar: anything a key could not contain is dropped, never sent on.
     prefix = prefix if prefix and KEY_PATTERN.match(prefix) else None
     after = after if after and KEY_PATTERN.match(after) else None
-    partitions = store.list_partitions(status=status, prefix=prefix or None, after=after or None, limit=PAGE)
+    partitions = feed.partitions(status=status, prefix=prefix or None, after=after or None, limit=PAGE)
     for p in partitions:
         p["bars"] = gate_bars(p["gates"], p["gate"])
         p["percent"] = overall(p["items"])
     leases: dict[str, list[dict[str, Any]]] = {}
-    for lease in store.leases(limit=500):
+    for lease in feed.leases(limit=500):
         leases.setdefault(lease["owner"], []).append(lease)
     return {
-        "counts": store.partition_counts(),  # not item totals: those would count every item, every refresh
+        "counts": feed.partition_counts(),  # not item totals: those would count every item, every refresh
         "partitions": partitions,
         "next": partitions[-1]["key"] if len(partitions) == PAGE else None,
         "status": status,
         "prefix": prefix or "",
         "after": after or "",
-        "watchers": store.watchers(),
+        "watchers": feed.watchers(),
         "leases": leases,
-        "failures": store.recent_failures(limit=10),
+        "failures": feed.recent_failures(limit=10),
         "statuses": STATUSES,
     }
 
 
-def _partition(store: Store, key: str, after: int) -> dict[str, Any]:
-    status = store.status(key, history=50)
+def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
+    status = feed.status(key, history=50)
     return {
         "p": status,
         "gate_rows": gate_bars(status["gates"], status["gate"]),
         "percent": overall(status["items"]),
         "items": [
             {**item, "data": item["data"].decode("utf-8", errors="replace")}
-            for item in store.items(key, after_id=after, limit=ITEMS_PAGE)
+            for item in feed.items(key, after_id=after, limit=ITEMS_PAGE)
         ],
         "items_after": after,
         "items_page": ITEMS_PAGE,
@@ -135,7 +135,7 @@ def _query(request: Request) -> str:
 def overview_page(
     request: Request, status: str | None = None, prefix: str | None = None, after: str | None = None
 ) -> HTMLResponse:
-    context = _overview(request.app.state.store, status, prefix, after)
+    context = _overview(request.app.state.feed, status, prefix, after)
     return _render(request, "overview.html", {**context, "live_src": "/ui/overview?" + _query(request)})
 
 
@@ -143,13 +143,13 @@ def overview_page(
 def overview_live(
     request: Request, status: str | None = None, prefix: str | None = None, after: str | None = None
 ) -> HTMLResponse:
-    return _render(request, "_overview.html", _overview(request.app.state.store, status, prefix, after))
+    return _render(request, "_overview.html", _overview(request.app.state.feed, status, prefix, after))
 
 
 @router.get("/partitions/{key:path}", response_class=HTMLResponse)
 def partition_page(request: Request, key: str, after: int = Query(0, ge=0, le=2**63 - 1)) -> HTMLResponse:
     try:
-        context = _partition(request.app.state.store, check_key(key), after)
+        context = _partition(request.app.state.feed, check_key(key), after)
     except (InvalidInput, NotFound) as error:
         return _render(request, "missing.html", {"message": str(error)}, status=404)
     live = f"/ui/partitions/{key_path(key)}?after={after}"
@@ -159,7 +159,7 @@ def partition_page(request: Request, key: str, after: int = Query(0, ge=0, le=2*
 @router.get("/ui/partitions/{key:path}", response_class=HTMLResponse)
 def partition_live(request: Request, key: str, after: int = Query(0, ge=0, le=2**63 - 1)) -> HTMLResponse:
     try:
-        context = _partition(request.app.state.store, check_key(key), after)
+        context = _partition(request.app.state.feed, check_key(key), after)
     except (InvalidInput, NotFound) as error:
         return _render(request, "missing.html", {"message": str(error)}, status=404)
     return _render(request, "_partition.html", context)

@@ -21,8 +21,16 @@ class Feed:
     >>> feed.add_partition("upload-42", items=[(0, b'{"file": "a.pdf"}')], priority=5)
     """
 
-    def __init__(self, url: str = "sqlite:///feedproc.db") -> None:
-        self.store = Store(url)
+    def __init__(self, url: str = "sqlite:///feedproc.db", *, pool_size: int = 5) -> None:
+        self.store = Store(url, pool_size=pool_size)
+
+    def check_schema(self) -> None:
+        """Raise SchemaMissing unless the database holds this version's schema."""
+        self.store.check_schema()
+
+    def ping(self) -> None:
+        """Raise DatabaseUnavailable unless the database answers a trivial query now."""
+        self.store.ping()
 
     def close(self) -> None:
         """Release the database connections."""
@@ -149,10 +157,43 @@ class Feed:
         gate, watcher, start, end, duration, outcome, error with traceback). KeyError if unknown."""
         return self.store.item(item_id)
 
-    def summary(self) -> dict[str, Any]:
-        """Counts of partitions and items by status (the `status --json` object)."""
-        return self.store.summary()
+    def summary(self, *, recent: int = 0) -> dict[str, Any]:
+        """Counts of partitions and items by status (the `status --json` object), with the `recent`
+        most recently updated partitions."""
+        return self.store.summary(recent=recent)
+
+    def partitions(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Partitions by key (at most `limit`, after the key `after`), filtered by queue, status and key prefix."""
+        return self.store.list_partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
+
+    def partition_counts(self) -> dict[str, int]:
+        """Partitions by status (a cheap count for dashboards)."""
+        return self.store.partition_counts()
+
+    def history(self, key: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """A partition's events, oldest first, after the event id `after`."""
+        return self.store.history(key, after=after, limit=limit)
+
+    def leases(self, *, limit: int = 500) -> list[dict[str, Any]]:
+        """Partitions leased now, with their owners and lease deadlines."""
+        return self.store.leases(limit=limit)
+
+    def recent_failures(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The most recent item failures, newest first."""
+        return self.store.recent_failures(limit=limit)
 
     def watchers(self) -> list[dict[str, Any]]:
         """The registered watchers, alive or not, with their lease counts."""
         return self.store.watchers()
+
+    def gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
+        """Per-queue aggregates for Prometheus: partitions by status, backlog, failed items, leases, live watchers."""
+        return self.store.queue_gauges(queue)

@@ -65,7 +65,7 @@ from .core.errors import (
     WatcherGone,
 )
 from .core.gates import GateFacts, Move
-from .core.models import NewItem, Status, check_key, check_queue, truncate_error
+from .core.models import MAX_PAGE, NewItem, Status, check_key, check_queue, truncate_error
 from .core.records import (
     RECORD_OUTCOMES,
     Applied,
@@ -105,7 +105,6 @@ INSERT_CHUNK = 5000  # rows per INSERT statement
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
 FAILED_ITEMS_SHOWN = 100
-MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
 
 
 # ---------------------------------------------------------------- the store

@@ -149,6 +149,24 @@ class _Health:
 class Watcher:
     """One watcher process's engine. `await watcher.run()` until `watcher.stop()` is called."""
 
+    @classmethod
+    def connect(cls, url: str, processor: Any, config: WatcherConfig | None = None) -> Watcher:
+        """A watcher of the database at `url` on a connection pool of its own, closed by `close()`:
+        what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
+        # Four connections serve the poll, the group commit and the heartbeat; no ping before each
+        # checkout on the hot path (a lost connection is an outage the loops retry).
+        store = Store(url, pool_size=4, pre_ping=False)
+        try:
+            store.check_schema()
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, processor, config)
+
+    def close(self) -> None:
+        """Release the watcher's database connections (after `run()` has returned)."""
+        self.store.close()
+
     def __init__(self, store: Store, processor: Any, config: WatcherConfig | None = None) -> None:
         self.store = store
         self.processor = processor

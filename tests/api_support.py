@@ -32,11 +32,11 @@ class ApiServer:
     def __init__(self, db_url: str, *, token: str | None = TOKEN, max_body: int | None = None) -> None:
         import uvicorn
 
+        from feedproc import Feed
         from feedproc.api import DEFAULT_MAX_BODY, create_app
-        from feedproc.store import Store
 
-        self.store = Store(db_url)
-        app = create_app(self.store, token=token, max_body=max_body or DEFAULT_MAX_BODY)
+        self.feed = Feed(db_url)
+        app = create_app(self.feed, token=token, max_body=max_body or DEFAULT_MAX_BODY)
         sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
@@ -56,7 +56,7 @@ class ApiServer:
         self.client.close()
         self.server.should_exit = True
         self.thread.join(timeout=15)
-        self.store.close()
+        self.feed.close()
 
 
 class ServeProcess:

@@ -22,6 +22,9 @@ ERROR_LIMIT = 2000
 MAX_GATE = 2**31 - 1
 
 
+MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
+
+
 class Status(StrEnum):
     """Status of a partition or an item."""
 
