@@ -106,7 +106,7 @@ def read_items(source: str | None) -> Iterator[NewItem]:
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as error:
+            except json.JSONDecodeError as error:
                 raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
             yield item_from_row(row, where=f"line {number}: ")
 

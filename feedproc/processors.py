@@ -21,8 +21,8 @@ import math
 import socket
 import time
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, cast
 
 import httpx
 
@@ -104,7 +104,7 @@ async def _call_in_thread(method: Any, item: Item, timeout: float) -> Any:
     started = loop.create_future()
 
     def run() -> Any:
-        loop.call_soon_threadsafe(lambda: started.done() or started.set_result(None))
+        loop.call_soon_threadsafe(lambda: None if started.done() else started.set_result(None))
         return method(item)
 
     call = loop.run_in_executor(None, contextvars.copy_context().run, run)
@@ -274,7 +274,8 @@ async def read_body(response: httpx.Response, limit: int) -> bytes:
         raise AnswerTooLarge(limit, declared=declared)
     parts: list[bytes] = []
     size = wire = 0
-    async with contextlib.aclosing(response.aiter_raw()) as chunks:
+    # httpx types aiter_raw() as an AsyncIterator; it is an async generator, which aclosing needs.
+    async with contextlib.aclosing(cast("AsyncGenerator[bytes, None]", response.aiter_raw())) as chunks:
         async for chunk in chunks:
             wire += len(chunk)
             piece = decoder.decode(chunk, limit - size)
@@ -326,12 +327,12 @@ class _Decoder:
             return chunk
         try:
             try:
-                return self._zlib.decompress(chunk, max(room, 0) + 1)
+                return cast(bytes, self._zlib.decompress(chunk, max(room, 0) + 1))
             except zlib.error:
                 if not self._raw_deflate:
                     raise
                 self._raw_deflate, self._zlib = False, zlib.decompressobj(-zlib.MAX_WBITS)
-                return self._zlib.decompress(chunk, max(room, 0) + 1)
+                return cast(bytes, self._zlib.decompress(chunk, max(room, 0) + 1))
             finally:
                 self._raw_deflate = False  # only the first chunk tells zlib from raw deflate
         except zlib.error as error:
@@ -341,7 +342,7 @@ class _Decoder:
         if self._zlib is None:
             return b""
         try:
-            return self._zlib.flush(max(room, 0) + 1)
+            return cast(bytes, self._zlib.flush(max(room, 0) + 1))
         except zlib.error as error:
             raise UndecodableAnswer(f"the answer's compressed body is corrupt ({error})") from None
 

@@ -51,6 +51,7 @@ from sqlalchemy import delete as sa_delete
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.sql import ColumnElement, Select
 
 from .core import gates
 from .core import windows as timewindows
@@ -99,8 +100,8 @@ AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # defined on `status = 'failed'` (and the partitions' on their own status), and once psycopg
 # prepares a statement PostgreSQL may switch to a generic plan, which can use a partial index only
 # if the condition is literal.
-IS_AVAILABLE = literal_column("'available'")
-IS_FAILED = literal_column("'failed'")
+IS_AVAILABLE: ColumnElement[str] = literal_column("'available'")
+IS_FAILED: ColumnElement[str] = literal_column("'failed'")
 INSERT_CHUNK = 5000  # rows per INSERT statement
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
@@ -167,7 +168,8 @@ class Store:
 
         try:
             with self.read() as conn:
-                return conn.execute(text("SELECT version_num FROM feedproc_version")).scalar()
+                version: str | None = conn.execute(text("SELECT version_num FROM feedproc_version")).scalar()
+                return version
         except SchemaMissing:
             return None
 
@@ -280,7 +282,7 @@ class Store:
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
             self._settle(conn, row.id)
-            return count
+            return int(count)
 
     def cancel(self, key: str) -> None:
         """Cancel a partition and its available items (failed items stay failed). Terminal."""
@@ -780,7 +782,10 @@ class Store:
     def queue_gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
         """Aggregates for /metrics, one row per queue (and status): partitions by status, backlog
         (available items of available partitions), failed items, leases held, live watchers."""
-        only = (lambda column, q: q.where(column == queue)) if queue is not None else (lambda column, q: q)
+
+        def only(column: Any, query: Select[Any]) -> Select[Any]:
+            return query.where(column == queue) if queue is not None else query
+
         with self.read() as conn:
             partitions_by_status = conn.execute(
                 only(P.queue, select(P.queue, P.status, func.count()).group_by(P.queue, P.status))
@@ -1027,7 +1032,7 @@ class Store:
             ).rowcount
             if marked:
                 notify_wanted(conn, victim)
-            return marked
+            return int(marked)
 
     def hand_over(self, watcher_id: str, lease: Lease, lease_seconds: float) -> str | None:
         """Give a wanted partition to the watcher that asked for it (if still alive).
@@ -1064,7 +1069,8 @@ class Store:
             self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
             conn.execute(sa_delete(inflight).where(F.partition_id == lease.partition_id))  # nothing was in flight
             notify_ready(conn, conn.execute(select(P.queue).where(P.id == lease.partition_id)).scalar_one())
-            return row.wanted_by
+            thief: str | None = row.wanted_by
+            return thief
 
     def release(
         self,
@@ -1417,7 +1423,8 @@ class Store:
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         """Update the answered items (version-guarded), add their children, record each delivery that
         did not complete its item (the completing one is recorded on the item row) and failures."""
-        rows, completed, children, history, records, trimmed = [], [], [], [], [], []
+        rows: list[dict[str, Any]] = []
+        completed, children, history, records, trimmed = [], [], [], [], []
         for o in kept:
             if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
                 c.gate < o.gate for c in o.children
@@ -1498,8 +1505,8 @@ class Store:
             }
             matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows and self.postgres:
-            params = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
-            matched += conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount
+            columns: dict[str, Any] = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
+            matched += conn.execute(_PG_UPDATE_ITEMS, {**columns, "watcher": watcher_id}).rowcount
         elif rows:
             for r in rows:
                 r["started"] = _from_micros(r["started"])

@@ -42,9 +42,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+    wait_random_exponential,
+)
 
 from . import tracing
 from .core import windows
@@ -407,7 +414,7 @@ class Watcher:
     def _outage_delay(self, cap: float) -> float:
         """Exponential backoff with jitter while the database fails (tenacity's schedule)."""
         wait = wait_random_exponential(multiplier=0.2, max=cap)
-        return float(wait(_RetryState(self._health.failures)))
+        return float(wait(cast(RetryCallState, _RetryState(self._health.failures))))
 
     # ------------------------------------------------------------ heartbeat
 
@@ -1001,7 +1008,7 @@ class Watcher:
             wait=wait_exponential(multiplier=0.1, max=5.0),
             # Past a lease length another watcher may own the partitions; the fence would refuse.
             stop=stop_after_delay(self.config.shutdown_grace if final else self.config.lease_seconds),
-            before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr,arg-type]
+            before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr]
             reraise=True,
         )
         async for attempt in retrying:
