@@ -21,8 +21,8 @@ import math
 import socket
 import time
 import zlib
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any, cast
+from collections.abc import AsyncGenerator, Awaitable, Mapping
+from typing import Any, Protocol, cast, runtime_checkable
 
 import httpx
 
@@ -39,6 +39,15 @@ CONNECTIONS_PER_CLIENT = 2
 JSON_CONTENT = {"Content-Type": "application/json"}
 
 
+@runtime_checkable
+class ProcessorLike(Protocol):
+    """What a watcher needs of a processor: `process(item)` answering a `Response`, as an `async def`
+    or a plain `def` (run in a worker thread). `start()` and `close()` are called when present.
+    `Processor` is the base class to subclass; any object of this shape works as well."""
+
+    def process(self, item: Item) -> Response | Awaitable[Response]: ...
+
+
 class Processor:
     """Base class for in-process processors. Override `process` (async or plain `def`)."""
 
@@ -48,17 +57,18 @@ class Processor:
     async def close(self) -> None:
         """Called once when the watcher stops."""
 
-    def process(self, item: Item) -> Response | Any:
+    def process(self, item: Item) -> Response | Awaitable[Response]:
         raise NotImplementedError
 
 
-async def call_processor(processor: Any, item: Item, timeout: float | None = None) -> Response:
+async def call_processor(processor: ProcessorLike, item: Item, timeout: float | None = None) -> Response:
     """Run `processor.process(item)`: awaited if async, in a worker thread if a plain function.
 
     `timeout` (seconds) bounds the call from the moment it runs: a plain function still waiting for
     a free worker thread has not started, and that wait is not counted. A call past its timeout is
     abandoned (a thread cannot be stopped: it runs on, unheard) and `RetryLater` is raised."""
-    method = processor.process
+    method: Any = processor.process  # async or plain: which is decided at run time
+    result: Any
     if _is_async(method):
         result = await (method(item) if timeout is None else _call_async(method, item, timeout))
     else:
@@ -116,7 +126,7 @@ async def _call_in_thread(method: Any, item: Item, timeout: float) -> Any:
     return call.result()
 
 
-def load_processor(path: str) -> Any:
+def load_processor(path: str) -> ProcessorLike:
     """Resolve `module:attr` to a processor: a class (instantiated), a factory (called) or an instance."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -131,14 +141,14 @@ def load_processor(path: str) -> Any:
             target = getattr(target, part)
         except AttributeError:
             raise InvalidInput(f"bad --processor {path!r}: {module_name!r} has no attribute {attr!r}") from None
-    if hasattr(target, "process") and not inspect.isclass(target):
+    if isinstance(target, ProcessorLike) and not inspect.isclass(target):
         return target
     if callable(target):
         try:
             instance = target()
         except TypeError as error:
             raise InvalidInput(f"bad --processor {path!r}: cannot create it without arguments ({error})") from error
-        if hasattr(instance, "process"):
+        if isinstance(instance, ProcessorLike):
             return instance
     raise InvalidInput(f"bad --processor {path!r}: not a Processor class, factory or instance")
 

@@ -61,7 +61,7 @@ from .core.policy import RetryPolicy, outcome_of
 from .core.records import Applied, Kind, Lease, Outcome, ProgressReport, QueueSettings, ReadyItem, SlotClaim
 from .metrics import WatcherMetrics
 from .notify import Listener
-from .processors import HTTPProcessor, call_processor
+from .processors import HTTPProcessor, ProcessorLike, call_processor
 from .redact import redact_url
 from .store import Store
 
@@ -157,7 +157,7 @@ class Watcher:
     """One watcher process's engine. `await watcher.run()` until `watcher.stop()` is called."""
 
     @classmethod
-    def connect(cls, url: str, processor: Any, config: WatcherConfig | None = None) -> Watcher:
+    def connect(cls, url: str, processor: ProcessorLike, config: WatcherConfig | None = None) -> Watcher:
         """A watcher of the database at `url` on a connection pool of its own, closed by `close()`:
         what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
         # Four connections serve the poll, the group commit and the heartbeat; no ping before each
@@ -174,7 +174,7 @@ class Watcher:
         """Release the watcher's database connections (after `run()` has returned)."""
         self.store.close()
 
-    def __init__(self, store: Store, processor: Any, config: WatcherConfig | None = None) -> None:
+    def __init__(self, store: Store, processor: ProcessorLike, config: WatcherConfig | None = None) -> None:
         self.store = store
         self.processor = processor
         self.config = config or WatcherConfig()
