@@ -1,0 +1,157 @@
+"""The `feedproc` Typer app, its shared options and the parsing helpers every command uses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from .. import logs
+from .._version import __version__
+from ..core.errors import InvalidInput
+from ..core.models import NewItem, item_from_row
+
+DEFAULT_DB = "sqlite:///feedproc.db"
+ITEMS_PAGE = 1000  # items read per query by `feedproc items`
+
+
+app = typer.Typer(
+    name="feedproc",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Partitioned fan-out/fan-in workflows on SQLite or PostgreSQL.",
+)
+_global: dict[str, str | None] = {"db": None}
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."
+    ),
+]
+LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        metavar="text|json",
+        envvar="FEEDPROC_LOG_FORMAT",
+        help="Log lines as text, or one JSON object per line (env FEEDPROC_LOG_FORMAT).",
+    ),
+]
+ItemsOption = Annotated[
+    str | None,
+    typer.Option("--items", metavar="FILE|-", help='JSON Lines: one {"gate": int, "data": ...} per line.'),
+]
+
+
+def database_url(db: str | None) -> str:
+    return db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL") or DEFAULT_DB
+
+
+def _feed(db: str | None) -> Any:
+    from ..feed import Feed
+
+    return Feed(database_url(db))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"feedproc {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    db: DbOption = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    _global["db"] = db
+
+
+# ---------------------------------------------------------------- input
+
+
+def read_items(source: str | None) -> Iterator[NewItem]:
+    """Items from a JSON Lines file (or `-` for standard input); errors name the line."""
+    if source is None:
+        return
+    if source == "-":
+        lines: Any = sys.stdin
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InvalidInput(f"--items {source}: no such file")
+        lines = path.open(encoding="utf-8")
+    with lines if source != "-" else contextlib.nullcontext(lines):
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
+            yield item_from_row(row, where=f"line {number}: ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """ISO 8601; a time without a zone is UTC."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidInput(f"--not-before {value!r} is not an ISO 8601 time") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str, option: str) -> float:
+    """`90`, `90s`, `15m`, `12h`, `7d`, `2w` -> seconds."""
+    text = value.strip().lower()
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise InvalidInput(f"{option} {value!r}: expected a duration like 90s, 15m, 12h or 7d") from None
+    if not 0 < seconds < math.inf:
+        raise InvalidInput(f"{option} {value!r}: must be a positive, finite duration")
+    return seconds
+
+
+# ---------------------------------------------------------------- commands
+
+
+def parse_headers(values: list[str]) -> dict[str, str]:
+    headers = {}
+    for value in values:
+        name, sep, content = value.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise InvalidInput(f"--header {value!r}: expected 'Name: value'")
+        headers[name.strip()] = content.strip()
+    return headers
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    first = logs.redact(message.strip().splitlines()[0] if message.strip() else "failed")
+    if logs.is_json():  # `--log-format json`: every line on standard error is JSON, this one too
+        logging.getLogger("feedproc").error("feedproc: error: %s", first, extra={"event": "exit", "error": first})
+    else:
+        print(f"feedproc: error: {first}", file=sys.stderr)
+    raise SystemExit(code)

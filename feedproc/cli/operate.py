@@ -1,0 +1,174 @@
+"""Operator commands that read and wait: status, items, item, queue set/show, wait."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from ..core.errors import InvalidInput
+from ..core.models import check_key
+from .app import (
+    ITEMS_PAGE,
+    DbOption,
+    _feed,
+    app,
+)
+
+
+@app.command()
+def status(
+    key: Annotated[str | None, typer.Argument(help="A partition; omit for a summary of all.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    history: Annotated[int, typer.Option("--history", help="Also show the last N history events.")] = 0,
+    db: DbOption = None,
+) -> None:
+    """Show one partition, or a summary of all."""
+    from ..report import print_partition, print_summary
+
+    with _feed(db) as feed:
+        if key is None:
+            summary = feed.summary(recent=0 if as_json else 20)
+            if as_json:
+                typer.echo(json.dumps(summary))
+            else:
+                print_summary(summary)
+            return
+        result = feed.status(key, history=history)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        print_partition(result)
+
+
+@app.command("items")
+def list_items(
+    key: Annotated[str, typer.Argument(help="The partition.")],
+    gate: Annotated[int | None, typer.Option(min=0, help="Only items at this gate.")] = None,
+    status_filter: Annotated[
+        str | None, typer.Option("--status", metavar="STATUS", help="available, complete, failed or cancelled.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one item per line, data included.")] = False,
+    db: DbOption = None,
+) -> None:
+    """List a partition's items (a finished partition's results are read this way), a page at a time."""
+    from ..core.models import STATUSES
+    from ..report import item_json, print_items
+
+    check_key(key)
+    if status_filter is not None and status_filter not in STATUSES:
+        raise InvalidInput(f"--status {status_filter!r}: use one of {', '.join(STATUSES)}")
+    after, first = 0, True
+    with _feed(db) as feed:
+        while True:  # keyset pages: memory stays flat however many items the partition has
+            rows = feed.items(key, gate=gate, status=status_filter, after_id=after, limit=ITEMS_PAGE)
+            if as_json:
+                for row in rows:
+                    typer.echo(json.dumps(item_json(row), ensure_ascii=False))
+            elif rows or first:
+                print_items(rows, header=first)
+            first = False
+            if len(rows) < ITEMS_PAGE:
+                return
+            after = rows[-1]["id"]
+
+
+@app.command("item")
+def show_item(
+    item_id: Annotated[int, typer.Argument(metavar="ID", help="The item's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show one item: its data and every delivery (attempt, gate, watcher, times, outcome, error)."""
+    from ..report import item_json, print_item
+
+    if not 0 < item_id < 2**63:
+        raise InvalidInput(f"item id {item_id} is out of range")
+    with _feed(db) as feed:
+        item = feed.item(item_id)
+    if as_json:
+        typer.echo(json.dumps(item_json(item), ensure_ascii=False))
+    else:
+        print_item(item)
+
+
+queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: global concurrency limit and time windows.")
+app.add_typer(queue_app, name="queue")
+
+
+@queue_app.command("set")
+def queue_set(
+    name: str,
+    limit: Annotated[
+        int | None, typer.Option(help="Sum of weights in flight across all watchers at most (< 1: no limit).")
+    ] = None,
+    window: Annotated[
+        list[str] | None,
+        typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window of the day (repeatable)."),
+    ] = None,
+    timezone: Annotated[
+        str | None, typer.Option(metavar="ZONE", help="Time zone of the windows (default UTC).")
+    ] = None,
+    no_windows: Annotated[bool, typer.Option("--no-windows", help="Remove the queue's windows.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Store queue NAME's concurrency limit and/or windows (options not given keep their value)."""
+    with _feed(db) as feed:
+        settings = feed.set_queue(name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows)
+    limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
+    windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
+    typer.echo(f"queue {name}: {limit_text}, {windows_text}")
+
+
+@queue_app.command("show")
+def queue_show(
+    name: Annotated[str | None, typer.Argument(help="One queue; omit for all.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Show queues' limits, slots in use and windows (with when the next one opens)."""
+    with _feed(db) as feed:
+        rows = [q for q in feed.queues() if name is None or q["name"] == name]
+        if name is not None and not rows:
+            rows = [feed.queue(name)]
+    if as_json:
+        typer.echo(json.dumps(rows[0] if name is not None else rows))
+        return
+    for q in rows:
+        limit_text = f"limit {q['limit']} ({q['slots_in_use']} in use)" if q["limit"] else "no limit"
+        if q["windows"]:
+            state = "open" if q["window_open"] else f"closed, opens {q['next_window_opens_at']}"
+            windows_text = f"windows {q['windows']} {q['timezone']} ({state})"
+        else:
+            windows_text = "no windows"
+        typer.echo(f"{q['name']}: {limit_text}, {windows_text}")
+
+
+@app.command()
+def wait(
+    key: str,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 124).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Block until KEY is complete (exit 0), failed or cancelled (exit 1); 124 on timeout."""
+    from ..report import print_partition
+
+    check_key(key)  # malformed: exit 2 before touching the database
+    with _feed(db) as feed:
+        try:
+            result = feed.wait(key, timeout)
+        except TimeoutError as error:
+            print(f"feedproc: {error}", file=sys.stderr)
+            result = getattr(error, "status", None)
+            code = 124
+        else:
+            code = 0 if result["status"] == "complete" else 1
+    if result is not None:
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            print_partition(result)
+    raise typer.Exit(code)

@@ -1,0 +1,333 @@
+"""Long-running commands and tools: watch, serve, demo, bench."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .. import logs
+from ..core.errors import InvalidInput, Refused
+from .app import (
+    DbOption,
+    LogFormatOption,
+    LogLevelOption,
+    _global,
+    app,
+    database_url,
+    parse_duration,
+    parse_headers,
+)
+
+
+@app.command()
+def watch(
+    queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
+    handler: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL", envvar="FEEDPROC_HANDLER_URL", help="HTTP handler service (env FEEDPROC_HANDLER_URL)."
+        ),
+    ] = None,
+    processor: Annotated[
+        str | None, typer.Option(metavar="MODULE:ATTR", help="A Python Processor to use instead of HTTP.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Items processed at once.")] = 10,
+    lease_seconds: Annotated[float, typer.Option(min=0.5, help="Lease length; renewed every third of it.")] = 30.0,
+    poll_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between polls when idle.")] = 1.0,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Deliveries per gate before an item fails.")] = 5,
+    retry_delay: Annotated[float, typer.Option(min=0.0, help="First backoff delay; doubles each retry.")] = 1.0,
+    max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Longest backoff delay.")] = 600.0,
+    max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
+    shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    item_timeout: Annotated[
+        str | None,
+        typer.Option(metavar="S", help="A processor call taking longer is abandoned as a transient failure."),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds one HTTP request may take, from connecting to the answer's last byte."),
+    ] = 30.0,
+    max_answer_bytes: Annotated[
+        int,
+        typer.Option(min=1, metavar="N", help="Largest handler answer, in bytes once decompressed (default 10 MiB)."),
+    ] = 10 * 1024 * 1024,
+    header: Annotated[
+        list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
+    ] = None,
+    retention: Annotated[
+        str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
+    ] = None,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+    health_port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz, /livez and /readyz on this port."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
+    ] = None,
+    monitor_host: Annotated[
+        str,
+        typer.Option(
+            metavar="ADDR", help="Address of the --health-port/--metrics-port server (0.0.0.0 for Kubernetes probes)."
+        ),
+    ] = "127.0.0.1",
+    db: DbOption = None,
+) -> None:
+    """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
+    from ..processors import HTTPProcessor, load_processor
+    from ..redact import redact_url
+    from ..watcher import Watcher, WatcherConfig
+
+    if (handler is None) == (processor is None):
+        raise InvalidInput("watch needs exactly one of --handler URL or --processor module:attr")
+    headers = parse_headers(header or [])
+    _check_log_options(log_level, log_format)
+    try:
+        config = WatcherConfig(
+            queue=queue,
+            concurrency=concurrency,
+            capacity=max_partitions,
+            lease_seconds=lease_seconds,
+            poll_interval=poll_interval,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
+            shutdown_grace=shutdown_grace,
+            retention=parse_duration(retention, "--retention") if retention else None,
+            item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
+        )
+    except ValueError as error:
+        raise InvalidInput(str(error)) from None
+    if processor is not None:
+        sys.path.insert(0, os.getcwd())
+        target = load_processor(processor)
+    else:
+        assert handler is not None
+        if not handler.startswith(("http://", "https://")):
+            raise InvalidInput(f"--handler {redact_url(handler)!r} is not an http:// or https:// URL")
+        target = HTTPProcessor(
+            handler,
+            timeout=timeout,
+            headers=headers,
+            max_connections=max(concurrency, 10),
+            max_answer_bytes=max_answer_bytes,
+        )
+    logs.configure(log_level, log_format)
+    for value in headers.values():
+        logs.add_secret(value)
+    logs.add_url_secrets(handler)
+    logs.add_url_secrets(database_url(db))
+    watcher = Watcher.connect(database_url(db), target, config)
+    try:
+        if handler is not None:
+            shown = logs.redact_url(handler)
+            logging.getLogger("feedproc.watcher").info("handler %s", shown, extra={"handler": shown})
+        monitors = _start_monitors(watcher, handler, monitor_host, health_port, metrics_port)
+        _freeze_startup_objects()
+        try:
+            asyncio.run(_run_watcher(watcher))
+        finally:
+            for monitor in monitors:
+                monitor.close()
+    finally:
+        watcher.close()
+    fatal = getattr(watcher, "fatal", None)
+    if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
+        raise Refused(f"watcher stopped: {fatal}")
+
+
+def _check_log_options(level: str, fmt: str) -> None:
+    if level.upper() not in logs.LEVELS:
+        raise InvalidInput(f"--log-level {level!r}: use DEBUG, INFO, WARNING or ERROR")
+    if fmt.lower() not in logs.FORMATS:
+        raise InvalidInput(f"--log-format {fmt!r}: use text or json")
+
+
+def _start_monitors(
+    watcher: Any, handler: str | None, host: str, health_port: int | None, metrics_port: int | None
+) -> list[Any]:
+    """The watcher's probes (/healthz, /livez, /readyz) and /metrics servers (one server when both
+    ports are the same)."""
+    from ..health import MonitorServer, WatcherProbe
+
+    probe = WatcherProbe(watcher, handler)
+    by_port: dict[int, dict[str, Any]] = {}
+    if health_port:
+        by_port.setdefault(health_port, {}).update(
+            {"/healthz": probe.health, "/livez": probe.live, "/readyz": probe.ready}
+        )
+    if metrics_port:
+        by_port.setdefault(metrics_port, {})["/metrics"] = probe.metrics
+    servers = []
+    try:
+        for port, routes in by_port.items():
+            servers.append(MonitorServer(host, port, routes).start())
+            logging.getLogger("feedproc.watcher").info("serving %s on %s:%d", ", ".join(routes), host, port)
+    except OSError as error:
+        for server in servers:
+            server.close()
+        raise Refused(f"cannot listen on {host}: {error}") from None
+    return servers
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; other than loopback only with a token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+    db: DbOption = None,
+) -> None:
+    """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
+
+    Mutating API calls need `Authorization: Bearer $FEEDPROC_API_TOKEN`; without the variable the
+    server is read-only, and it refuses to listen on anything but loopback.
+    """
+    import ipaddress
+    import socket
+
+    try:
+        from ..api import create_app, run
+    except ImportError as error:
+        raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
+    from ..feed import Feed
+
+    _check_log_options(log_level, log_format)
+    token = os.environ.get("FEEDPROC_API_TOKEN") or None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
+    logs.configure(log_level, log_format)
+    logs.add_url_secrets(database_url(db))
+    feed = Feed(database_url(db))
+    try:
+        feed.check_schema()
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            sock = socket.create_server((host, port), family=family)
+        except OSError as error:
+            raise Refused(f"cannot listen on {host}:{port}: {error}") from None
+        shown = f"[{host}]" if ":" in host else host
+        typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
+        sys.stdout.flush()
+        run(create_app(feed, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
+    finally:
+        feed.close()
+
+
+@app.command()
+def demo(
+    partitions: Annotated[int, typer.Option(min=1, max=20, help="Folders to submit.")] = 3,
+    files: Annotated[int, typer.Option(min=1, max=5000, help="Files in the first folder.")] = 40,
+    delay: Annotated[float, typer.Option(min=0.0, help="Seconds each classification takes.")] = 0.02,
+    keep: Annotated[bool, typer.Option(help="Keep the temporary database and logs.")] = False,
+) -> None:
+    """Run a fan-out/fan-in example end to end on a throwaway SQLite database."""
+    from ..demo import run_demo
+
+    final = run_demo(partitions=partitions, files=files, delay=delay, keep=keep)
+    if any(status["status"] != "complete" for status in final.values()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    db: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--db",
+            metavar="URL",
+            help="Where to benchmark (repeatable): sqlite (a temporary file), sqlite:///DIR/X.db (a new file "
+            "beside it) or postgresql://... (a throwaway database created on that server, dropped after). "
+            "Default: sqlite, plus FEEDPROC_DATABASE_URL when it is PostgreSQL.",
+        ),
+    ] = None,
+    workload: Annotated[str, typer.Option(help="Comma-separated: flat, fan, http.")] = "flat,fan,http",
+    watchers: Annotated[
+        str | None, typer.Option(help="Comma-separated numbers of watcher processes (default 1,2,4; --quick 1).")
+    ] = None,
+    partitions: Annotated[int | None, typer.Option(min=1, help="Partitions per run (default 20; --quick 2).")] = None,
+    items: Annotated[
+        int | None, typer.Option(min=1, help="Items per partition (default 1000; --quick 10); fan: 3 gates x N/3 + 1.")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="Tiny sizes, one watcher, no peers: checks completion and exactly-once only.")
+    ] = False,
+    against: Annotated[
+        str | None, typer.Option(metavar="PEERS", help="Also run the flat drain with: pgqueuer,procrastinate.")
+    ] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the results as JSON.")] = None,
+    markdown: Annotated[Path | None, typer.Option(metavar="FILE", help="Write the Markdown tables.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="`feedproc watch --concurrency` of each watcher.")] = 50,
+    poll_interval: Annotated[float, typer.Option(min=0.01, help="`feedproc watch --poll-interval`.")] = 0.1,
+    latency_seconds: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Length of the half-load latency phase (default 5; --quick 0.5; 0: none)."),
+    ] = None,
+    pgqueuer_batches: Annotated[str, typer.Option(help="PgQueuer batch sizes to run (comma-separated).")] = "10,500",
+    procrastinate_jobs: Annotated[int, typer.Option(min=1, help="Jobs for Procrastinate at most (it is slow).")] = 5000,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one phase of a run may take.")] = 900.0,
+    finished: Annotated[
+        int,
+        typer.Option(min=0, metavar="N", help="Finished items put in the tables before each run (flat-cost check)."),
+    ] = 0,
+    keep: Annotated[
+        bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
+    ] = False,
+) -> None:
+    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
+    from ..bench import parse_options, run_bench
+
+    options = parse_options(
+        db=db,
+        fallback_db=_global["db"] or os.environ.get("FEEDPROC_DATABASE_URL"),
+        workload=workload,
+        watchers=watchers,
+        partitions=partitions,
+        items=items,
+        quick=quick,
+        against=against,
+        concurrency=concurrency,
+        poll_interval=poll_interval,
+        latency_seconds=latency_seconds,
+        pgqueuer_batches=pgqueuer_batches,
+        procrastinate_jobs=procrastinate_jobs,
+        timeout=timeout,
+        keep=keep,
+        finished=finished,
+        json_path=json_file,
+        markdown_path=markdown,
+        command=" ".join(["feedproc", *sys.argv[1:]]),
+    )
+    run_bench(options)
+
+
+def _freeze_startup_objects() -> None:
+    """Put what start-up allocated (modules, SQLAlchemy's and alembic's structures: ~10^5 objects)
+    out of the cyclic garbage collector's reach. A full collection scans every tracked object with
+    the GIL held: with them, each one stalled a watcher for 85-210 ms on a busy 2-core machine,
+    the whole of its dispatch latency's tail (measured by `feedproc bench`)."""
+    gc.collect()
+    gc.freeze()
+
+
+async def _run_watcher(watcher: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, watcher.stop)
+    await watcher.run()
