@@ -102,6 +102,8 @@ AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # if the condition is literal.
 IS_AVAILABLE: ColumnElement[str] = literal_column("'available'")
 IS_FAILED: ColumnElement[str] = literal_column("'failed'")
+# A partition no watcher holds: every release writes these three together (with version and updated_at).
+LEASE_CLEARED: dict[str, None] = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
 INSERT_CHUNK = 5000  # rows per INSERT statement
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
@@ -297,9 +299,7 @@ class Store:
                 .where(I.partition_id == row.id, I.status == IS_AVAILABLE)
                 .values(status=CANCELLED, version=I.version + 1, updated_at=db_now())
             ).rowcount
-            self._touch(
-                conn, row.id, status=CANCELLED, ready_at=None, lease_owner=None, lease_expires_at=None, wanted_by=None
-            )
+            self._touch(conn, row.id, status=CANCELLED, ready_at=None, **LEASE_CLEARED)
             self._event(conn, row.id, "cancelled", detail={"items": count})
             notify_finished(conn, key)
 
@@ -1108,9 +1108,7 @@ class Store:
             conn.execute(
                 update(partitions)
                 .where(P.id.in_(ids), P.lease_owner == watcher_id)
-                .values(
-                    lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1, updated_at=db_now()
-                )
+                .values(**LEASE_CLEARED, version=P.version + 1, updated_at=db_now())
             )
             self._events(conn, [{"partition_id": pid, "kind": kind, "watcher": watcher_id} for pid in ids])
             for queue in set(conn.execute(select(P.queue).where(P.id.in_(ids))).scalars()):
@@ -1552,7 +1550,7 @@ class Store:
             conn.execute(
                 update(partitions)
                 .where(P.id.in_(idle))
-                .values(lease_owner=None, lease_expires_at=None, wanted_by=None, version=P.version + 1)
+                .values(**LEASE_CLEARED, version=P.version + 1, updated_at=db_now())
             )
             conn.execute(sa_delete(inflight).where(F.partition_id.in_(idle)))
             self._events(
@@ -1723,9 +1721,7 @@ class Store:
                     update(partitions)
                     .where(P.id == row.id)
                     .values(
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        wanted_by=None,
+                        **LEASE_CLEARED,
                         ready_at=case((P.ready_at.is_(None), None), (P.ready_at > opening, P.ready_at), else_=opening),
                         version=P.version + 1,
                         updated_at=db_now(),
@@ -1822,7 +1818,6 @@ class Store:
         if row is None:  # the partition and its gate facts in one round trip
             row = conn.execute(select(*_SETTLE_COLUMNS, *_gate_facts(P.id, P.gate)).where(P.id == pid)).one()
         outcome = gates.settle(_to_gate_facts(row, row), checkpoint=checkpoint)
-        release = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
             # The new gate is the lowest one above with available items (GateFacts.next_gate), where
@@ -1839,15 +1834,15 @@ class Store:
         if watcher and outcome.move in (Move.WAIT, Move.FAIL, Move.COMPLETE):
             conn.execute(sa_delete(inflight).where(F.partition_id == pid))  # its lease holder lets it go
         if outcome.move is Move.WAIT:
-            self._touch(conn, pid, ready_at=None, **(release if watcher else {}))
+            self._touch(conn, pid, ready_at=None, **(LEASE_CLEARED if watcher else {}))
             if watcher:
                 self._event(conn, pid, "released", watcher=watcher, detail={"gate": row.gate, "reason": "idle"})
         elif outcome.move is Move.FAIL:
-            self._touch(conn, pid, status=FAILED, ready_at=None, **release)
+            self._touch(conn, pid, status=FAILED, ready_at=None, **LEASE_CLEARED)
             self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
             notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
-            self._touch(conn, pid, status=COMPLETE, ready_at=None, **release)
+            self._touch(conn, pid, status=COMPLETE, ready_at=None, **LEASE_CLEARED)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
             notify_finished(conn, row.key)
         return outcome.move

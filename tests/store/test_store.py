@@ -2,6 +2,7 @@
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -978,3 +979,17 @@ def test_two_producers_adding_the_same_key_at_once_create_it_once(store):
     )
     assert sorted(type(r).__name__ for r in results) == ["DuplicateKey", "int"], results
     assert len(item_rows(store, "p")) == 1
+
+
+def test_a_partition_released_with_nothing_due_records_when_it_was_released(store):
+    """Every release writes `updated_at`, the idle one after a "not yet" answer too."""
+    register(store, A)
+    store.add_partition("p", [(0, b"x")])
+    (ready,) = lease_and_fetch(store)
+    before = store.status("p")["updated_at"]
+    time.sleep(0.01)  # timestamps are microseconds: make "later" observable, not a synchronisation
+    applied = store.apply(A, [answer(ready, Kind.LATER, delay=60.0)], idle_after=1.0)
+    assert applied.moves == {ready.partition_id: "wait"}
+    after = store.status("p")
+    assert after["lease"] is None
+    assert after["updated_at"] > before
