@@ -115,7 +115,7 @@ def _count_statements() -> Counter[str]:
     from sqlalchemy.engine import Engine
     from sqlalchemy.pool import Pool
 
-    from .dialects import DriverStatement
+    from .store.dialects import DriverStatement
 
     counts: Counter[str] = Counter()
     lock = threading.Lock()
@@ -253,7 +253,7 @@ def _is_pg(url: str) -> bool:
 
 
 def _listen_channel() -> str:
-    from .notify import CHANNEL
+    from .store.notify import CHANNEL
 
     return CHANNEL
 
@@ -278,7 +278,7 @@ class Place:
             from sqlalchemy import create_engine
             from sqlalchemy.pool import NullPool
 
-            from .dialects import normalize_url
+            from .store.dialects import normalize_url
 
             self._admin = create_engine(normalize_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
             self.admin_url = normalize_url(url)
@@ -491,8 +491,8 @@ def read_db(url: str, after: tuple[int, int] = (0, 0)) -> DbFacts:
     """The run's partitions (id > after[0]), items (id > after[1]) and their events."""
     from sqlalchemy import select
 
-    from .schema import events, items, partitions
     from .store import Store
+    from .store.schema import events, items, partitions
 
     store = Store(url, pool_size=1)
     try:
@@ -540,8 +540,8 @@ def fill_finished(url: str, count: int) -> tuple[int, int]:
     the highest partition and item ids, so that the run's own rows can be told apart."""
     from sqlalchemy import func, select, text
 
-    from .schema import items, partitions
     from .store import Store
+    from .store.schema import items, partitions
 
     store = Store(url, pool_size=1)
     try:
@@ -633,7 +633,7 @@ def pg_stats(url: str) -> dict[str, int]:
     from sqlalchemy import create_engine, text
     from sqlalchemy.pool import NullPool
 
-    from .dialects import normalize_url
+    from .store.dialects import normalize_url
 
     engine = create_engine(normalize_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
     try:
@@ -663,7 +663,7 @@ class Poller:
         from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
-        from .dialects import normalize_url
+        from .store.dialects import normalize_url
 
         self.engine = create_engine(normalize_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
         self.conn = self.engine.connect()
@@ -1101,7 +1101,7 @@ class Bench:
         from sqlalchemy import create_engine, text
         from sqlalchemy.pool import NullPool
 
-        from .dialects import normalize_url
+        from .store.dialects import normalize_url
 
         if peer == "pgqueuer":
             sql = (

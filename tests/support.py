@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from feedproc.dialects import DriverStatement
+from feedproc.store.dialects import DriverStatement
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,10 +25,10 @@ from sqlalchemy import select
 from feedproc.core.errors import Refused, StaleWrite
 from feedproc.core.gates import Decision, GateFacts, Move, check_not_below, initial_gate, settle
 from feedproc.core.models import NewItem
-from feedproc.core.records import Outcome as Answer
 from feedproc.core.records import Kind
-from feedproc.schema import items, partitions
+from feedproc.core.records import Outcome as Answer
 from feedproc.store import Store
+from feedproc.store.schema import items, partitions
 
 
 def facts(gate=0, *, available_here=False, failed_here=False, next_gate=None, sealed=False, manual_checkpoint=False):

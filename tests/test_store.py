@@ -11,8 +11,9 @@ from sqlalchemy.exc import IntegrityError
 from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, StaleWrite
 from feedproc.core.models import NewItem
 from feedproc.core.records import Kind, Outcome
-from feedproc.schema import items, partitions
-from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Store
+from feedproc.store import INSERT_CHUNK, Store
+from feedproc.store.dispatch import PG_FETCH_READY
+from feedproc.store.schema import items, partitions
 
 from .support import statements_observed, wait_until
 
@@ -573,7 +574,7 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
     store.acquire(A, "default", 10, 30)
     params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "kept_pids": "{}", "kept": []}
     with store.read() as conn:
-        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + _PG_FETCH_READY.clause.text), params))
+        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + PG_FETCH_READY.clause.text), params))
     assert "feedproc_items_by_gate" in plan, plan
     assert "Sort Key: c.next_attempt_at" not in plan, plan
     assert len(store.fetch_ready(A, 50)) == 50
