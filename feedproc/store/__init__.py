@@ -7,7 +7,8 @@ Callers:
 * operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), cleanup
   (`retention.py`);
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
-  fetch ready items (`dispatch.py`), and apply a batch of answers (`answers.py`);
+  charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
+  batch of answers (`answers.py`);
 * scheduling controls: queue settings, slots, deferral, progress (`queues.py`).
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
@@ -30,6 +31,7 @@ from .base import StoreBase, alembic_config, migrations_path
 from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
 from .leasing import Leasing
+from .lost import LostDeliveries
 from .operators import Operators
 from .producing import Producing
 from .queues import Queues
@@ -47,5 +49,5 @@ __all__ = [
 ]
 
 
-class Store(Producing, Reading, Operators, Leasing, Dispatch, Answers, Queues, Retention, StoreBase):
+class Store(Producing, Reading, Operators, Leasing, LostDeliveries, Dispatch, Answers, Queues, Retention, StoreBase):
     """feedproc's database access. Thread-safe: each call takes its own pooled connection."""

@@ -1,5 +1,5 @@
 """Watchers' membership and leases: register and heartbeat, acquire, steal (request and hand over),
-release, and the deliveries a lease holder lost (charged to their items) or isolates.
+release (charging what is abandoned: `lost.py`).
 
 Every write a watcher makes is fenced: it locks the partition rows it writes and keeps only those
 still leased to it under the same lease epoch, in the same transaction as the write.
@@ -15,14 +15,13 @@ from sqlalchemy import Row, and_, bindparam, delete, func, insert, or_, select, 
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
-from ..core.records import Lease, ProgressReport, ReadyItem, decode_inflight, encode_inflight
-from .base import AVAILABLE, FAILED, IS_AVAILABLE, NO_LEASE, F, I, P, W, event
+from ..core.records import Lease, ProgressReport, encode_inflight
+from .base import IS_AVAILABLE, NO_LEASE, F, P, W, event
 from .dialects import db_now, seconds_from_now, seconds_until
-from .dispatch import MARK_INFLIGHT
-from .gating import GateWriter
+from .lost import LostDeliveries
 from .notify import notify_ready, notify_wanted
 from .queues import Queues
-from .schema import attempts, inflight, items, partitions, watchers
+from .schema import inflight, partitions, watchers
 
 _LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
 _REMAINING = seconds_until(P.lease_expires_at).label("remaining")
@@ -110,26 +109,10 @@ _ACQUIRED = (
     .where(P.id.in_(bindparam("ids", expanding=True)))
     .order_by(P.id)
 )
-# A lost delivery charged (version-guarded: an item answered meanwhile is left alone).
-_CHARGE_LOST = (
-    update(items)
-    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
-    .values(
-        status=bindparam("b_status"),
-        attempts=bindparam("b_attempts"),
-        lost=I.lost + 1,
-        deliveries=I.deliveries + 1,
-        last_error=bindparam("b_error"),
-        next_attempt_at=db_now(),
-        progress=None,
-        version=I.version + 1,
-        updated_at=db_now(),
-    )
-)
 
 
-class Leasing(GateWriter, Queues):
-    """A watcher's registration, its leases, and the deliveries it lost."""
+class Leasing(LostDeliveries, Queues):
+    """A watcher's registration and its leases."""
 
     # ------------------------------------------------------------ membership
 
@@ -380,121 +363,3 @@ class Leasing(GateWriter, Queues):
             for queue in set(conn.execute(select(P.queue).where(P.id.in_(ids))).scalars()):
                 notify_ready(conn, queue)  # another watcher can take them at once
             return len(ids)
-
-    # ------------------------------------------------------------ lost deliveries
-
-    def charge_lost(self, watcher_id: str, lease: Lease, *, max_attempts: int) -> list[dict[str, Any]]:
-        """Count the deliveries a partition's previous lease holder left unanswered (`lease.pending`,
-        read when `watcher_id` took the partition over) as failed attempts, before anything of it is
-        fetched again. Returns what was charged (item, gate, attempt, error, failed) for the logs.
-
-        A delivery lost while the item was delivered alone (isolated) counts fully: an item whose
-        processing kills its watcher fails after `max_attempts`. One lost among others counts too,
-        but never fails the item (it stops at max_attempts - 1): the item that killed the watcher
-        may have been another one; the watcher delivers such suspects alone (see `isolate`)."""
-        if lease.pending is None:
-            return []
-        with self.write() as conn:
-            held = conn.execute(
-                select(P.id)
-                .where(
-                    P.id == lease.partition_id,
-                    P.lease_owner == watcher_id,
-                    P.lease_epoch == lease.epoch,
-                    P.status == IS_AVAILABLE,
-                )
-                .with_for_update()
-            ).first()
-            if held is None:
-                return []
-            row = conn.execute(
-                select(F.watcher, F.entries)
-                .where(F.partition_id == lease.partition_id, F.epoch < lease.epoch)
-                .with_for_update()
-            ).first()
-            conn.execute(delete(inflight).where(F.partition_id == lease.partition_id, F.epoch < lease.epoch))
-            if row is None:
-                return []
-            reason = "watcher {watcher} died or stalled during delivery {attempt}"
-            charged = self._charge(conn, lease.partition_id, row.watcher, row.entries, max_attempts, reason)
-            if charged:
-                self._settle(conn, lease.partition_id, watcher=watcher_id)
-            return charged
-
-    def _charge(
-        self, conn: Connection, pid: int, watcher: str, entries: str, max_attempts: int, reason: str
-    ) -> list[dict[str, Any]]:
-        """Charge the unanswered deliveries among `entries` (items still available, same version)."""
-        wanted = decode_inflight(entries)
-        if not wanted:
-            return []
-        rows = conn.execute(
-            select(I.id, I.version, I.gate, I.attempts, I.deliveries)
-            .where(I.id.in_(sorted(wanted)), I.partition_id == pid, I.status == IS_AVAILABLE)
-            .order_by(I.id)
-        ).all()
-        charged, updates, records, history = [], [], [], []
-        for r in rows:
-            version, alone = wanted[r.id]
-            if r.version != version:
-                continue  # answered since it was taken
-            attempt = r.attempts + 1
-            counted = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
-            failed = alone and attempt >= max_attempts
-            error = reason.format(watcher=watcher, attempt=attempt) + (" (delivered alone)" if alone else "")
-            charged.append({"item": r.id, "gate": r.gate, "attempt": attempt, "error": error, "failed": failed})
-            updates.append(
-                {
-                    "b_id": r.id,
-                    "b_version": r.version,
-                    "b_attempts": counted,
-                    "b_status": FAILED if failed else AVAILABLE,
-                    "b_error": error,
-                }
-            )
-            records.append(
-                {
-                    "partition_id": pid,
-                    "item_id": r.id,
-                    "n": r.deliveries + 1,
-                    "attempt": attempt,
-                    "gate": r.gate,
-                    "watcher": watcher,
-                    "outcome": "lost",
-                    "error": error,
-                }
-            )
-            history.append(
-                event(
-                    pid,
-                    "item_failed" if failed else "item_lost",
-                    item_id=r.id,
-                    watcher=watcher,
-                    detail={"gate": r.gate, "attempts": attempt, "error": error},
-                )
-            )
-        if updates:
-            conn.execute(_CHARGE_LOST, updates)
-            conn.execute(insert(attempts).values(ended_at=db_now()), records)
-            self._events(conn, history)
-        return charged
-
-    def isolate(self, watcher_id: str, item: ReadyItem) -> bool:
-        """Record that `item` alone is in flight at `watcher_id` (which has nothing else in flight):
-        if the watcher dies now, the item is charged a full attempt. False when the lease is gone."""
-        with self.write() as conn:
-            conn.execute(delete(inflight).where(F.watcher == watcher_id))
-            held = conn.execute(
-                select(P.id).where(
-                    P.id == item.partition_id,
-                    P.lease_owner == watcher_id,
-                    P.lease_epoch == item.epoch,
-                    P.status == IS_AVAILABLE,
-                )
-            ).first()
-            if held is None:
-                return False
-            entries = "=" + encode_inflight([(item.id, item.version)], alone=True)
-            params = {"pid": item.partition_id, "watcher": watcher_id, "epoch": item.epoch, "entries": entries}
-            conn.execute(MARK_INFLIGHT, params)
-            return True
