@@ -2,6 +2,7 @@
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -506,6 +507,21 @@ def test_acquire_skips_partitions_without_ready_work(store):
     store.apply(A, [answer(ready, Kind.RETRY, attempts=1, error="later", delay=3600)])
     store.release(A, store.owned(A))
     assert store.acquire(A, "default", 10, 30) == []
+
+
+def test_a_partition_let_go_with_nothing_due_has_its_updated_at_moved(store):
+    """Every change of a partition moves its updated_at (what cleanup and the recent list order by),
+    the release of one whose items are all due later included."""
+    register(store, A)
+    store.add_partition("backoff", [(0, b"x")])
+    (ready,) = lease_and_fetch(store)
+    before = store.status("backoff")["updated_at"]
+    time.sleep(0.01)
+    applied = store.apply(A, [answer(ready, Kind.RETRY, attempts=1, error="later", delay=3600)])
+    assert applied.moves == {ready.partition_id: "wait"}
+    after = store.status("backoff")
+    assert after["lease"] is None
+    assert after["updated_at"] > before
 
 
 def test_acquire_records_a_leased_event_with_a_new_epoch(store):
