@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, Select, func, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound
@@ -194,7 +194,7 @@ def _partition_id(conn: Connection, key: str) -> int:
     return int(pid)
 
 
-def _history_of(pid: int) -> Any:
+def _history_of(pid: int) -> Select[Any]:
     return select(E.id, E.kind, E.item_id, E.watcher, E.detail, E.at).where(E.partition_id == pid)
 
 
