@@ -12,10 +12,11 @@ import logging
 import time
 from typing import Any
 
+from .core.models import Status
 from .store import Store
 
 log = logging.getLogger("feedproc.wait")
-FINAL = ("complete", "failed", "cancelled")
+FINAL = (Status.COMPLETE, Status.FAILED, Status.CANCELLED)
 FIRST_POLL = 0.05  # seconds; doubles up to the poll interval
 
 
@@ -60,7 +61,7 @@ def _listen(store: Store) -> Any:
     """A FinishedListener on PostgreSQL, or None (SQLite, or notifications unavailable)."""
     if not store.postgres:
         return None
-    from .notify import FinishedListener
+    from .store.notify import FinishedListener
 
     with contextlib.suppress(Exception):
         return FinishedListener(store.engine)

@@ -60,10 +60,10 @@ from .core.models import Item, check_queue
 from .core.policy import RetryPolicy, outcome_of
 from .core.records import Applied, Kind, Lease, Outcome, ProgressReport, QueueSettings, ReadyItem, SlotClaim
 from .metrics import WatcherMetrics
-from .notify import Listener
 from .processors import HTTPProcessor, ProcessorLike, call_processor
 from .redact import redact_url
 from .store import Store
+from .store.notify import Listener
 
 log = logging.getLogger("feedproc.watcher")
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from feedproc.schema import metadata
+from feedproc.store.schema import metadata
 
 VERSION_TABLE = "feedproc_version"
 config = context.config

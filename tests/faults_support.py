@@ -38,7 +38,7 @@ import httpx
 from sqlalchemy import Engine, select
 
 from feedproc import HTTPProcessor, Item, Response
-from feedproc.schema import events, items, partitions
+from feedproc.store.schema import events, items, partitions
 
 WATCHER_HEADER = "X-Watcher"
 DISPATCHED_HEADER = "X-Dispatched-At"

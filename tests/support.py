@@ -23,9 +23,9 @@ from sqlalchemy import event, select
 
 from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Kind, Outcome, ReadyItem
-from feedproc.dialects import DriverStatement
-from feedproc.schema import events, items, partitions
 from feedproc.store import Store
+from feedproc.store.dialects import DriverStatement
+from feedproc.store.schema import events, items, partitions
 
 ROOT = Path(__file__).resolve().parent.parent
 

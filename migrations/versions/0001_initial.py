@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.dialects import UTCDateTime
+from feedproc.store.dialects import UTCDateTime
 
 revision = "0001"
 down_revision = None

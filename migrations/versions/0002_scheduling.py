@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.dialects import UTCDateTime
+from feedproc.store.dialects import UTCDateTime
 
 revision = "0002"
 down_revision = "0001"

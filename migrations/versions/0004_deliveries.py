@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.dialects import UTCDateTime
+from feedproc.store.dialects import UTCDateTime
 
 revision = "0004"
 down_revision = "0003"

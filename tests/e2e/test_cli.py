@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, inspect, select
 
 import feedproc
 from feedproc import Feed
-from feedproc.schema import items, partitions
+from feedproc.store.schema import items, partitions
 
 from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
 from ..support import HandlerService, WatcherProcesses, db_state, run_cli, wait_until

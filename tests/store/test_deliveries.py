@@ -14,9 +14,9 @@ from sqlalchemy import select, update
 
 from feedproc.core.errors import NotFound
 from feedproc.core.records import Kind, decode_inflight, encode_inflight
-from feedproc.dialects import seconds_from_now
-from feedproc.schema import attempts, inflight, partitions
 from feedproc.store import RECORDS_KEPT, Store
+from feedproc.store.dialects import seconds_from_now
+from feedproc.store.schema import attempts, inflight, partitions
 
 from ..support import A, B, answer, register
 

@@ -22,8 +22,8 @@ from feedproc.core.errors import Refused, StaleWrite
 from feedproc.core.gates import initial_gate
 from feedproc.core.models import NewItem
 from feedproc.core.records import Kind
-from feedproc.schema import items, partitions
 from feedproc.store import Store
+from feedproc.store.schema import items, partitions
 
 from ..support import answer
 

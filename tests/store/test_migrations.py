@@ -1,4 +1,4 @@
-"""`feedproc migrate`: the alembic revisions create exactly `feedproc.schema.metadata`, running them
+"""`feedproc migrate`: the alembic revisions create exactly `feedproc.store.schema.metadata`, running them
 again changes nothing, and a database without the schema is named as such."""
 
 import pytest
@@ -8,8 +8,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from feedproc.core.errors import SchemaMissing
-from feedproc.schema import metadata
-from feedproc.store import Store, _alembic_config
+from feedproc.store import Store, alembic_config
+from feedproc.store.schema import metadata
 
 from ..support import run_cli
 
@@ -24,7 +24,7 @@ def empty_store(unmigrated_url):
 
 
 def head_revision(url):
-    return ScriptDirectory.from_config(_alembic_config(url)).get_current_head()
+    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
 
 
 def schema_differences(store):
@@ -156,7 +156,7 @@ def test_scheduling_revision_downgrades_to_0001_and_upgrades_again_keeping_the_d
 
     empty_store.migrate()
     empty_store.add_partition("kept", [(0, b"x")], sealed=False)
-    config = _alembic_config(unmigrated_url)
+    config = alembic_config(unmigrated_url)
     with empty_store.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, "0001")

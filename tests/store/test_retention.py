@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import func, select, update
 
 from feedproc import Feed, Processor, Response, Watcher, WatcherConfig
-from feedproc.dialects import seconds_from_now
-from feedproc.schema import events, items, partitions
 from feedproc.store import Store
+from feedproc.store.dialects import seconds_from_now
+from feedproc.store.schema import events, items, partitions
 
 from ..support import run_cli, wait_until
 

@@ -12,8 +12,9 @@ from sqlalchemy.exc import IntegrityError
 from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, StaleWrite
 from feedproc.core.models import NewItem
 from feedproc.core.records import Kind
-from feedproc.schema import items, partitions
-from feedproc.store import _PG_FETCH_READY, INSERT_CHUNK, Store
+from feedproc.store import INSERT_CHUNK, Store
+from feedproc.store.dispatch import PG_FETCH_READY
+from feedproc.store.schema import items, partitions
 
 from ..support import A, B, answer, fail, lease_and_fetch, register, statements_observed, wait_until, work_off
 
@@ -470,6 +471,21 @@ def test_acquire_skips_partitions_without_ready_work(store):
     assert store.acquire(A, "default", 10, 30) == []
 
 
+def test_a_partition_let_go_with_nothing_due_has_its_updated_at_moved(store):
+    """Every change of a partition moves its updated_at (what cleanup and the recent list order by),
+    the release of one whose items are all due later included."""
+    register(store, A)
+    store.add_partition("backoff", [(0, b"x")])
+    (ready,) = lease_and_fetch(store)
+    before = store.status("backoff")["updated_at"]
+    time.sleep(0.01)
+    applied = store.apply(A, [answer(ready, Kind.RETRY, attempts=1, error="later", delay=3600)])
+    assert applied.moves == {ready.partition_id: "wait"}
+    after = store.status("backoff")
+    assert after["lease"] is None
+    assert after["updated_at"] > before
+
+
 def test_acquire_records_a_leased_event_with_a_new_epoch(store):
     register(store, A)
     store.add_partition("p", [(0, b"x")])
@@ -536,7 +552,7 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
     store.acquire(A, "default", 10, 30)
     params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "kept_pids": "{}", "kept": []}
     with store.read() as conn:
-        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + _PG_FETCH_READY.clause.text), params))
+        plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + PG_FETCH_READY.clause.text), params))
     assert "feedproc_items_by_gate" in plan, plan
     assert "Sort Key: c.next_attempt_at" not in plan, plan
     assert len(store.fetch_ready(A, 50)) == 50
@@ -979,17 +995,3 @@ def test_two_producers_adding_the_same_key_at_once_create_it_once(store):
     )
     assert sorted(type(r).__name__ for r in results) == ["DuplicateKey", "int"], results
     assert len(item_rows(store, "p")) == 1
-
-
-def test_a_partition_released_with_nothing_due_records_when_it_was_released(store):
-    """Every release writes `updated_at`, the idle one after a "not yet" answer too."""
-    register(store, A)
-    store.add_partition("p", [(0, b"x")])
-    (ready,) = lease_and_fetch(store)
-    before = store.status("p")["updated_at"]
-    time.sleep(0.01)  # timestamps are microseconds: make "later" observable, not a synchronisation
-    applied = store.apply(A, [answer(ready, Kind.LATER, delay=60.0)], idle_after=1.0)
-    assert applied.moves == {ready.partition_id: "wait"}
-    after = store.status("p")
-    assert after["lease"] is None
-    assert after["updated_at"] > before

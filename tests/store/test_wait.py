@@ -101,7 +101,7 @@ def test_wait_command_exits_1_when_the_partition_failed(db_url: str, feed: Feed,
     feed.add_partition("job", [(0, b"{}")])
     from sqlalchemy import update
 
-    from feedproc.schema import partitions
+    from feedproc.store.schema import partitions
 
     with store.write() as conn:  # as a watcher's permanent failure would leave it
         conn.execute(update(partitions).where(partitions.c.key == "job").values(status="failed"))

@@ -27,8 +27,8 @@ from sqlalchemy import select
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
 from feedproc.health import handler_base, handler_reason
-from feedproc.schema import items
 from feedproc.store import Store
+from feedproc.store.schema import items
 
 from ..support import Delivery, HandlerService, history_of, wait_status, wait_until, watching
 

@@ -209,8 +209,8 @@ def test_a_dead_watchers_slots_come_back_when_its_registration_expires(feed: Fee
     from sqlalchemy import update
 
     from feedproc.core.records import SlotClaim
-    from feedproc.dialects import seconds_from_now
-    from feedproc.schema import watchers
+    from feedproc.store.dialects import seconds_from_now
+    from feedproc.store.schema import watchers
 
     feed.set_queue("default", limit=2)
     feed.add_partition("a", [(0, b"{}")] * 4)

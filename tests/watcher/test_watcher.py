@@ -23,9 +23,9 @@ import pytest
 from sqlalchemy import make_url, select, text, update
 
 from feedproc import Feed, Item, PermanentError, Processor, Response
-from feedproc.dialects import db_now, seconds_from_now
-from feedproc.schema import items, partitions
 from feedproc.store import Store
+from feedproc.store.dialects import db_now, seconds_from_now
+from feedproc.store.schema import items, partitions
 
 from ..support import WatcherThread, history_of, wait_status, wait_until, watching
 

@@ -17,8 +17,8 @@ from sqlalchemy import select
 from feedproc import Feed, Item, Processor, Response
 from feedproc import watcher as watcher_module
 from feedproc.core.records import Kind
-from feedproc.schema import partitions
 from feedproc.store import Store
+from feedproc.store.schema import partitions
 
 from ..support import WatcherThread, wait_status, wait_until, watching
 

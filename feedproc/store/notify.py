@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
-log = logging.getLogger("feedproc.notify")
+log = logging.getLogger("feedproc.store.notify")
 CHANNEL = "feedproc_ready"
 _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
 WANTED_CHANNEL = "feedproc_wanted"

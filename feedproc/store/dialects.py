@@ -1,13 +1,16 @@
-"""Everything that differs between SQLite and PostgreSQL lives here.
+"""What differs between SQLite and PostgreSQL below the statements.
 
-The rest of feedproc writes dialect-neutral SQLAlchemy Core; this module supplies
+The store writes dialect-neutral SQLAlchemy Core where it can; where the two databases need different
+statements, the store's modules keep both twins side by side (chosen by `StoreBase._twin`). This
+module supplies what the statements share:
 
 * `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on both engines;
 * `db_now()` and `db_now_plus(seconds)`, SQL expressions for the *database's* clock (lease
   deadlines, retry times and `not_before` are never judged on a watcher host's clock);
 * `make_engine(url)`, which normalises the URL and configures each engine for concurrent use
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
-  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived).
+  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived);
+* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if isinstance(value, str):  # a raw SQLite value read through a textual/aggregate column
             value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        moment: datetime = value
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC)
 
 
 class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like the SQL function it is
@@ -202,7 +206,7 @@ class DriverStatement:
         from sqlalchemy.dialects.postgresql.psycopg import dialect
 
         self.clause = text(sql)
-        self.sql = str(self.clause.compile(dialect=dialect()))  # `:name` → `%(name)s`
+        self.sql = str(self.clause.compile(dialect=dialect()))  # type: ignore[no-untyped-call]  # `:name` → `%(name)s`
 
     #: Called with the connection and the statement before each execution, when set: SQLAlchemy's
     #: engine events do not see these statements (the benchmark and the tests count them this way).

@@ -1,0 +1,53 @@
+"""All of feedproc's SQL, behind one small interface: `Store`.
+
+Callers:
+
+* producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status
+  (`producing.py`, `reading.py`);
+* operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), cleanup
+  (`retention.py`);
+* watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
+  charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
+  batch of answers (`answers.py`);
+* scheduling controls: queue settings, slots, deferral, progress (`queues.py`).
+
+Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
+`FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
+it under the same lease epoch, in the same transaction as the write. Producers lock the partition
+row too, so an item added at the current gate can never race a gate advance. The gate rules
+(`core.gates`) are applied in `gating.py`.
+
+`Store` is one class composed of one mixin per concern over `base.StoreBase` (the engine and its
+transactions): callers keep a single object and its method names, the concerns share the lock,
+history and gate-rule writers without passing a connection layer around, and each module reads on
+its own. SQLite and PostgreSQL differ in `dialects.py` (database clock, engine set-up, the driver's
+cursor) and in the statements each module keeps side by side as twins, chosen by `StoreBase._twin`.
+"""
+
+from __future__ import annotations
+
+from .answers import RECORDS_KEPT, Answers
+from .base import StoreBase, alembic_config, migrations_path
+from .dispatch import Dispatch
+from .gating import INSERT_CHUNK
+from .leasing import Leasing
+from .lost import LostDeliveries
+from .operators import Operators
+from .producing import Producing
+from .queues import Queues
+from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
+from .retention import Retention
+
+__all__ = [
+    "FAILED_ITEMS_SHOWN",
+    "INSERT_CHUNK",
+    "MAX_PAGE",
+    "RECORDS_KEPT",
+    "Store",
+    "alembic_config",
+    "migrations_path",
+]
+
+
+class Store(Producing, Reading, Operators, Leasing, LostDeliveries, Dispatch, Answers, Queues, Retention, StoreBase):
+    """feedproc's database access. Thread-safe: each call takes its own pooled connection."""

@@ -1,0 +1,357 @@
+"""Answers: a watcher's batch of outcomes written in one fenced transaction (a group commit), the
+delivery records they leave, and the settling of the partitions they touched.
+
+The statements are built once: a statement built per call costs more Python than the database
+spends running it. Each PostgreSQL statement sits directly above its SQLite twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Boolean, Float, bindparam, case, delete, func, insert, select, text, tuple_, update
+from sqlalchemy.engine import Connection
+
+from ..core.errors import StaleWrite
+from ..core.gates import Move
+from ..core.models import truncate_error
+from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
+from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
+from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
+from .schema import attempts, inflight, items, partitions
+
+RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
+RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
+
+# The partitions a batch answers for, locked, with their epochs: the fence.
+# On PostgreSQL the lock also turns sequential scans off for the rest of the transaction, in the
+# same round trip (set_config(..., true) is SET LOCAL as a function; it runs whenever a lease is
+# held, the only case in which more statements follow). The batch statements find their rows by
+# key (`id = ANY(...)`), but on a small or never-analyzed table the planner prices a hash join over
+# a sequential scan below a few hundred index look-ups, and each batch then reads the whole table:
+# O(table) per batch (measured: 30,000 items, 200 answers: 12 ms instead of 6).
+_PG_LOCK_HELD_LEASES = text(
+    """
+    SELECT p.id, p.lease_epoch
+    FROM (SELECT set_config('enable_seqscan', 'off', true)) AS planner, feedproc_partitions AS p
+    WHERE p.id = ANY(CAST(:pids AS bigint[])) AND p.lease_owner = :watcher AND p.status = 'available'
+    ORDER BY p.id
+    FOR UPDATE OF p
+    """
+)
+_LOCK_HELD_LEASES = (
+    select(P.id, P.lease_epoch)
+    .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+    .order_by(P.id)
+    .with_for_update()
+)
+
+
+def _lock_held_pg(conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+    return dict(conn.execute(_PG_LOCK_HELD_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())
+
+
+def _lock_held_sqlite(conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+    return dict(conn.execute(_LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
+
+
+# The common answer, "done" without new data, on PostgreSQL: four arrays instead of twelve, all
+# bound as text literals (pg_bigint_array): the start time and duration in microseconds, because
+# formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy).
+# `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
+# (SQLite writes it with the general update below.)
+_PG_COMPLETE_ITEMS = DriverStatement(
+    """
+    UPDATE feedproc_items AS i SET
+        status = 'complete',
+        last_error = NULL,
+        next_attempt_at = now(),
+        progress = NULL,
+        deliveries = i.deliveries + 1,
+        lost = 0,
+        started_at = to_timestamp(v.started / 1e6),
+        duration = v.duration / 1e6,
+        delivered_by = :watcher,
+        version = i.version + 1,
+        updated_at = now()
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS bigint[]),
+                CAST(:duration AS bigint[])) AS v(id, version, started, duration)
+    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
+    """
+)
+# Every other answer. One statement per batch of answers on PostgreSQL: the outcomes arrive as
+# arrays. The version match is the guard (every change of an item's status bumps its version, so an
+# item dispatched while available is still available if its version is unchanged). There is
+# deliberately no `status = 'available'` term: before the table has statistics PostgreSQL would read
+# every available item through the items' index and hash them all, per batch (O(backlog));
+# `id = ANY(...)` instead makes it look up the batch's own rows.
+_OUTCOME_COLUMNS = (
+    "id",
+    "version",
+    "status",
+    "gate",
+    "data",
+    "attempts",
+    "error",
+    "clear",
+    "delay",
+    "progress",
+    "started",
+    "duration",
+)
+_PG_UPDATE_ITEMS = text(
+    """
+    UPDATE feedproc_items AS i SET
+        status = v.status,
+        gate = v.gate,
+        data = COALESCE(v.data, i.data),
+        attempts = v.attempts,
+        last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
+        next_attempt_at = now() + v.delay * interval '1 second',
+        progress = v.progress,  -- kept only by a 'not yet' answer that carries it
+        deliveries = i.deliveries + 1,
+        lost = 0,
+        started_at = to_timestamp(v.started / 1e6),
+        duration = v.duration / 1e6,
+        delivered_by = :watcher,
+        version = i.version + 1,
+        updated_at = now()
+    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
+                CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
+                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
+                CAST(:progress AS double precision[]), CAST(:started AS bigint[]),
+                CAST(:duration AS bigint[]))
+        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration)
+    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
+    """
+)
+# SQLite's twin: one row per execution (SQLite runs executemany in-process).
+_UPDATE_ITEM = (
+    update(items)
+    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
+    .values(
+        status=bindparam("b_status"),
+        gate=bindparam("b_gate"),
+        data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
+        attempts=bindparam("b_attempts"),
+        last_error=case(
+            (bindparam("b_error", type_=items.c.last_error.type).is_not(None), bindparam("b_error")),
+            (bindparam("b_clear", type_=Boolean()).is_(True), None),
+            else_=I.last_error,
+        ),
+        next_attempt_at=seconds_from_now(bindparam("b_delay")),
+        progress=bindparam("b_progress", type_=items.c.progress.type),  # kept only by a "not yet" answer with it
+        deliveries=I.deliveries + 1,
+        lost=0,
+        started_at=bindparam("b_started", type_=items.c.started_at.type),
+        duration=bindparam("b_duration", type_=items.c.duration.type),
+        delivered_by=bindparam("b_watcher"),
+        version=I.version + 1,
+        updated_at=db_now(),
+    )
+)
+
+
+def _update_items_pg(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
+    params: dict[str, Any] = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
+    return int(conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount)
+
+
+def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
+    for r in rows:
+        r["started"] = _from_micros(r["started"])
+        r["duration"] = None if r["duration"] is None else r["duration"] / 1e6
+    params = [{"b_watcher": watcher_id, **{f"b_{k}": v for k, v in r.items()}} for r in rows]
+    return int(conn.execute(_UPDATE_ITEM, params).rowcount)
+
+
+# Each answered partition's ready_at, from the earliest available item at its gate (NULL: drained).
+_REFRESH_READY_AT = (
+    update(partitions)
+    .where(P.id.in_(bindparam("pids", expanding=True)))
+    .values(
+        ready_at=select(func.min(I.next_attempt_at))
+        .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
+        .scalar_subquery()
+    )
+    .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle"))
+)
+# PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
+# needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
+# turn the facts' correlated subqueries into questions about the items' own columns.)
+_PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
+
+
+class Answers(GateWriter):
+    """The group commit of a watcher's answers."""
+
+    def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
+        """Write a batch of outcomes in one fenced transaction (a group commit).
+
+        Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
+        dispatched with are dropped (reported in `Applied.lost`). Then the touched partitions are
+        settled by the gate rules; partitions that finish, go idle, or have nothing due within
+        `idle_after` seconds are released.
+        """
+        applied = Applied()
+        if not outcomes:
+            return applied
+        with self.write() as conn:
+            pids = sorted({o.partition_id for o in outcomes})
+            held = self._twin(_lock_held_pg, _lock_held_sqlite)(conn, pids, watcher_id)
+            kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
+            applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
+            if kept:
+                self._write_outcomes(conn, kept, watcher_id)
+                advanced: list[tuple[int, int, int]] = []
+                for pid, move in self._settle_after_answers(conn, kept, watcher_id, idle_after, advanced).items():
+                    if move in (Move.COMPLETE, Move.FAIL, Move.WAIT):
+                        applied.released.add(pid)
+                        applied.moves[pid] = move.value
+                applied.advanced = len(advanced)
+                applied.advances = advanced
+            applied.written = [o.item_id for o in kept]
+        return applied
+
+    def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
+        """Update the answered items (version-guarded), add their children, record each delivery that
+        did not complete its item (the completing one is recorded on the item row) and failures."""
+        rows, completed, children, history, records, trimmed = [], [], [], [], [], []
+        narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
+        for o in kept:
+            if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
+                c.gate < o.gate for c in o.children
+            ):
+                raise ValueError(f"outcome for item {o.item_id} would place an item below gate {o.gate}")
+            failure = o.kind in (Kind.RETRY, Kind.FAIL)
+            error = truncate_error(o.error or "failed") if failure else None
+            if narrow_done and o.kind == Kind.DONE and o.data is None:
+                completed.append(o)
+            else:
+                rows.append(
+                    {
+                        "id": o.item_id,
+                        "version": o.version,
+                        "status": COMPLETE if o.kind == Kind.DONE else FAILED if o.kind == Kind.FAIL else AVAILABLE,
+                        "gate": o.new_gate if o.kind == Kind.MOVE else o.gate,
+                        "data": None if failure else o.data,
+                        "attempts": 0 if o.kind == Kind.MOVE else o.attempts,
+                        "error": error,
+                        "clear": o.kind in (Kind.DONE, Kind.MOVE),
+                        "delay": float(o.delay),
+                        "progress": o.progress,
+                        "started": o.started_us,
+                        "duration": o.duration_us,
+                    }
+                )
+            if o.kind != Kind.DONE:
+                records.append(
+                    {
+                        "partition_id": o.partition_id,
+                        "item_id": o.item_id,
+                        "n": o.n,
+                        "attempt": o.attempt,
+                        "gate": o.gate,
+                        "watcher": watcher_id,
+                        "started_at": _from_micros(o.started_us),
+                        "duration": None if o.duration_us is None else o.duration_us / 1e6,
+                        "outcome": RECORD_OUTCOMES[o.kind],
+                        "error": _record_error(o) if failure else None,
+                    }
+                )
+                if o.n > 2 * RECORDS_KEPT:  # keep the first and the last RECORDS_KEPT of each item
+                    trimmed.append((o.item_id, o.n - RECORDS_KEPT))
+            children += [
+                {
+                    "partition_id": o.partition_id,
+                    "gate": c.gate,
+                    "status": AVAILABLE,
+                    "data": c.data,
+                    "parent_id": o.item_id,
+                    "parent_gate": o.gate,
+                    "seq": n,
+                }
+                for n, c in enumerate(o.children)
+            ]
+            if failure:
+                assert error is not None
+                detail = {"gate": o.gate, "attempts": o.attempts, "error": error[:500]}
+                if o.kind == Kind.RETRY:
+                    detail["retry_in"] = round(o.delay, 3)
+                kind = "item_failed" if o.kind == Kind.FAIL else "item_retried"
+                history.append(event(o.partition_id, kind, item_id=o.item_id, watcher=watcher_id, detail=detail))
+        matched = 0
+        if completed:
+            params = {
+                "id": pg_bigint_array(o.item_id for o in completed),
+                "version": pg_bigint_array(o.version for o in completed),
+                "started": _micros_array(o.started_us for o in completed),
+                "duration": _micros_array(o.duration_us for o in completed),
+                "watcher": watcher_id,
+            }
+            matched += _PG_COMPLETE_ITEMS.run(conn, params)
+        if rows:
+            matched += self._twin(_update_items_pg, _update_items_sqlite)(conn, rows, watcher_id)
+        if matched != len(kept):
+            raise StaleWrite(f"only {matched} of {len(kept)} item updates matched their expected version")
+        if children:
+            self._insert_rows(conn, children)
+        if records:
+            conn.execute(insert(attempts).values(ended_at=db_now()), records)
+        if trimmed:
+            conn.execute(delete(attempts).where(tuple_(A.item_id, A.n).in_([tuple_(i, n) for i, n in trimmed])))
+        self._events(conn, history)
+
+    def _settle_after_answers(
+        self,
+        conn: Connection,
+        kept: list[Outcome],
+        watcher_id: str,
+        idle_after: float,
+        advanced: list[tuple[int, int, int]],
+    ) -> dict[int, Move]:
+        """Settle the partitions a batch touched, cheaply: one statement refreshes each one's
+        `ready_at`; partitions whose gate drained go through the full gate rules, and partitions
+        with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
+        partitions does not starve partitions with work ready elsewhere."""
+        pids = sorted({o.partition_id for o in kept})
+        refresh = self._twin(_PG_REFRESH_READY_AT, _REFRESH_READY_AT)
+        rows = conn.execute(refresh, {"pids": pids, "idle_after": float(idle_after)}).all()
+        moves: dict[int, Move] = {}
+        idle = []
+        for row in rows:
+            if row.ready_at is None:
+                # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
+                known = row if refresh is _PG_REFRESH_READY_AT else None
+                moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
+            elif row.idle:
+                idle.append(row.id)
+                moves[row.id] = Move.WAIT
+        if idle:
+            self._touch(conn, idle, **NO_LEASE)
+            conn.execute(delete(inflight).where(F.partition_id.in_(idle)))
+            self._events(
+                conn, [event(pid, "released", watcher=watcher_id, detail={"reason": "nothing due"}) for pid in idle]
+            )
+        return moves
+
+
+def _record_error(o: Outcome) -> str:
+    """A delivery record's error: the outcome's full detail (traceback included), its last 4 KB."""
+    text = o.detail or o.error or "failed"
+    return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
+
+
+def _from_micros(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1e6, UTC)
+
+
+def _micros_array(values: Iterable[int | None]) -> str:
+    """`pg_bigint_array` for values that may be missing (outcomes written without a record)."""
+    values = list(values)
+    if None not in values:
+        return "{" + ",".join(map(str, values)) + "}"
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"

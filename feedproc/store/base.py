@@ -1,0 +1,238 @@
+"""The store's connection layer: engine, transactions, error translation, the schema check and
+migrations, and the few row writers every concern shares (a partition's lock, its version bump,
+its history).
+
+Every concern of the store is a mixin over `StoreBase` (see `__init__.py`): they all run their SQL
+through `write()`, `single()` and `read()` here, so a driver error becomes one of feedproc's own
+errors in one place, and `_twin` is the one place a PostgreSQL statement is chosen over its SQLite
+twin.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import ColumnElement, Row, insert, literal_column, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+
+from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
+from ..core.models import Status
+from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine
+from .schema import attempts, events, inflight, items, partitions, queues, watchers
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
+A, F = attempts.c, inflight.c
+# `Status` values as plain strings: they are bound and compared on the watcher's paths, where looking
+# up an enum member costs 90 ns (Python 3.11) against 7 for a module constant.
+AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
+# Status tests in WHERE clauses are SQL literals, not bound parameters: the partial indexes are
+# defined on `status = 'failed'` (and the partitions' on their own status), and once psycopg
+# prepares a statement PostgreSQL may switch to a generic plan, which can use a partial index only
+# if the condition is literal.
+IS_AVAILABLE: ColumnElement[str] = literal_column(f"'{AVAILABLE}'")
+IS_FAILED: ColumnElement[str] = literal_column(f"'{FAILED}'")
+#: A partition's columns with no lease on it (released, deferred, finished, cancelled).
+NO_LEASE: Mapping[str, None] = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
+
+T = TypeVar("T")
+
+
+class StoreBase:
+    """The engine and its transactions. Thread-safe: each call takes its own pooled connection."""
+
+    def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping)
+        self.postgres = is_postgres(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------ transactions
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[Connection]:
+        with translated_errors(), self.engine.connect() as conn:
+            if write:
+                conn = conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                yield conn
+
+    def write(self) -> AbstractContextManager[Connection]:
+        """A write transaction (SQLite: BEGIN IMMEDIATE)."""
+        return self._tx(write=True)
+
+    @contextmanager
+    def single(self) -> Iterator[Connection]:
+        """A connection for ONE statement that is its own transaction. On PostgreSQL it runs in
+        autocommit mode: one round trip instead of three (BEGIN, the statement, COMMIT), which is
+        what a watcher's latency path is made of. Elsewhere, an ordinary write transaction."""
+        if not self.postgres:
+            with self._tx(write=True) as conn:
+                yield conn
+            return
+        with translated_errors(), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def read(self) -> AbstractContextManager[Connection]:
+        """A read-only transaction."""
+        return self._tx(write=False)
+
+    def _twin(self, postgresql: T, sqlite: T) -> T:
+        """The PostgreSQL or the SQLite twin of a statement, or of a function that runs one."""
+        return postgresql if self.postgres else sqlite
+
+    # ------------------------------------------------------------ schema
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema to the newest revision (idempotent)."""
+        from alembic import command
+
+        config = alembic_config(self.url)
+        with translated_errors(), self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    def schema_revision(self) -> str | None:
+        """The schema revision in the database, or None when it has no feedproc schema."""
+        try:
+            with self.read() as conn:
+                return conn.execute(text("SELECT version_num FROM feedproc_version")).scalar()
+        except SchemaMissing:
+            return None
+
+    def check_schema(self) -> None:
+        """Raise SchemaMissing unless the database is at the newest schema revision."""
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(alembic_config(self.url)).get_current_head()
+        current = self.schema_revision()
+        if current != head:
+            state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
+            raise SchemaMissing(f"the database {state}: run `feedproc migrate`")
+
+    # ------------------------------------------------------------ rows every concern writes
+
+    def _lock(self, conn: Connection, key: str) -> Row[Any]:
+        """Partition `key`, locked for the rest of the transaction; NotFound if unknown."""
+        row = conn.execute(select(partitions).where(P.key == key).with_for_update()).one_or_none()
+        if row is None:
+            raise NotFound(f"no partition {key!r}")
+        return row
+
+    def _touch(self, conn: Connection, pids: int | Sequence[int], *where: ColumnElement[bool], **values: Any) -> int:
+        """Change partitions (one id, or several), bumping their version and `updated_at` as every
+        change of a partition does; `where` narrows the rows. Returns how many changed."""
+        which = P.id == pids if isinstance(pids, int) else P.id.in_(pids)
+        statement = update(partitions).where(which, *where)
+        return conn.execute(statement.values(version=P.version + 1, updated_at=db_now(), **values)).rowcount
+
+    def _event(
+        self,
+        conn: Connection,
+        pid: int,
+        kind: str,
+        *,
+        item_id: int | None = None,
+        watcher: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Append one entry to partition `pid`'s history."""
+        self._events(conn, [event(pid, kind, item_id=item_id, watcher=watcher, detail=detail)])
+
+    def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Append history entries (rows made by `event`), stamped with the database's clock."""
+        if rows:
+            conn.execute(insert(events).values(at=db_now()), rows)
+
+
+def event(
+    pid: int,
+    kind: str,
+    *,
+    item_id: int | None = None,
+    watcher: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One history entry of partition `pid`, as `_events` inserts it."""
+    return {
+        "partition_id": pid,
+        "kind": kind,
+        "item_id": item_id,
+        "watcher": watcher,
+        "detail": json.dumps(detail) if detail is not None else None,
+    }
+
+
+def iso(value: datetime | None) -> str | None:
+    """A timestamp as the operators' reads show it: ISO 8601, milliseconds, `Z`."""
+    if value is None:
+        return None
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# ---------------------------------------------------------------- errors
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Re-raise the driver errors feedproc names (database unavailable, schema missing, ...) as
+    its own; any other error as it is."""
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as error:
+        translated = _translate(error)
+        if translated is None:
+            raise
+        raise translated from error
+
+
+def _translate(error: DBAPIError) -> Exception | None:
+    """Map a driver error to what a user should hear; None for errors that are our own bugs."""
+    text = str(error.orig or error)
+    if "no such table" in text or type(error.orig).__name__ == "UndefinedTable":
+        return SchemaMissing("the database has no feedproc schema: run `feedproc migrate`")
+    if isinstance(error, OperationalError):
+        first_line = text.strip().splitlines()[0] if text.strip() else type(error.orig).__name__
+        return DatabaseUnavailable(f"database unavailable: {first_line}")
+    return None
+
+
+def is_unique_violation(error: IntegrityError) -> bool:
+    text = str(error.orig).lower()
+    return "unique" in text or "duplicate key" in text
+
+
+# ---------------------------------------------------------------- migrations
+
+
+def migrations_path() -> Path:
+    """Where the alembic revisions are: inside the installed package, or beside it in a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise RuntimeError("feedproc's migrations are missing from this installation")
+
+
+def alembic_config(url: str) -> Config:
+    """An alembic configuration for feedproc's revisions against the database at `url`."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    config.set_main_option("sqlalchemy.url", str(url).replace("%", "%%"))
+    return config

@@ -1,0 +1,199 @@
+"""The gate rules (`core.gates`) applied to the database: items entering a partition (rule 1, a new
+partition starts at its lowest gate; rule 4, no item below the current gate) and the settling of a
+partition after anything that can drain its gate (rule 3: stay, wait, advance, fail or complete).
+
+Producers (`producing.py`), answers (`answers.py`) and lost deliveries (`leasing.py`) all end here,
+under the partition's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, delete, exists, func, insert, select, text, update
+from sqlalchemy.engine import Connection
+
+from ..core import gates
+from ..core.errors import Refused
+from ..core.gates import GateFacts, Move
+from ..core.models import NewItem
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, F, I, P, StoreBase
+from .dialects import db_now, pg_bigint_array
+from .notify import notify_finished, notify_ready
+from .schema import inflight, items, partitions
+
+INSERT_CHUNK = 5000  # rows per INSERT statement
+
+#: The partition columns `_settle` reads beside its gate facts.
+SETTLE_COLUMNS = (P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue)
+
+
+def gate_facts(pid: Any, gate: Any) -> tuple[ColumnElement[Any], ...]:
+    """Columns answering what the gate rules ask of a partition's items at and above `gate`
+    (`pid` and `gate` are values, or the partition's own columns to correlate with)."""
+    here = and_(I.partition_id == pid, I.gate == gate)
+    # Correlated explicitly: in an UPDATE's RETURNING (answers.PG_REFRESH_READY_AT) SQLAlchemy would
+    # otherwise give each subquery a FROM of its own and ask about every partition.
+    return (
+        exists().where(here, I.status == IS_AVAILABLE).correlate(partitions).label("available_here"),
+        exists().where(here, I.status == IS_FAILED).correlate(partitions).label("failed_here"),
+        select(func.min(I.gate))
+        .where(I.partition_id == pid, I.gate > gate, I.status == IS_AVAILABLE)
+        .correlate(partitions)
+        .scalar_subquery()
+        .label("next_gate"),
+    )
+
+
+def _earliest_due(pid: Any, gate: Any) -> Any:
+    """When the first available item of partition `pid` at `gate` is due (a partition's ready_at)."""
+    return (
+        select(func.min(I.next_attempt_at))
+        .where(I.partition_id == pid, I.gate == gate, I.status == IS_AVAILABLE)
+        .scalar_subquery()
+    )
+
+
+def _to_gate_facts(partition: Row[Any], facts: Row[Any]) -> GateFacts:
+    """The gate rules' inputs: a partition row (gate, sealed, manual_checkpoint) and its gate facts."""
+    return GateFacts(
+        partition.gate,
+        bool(facts.available_here),
+        bool(facts.failed_here),
+        facts.next_gate,
+        bool(partition.sealed),
+        bool(partition.manual_checkpoint),
+    )
+
+
+# A producer's new items of one partition: the partition once, the gates and data as arrays.
+_PG_INSERT_NEW_ITEMS = text(
+    """
+    INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at)
+    SELECT :pid, u.gate, 'available', u.data, now(), now(), now()
+    FROM unnest(CAST(:gate AS integer[]), CAST(:data AS bytea[])) WITH ORDINALITY AS u(gate, data, n)
+    ORDER BY u.n
+    """
+)
+# Any item rows (children carry their parent): one statement for the whole chunk, arrays in, unnest.
+_ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
+_PG_INSERT_ITEMS = text(
+    """
+    INSERT INTO feedproc_items
+        (partition_id, gate, status, data, parent_id, parent_gate, seq, next_attempt_at, created_at, updated_at)
+    SELECT u.partition_id, u.gate, u.status, u.data, u.parent_id, u.parent_gate, u.seq, now(), now(), now()
+    FROM unnest(CAST(:partition_id AS bigint[]), CAST(:gate AS integer[]), CAST(:status AS varchar[]),
+                CAST(:data AS bytea[]), CAST(:parent_id AS bigint[]), CAST(:parent_gate AS integer[]),
+                CAST(:seq AS integer[]))
+        WITH ORDINALITY AS u(partition_id, gate, status, data, parent_id, parent_gate, seq, n)
+    ORDER BY u.n
+    """
+)
+# SQLite's twin of both: its executemany runs in C against a local file, as fast as it gets there.
+_INSERT_ITEMS = insert(items).values(next_attempt_at=db_now(), created_at=db_now(), updated_at=db_now())
+
+
+def _insert_new_pg(conn: Connection, pid: int, gates_: list[int], data: list[bytes]) -> None:
+    # One statement, two arrays (the gates as a text literal: see pg_bigint_array).
+    conn.execute(_PG_INSERT_NEW_ITEMS, {"pid": pid, "gate": pg_bigint_array(gates_), "data": data})
+
+
+def _insert_new_sqlite(conn: Connection, pid: int, gates_: list[int], data: list[bytes]) -> None:
+    rows = zip(gates_, data, strict=True)
+    _insert_rows_sqlite(conn, [{"partition_id": pid, "gate": g, "status": AVAILABLE, "data": d} for g, d in rows])
+
+
+def _insert_rows_pg(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    conn.execute(_PG_INSERT_ITEMS, {column: [row[column] for row in rows] for column in _ITEM_COLUMNS})
+
+
+def _insert_rows_sqlite(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    conn.execute(_INSERT_ITEMS, rows)
+
+
+class GateWriter(StoreBase):
+    """Item insertion and the gate rules, written to a locked partition."""
+
+    def _insert_items(
+        self, conn: Connection, pid: int, new_items: Iterable[Any], partition_gate: int | None
+    ) -> tuple[int, int]:
+        """Insert items in multi-row chunks, refusing any below `partition_gate` (rule 4; None: a new
+        partition). Returns (count, the gate a new partition starts at by rule 1)."""
+        insert_new = self._twin(_insert_new_pg, _insert_new_sqlite)
+        count, lowest_per_chunk, gates_, data = 0, [], [], []
+        for n, value in enumerate(new_items, start=1):
+            item = NewItem.coerce(value, where=f"item {n}: ")
+            if partition_gate is not None and (reason := gates.check_not_below(item.gate, partition_gate)):
+                raise Refused(f"item {n}: {reason}")
+            gates_.append(item.gate)
+            data.append(item.data)
+            count += 1
+            if len(gates_) >= INSERT_CHUNK:
+                lowest_per_chunk.append(gates.initial_gate(gates_))
+                insert_new(conn, pid, gates_, data)
+                gates_, data = [], []
+        if gates_:
+            lowest_per_chunk.append(gates.initial_gate(gates_))
+            insert_new(conn, pid, gates_, data)
+        return count, gates.initial_gate(lowest_per_chunk)
+
+    def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert item rows (partition_id, gate, status, data[, parent_id, parent_gate, seq])."""
+        rows = [{"parent_id": None, "parent_gate": None, "seq": None, **row} for row in rows]
+        self._twin(_insert_rows_pg, _insert_rows_sqlite)(conn, rows)
+
+    def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
+        """The gate rules' inputs for partition `row` (read from the items)."""
+        facts = conn.execute(select(*gate_facts(row.id, row.gate))).one()
+        return _to_gate_facts(row, facts)
+
+    def _settle(
+        self,
+        conn: Connection,
+        pid: int,
+        *,
+        checkpoint: bool = False,
+        watcher: str | None = None,
+        advanced: list[tuple[int, int, int]] | None = None,
+        row: Row[Any] | None = None,
+    ) -> Move:
+        """Apply the gate rules to a (locked) available partition and record what happened.
+
+        Sets `ready_at` (earliest due item at the current gate), moves the gate past drained and
+        empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
+        lease when the partition finishes or has nothing to do. Each gate advance appends `pid` to
+        `advanced`, when given. `row`: the partition's `SETTLE_COLUMNS` and gate facts, when the
+        caller read them already in this transaction.
+        """
+        if row is None:  # the partition and its gate facts in one round trip
+            row = conn.execute(select(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate)).where(P.id == pid)).one()
+        outcome = gates.settle(_to_gate_facts(row, row), checkpoint=checkpoint)
+        if outcome.move is Move.ADVANCE:
+            self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
+            # The new gate is the lowest one above with available items (GateFacts.next_gate), where
+            # the rules keep the partition (STAY): set its ready_at now instead of settling again.
+            self._touch(conn, pid, gate=outcome.gate, ready_at=_earliest_due(pid, outcome.gate))
+            if advanced is not None:
+                advanced.append((pid, row.gate, outcome.gate))
+        elif outcome.move is Move.STAY:
+            conn.execute(update(partitions).where(P.id == pid).values(ready_at=_earliest_due(pid, row.gate)))
+        if outcome.move in (Move.ADVANCE, Move.STAY):
+            if watcher is None:  # a producer made work ready: wake the queue's watchers
+                notify_ready(conn, row.queue)
+            return Move.STAY
+        if watcher:  # WAIT, FAIL or COMPLETE: its lease holder lets it go
+            conn.execute(delete(inflight).where(F.partition_id == pid))
+        if outcome.move is Move.WAIT:
+            self._touch(conn, pid, ready_at=None, **(NO_LEASE if watcher else {}))
+            if watcher:
+                self._event(conn, pid, "released", watcher=watcher, detail={"gate": row.gate, "reason": "idle"})
+        elif outcome.move is Move.FAIL:
+            self._touch(conn, pid, status=FAILED, ready_at=None, **NO_LEASE)
+            self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
+        elif outcome.move is Move.COMPLETE:
+            self._touch(conn, pid, status=COMPLETE, ready_at=None, **NO_LEASE)
+            self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
+            notify_finished(conn, row.key)
+        return outcome.move

@@ -1,0 +1,366 @@
+"""Watchers' membership and leases: register and heartbeat, acquire, steal (request and hand over),
+release (charging what is abandoned: `lost.py`).
+
+Every write a watcher makes is fenced: it locks the partition rows it writes and keeps only those
+still leased to it under the same lease epoch, in the same transaction as the write.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Row, and_, bindparam, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy.engine import Connection
+
+from ..core.errors import WatcherGone
+from ..core.records import Lease, ProgressReport, encode_inflight
+from .base import IS_AVAILABLE, NO_LEASE, F, P, W, event
+from .dialects import db_now, seconds_from_now, seconds_until
+from .lost import LostDeliveries
+from .notify import notify_ready, notify_wanted
+from .queues import Queues
+from .schema import inflight, partitions, watchers
+
+_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
+_REMAINING = seconds_until(P.lease_expires_at).label("remaining")
+
+
+def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
+    entries = getattr(row, "pending_entries", None)
+    return Lease(
+        row.id,
+        row.key,
+        row.lease_epoch,
+        wanted_by,
+        float(row.remaining or 0.0),
+        row.weight,
+        row.item_timeout,
+        row.windows,
+        row.window_tz,
+        (row.pending_watcher, entries) if entries else None,
+    )
+
+
+# `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
+# snapshot and commit together), one round trip: the path from a notification to dispatch.
+# RETURNING sees the new epoch; `c.lease_owner` is the previous owner.
+_PG_ACQUIRE = text(
+    """
+    WITH candidates AS (
+        SELECT id, lease_owner FROM feedproc_partitions
+        WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
+          AND (not_before IS NULL OR not_before <= now())
+          AND (lease_owner IS NULL OR lease_expires_at < now())
+        ORDER BY priority DESC, created_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), leased AS (
+        UPDATE feedproc_partitions AS p SET
+            lease_owner = :watcher,
+            lease_epoch = p.lease_epoch + 1,
+            lease_expires_at = now() + CAST(:seconds AS double precision) * interval '1 second',
+            wanted_by = NULL,
+            version = p.version + 1,
+            updated_at = now()
+        FROM candidates AS c
+        WHERE p.id = c.id
+        RETURNING p.id, p.key, p.lease_epoch, p.weight, p.item_timeout, p.windows, p.window_tz,
+                  EXTRACT(EPOCH FROM (p.lease_expires_at - now())) AS remaining, c.lease_owner AS previous
+    ), logged AS (
+        INSERT INTO feedproc_events (partition_id, item_id, kind, watcher, detail, at)
+        SELECT id, NULL, CASE WHEN previous IS NULL THEN 'leased' ELSE 'expired' END, :watcher,
+               CASE WHEN previous IS NULL THEN NULL ELSE '{"previous": ' || to_json(previous)::text || '}' END, now()
+        FROM leased
+    )
+    SELECT l.id, l.key, l.lease_epoch, l.weight, l.item_timeout, l.windows, l.window_tz, l.remaining,
+           f.watcher AS pending_watcher, f.entries AS pending_entries
+    FROM leased AS l LEFT JOIN feedproc_inflight AS f ON f.partition_id = l.id AND f.epoch < l.lease_epoch
+    ORDER BY l.id
+    """
+)
+# SQLite's twin, in three statements of one write transaction: the candidates, their leasing (and
+# history, `Leasing._acquire_sqlite`), the leases with what their previous holder left in flight.
+_ACQUIRE_CANDIDATES = (
+    select(P.id, P.lease_owner)
+    .where(
+        P.queue == bindparam("queue"),
+        P.status == IS_AVAILABLE,
+        P.ready_at.is_not(None),
+        P.ready_at <= db_now(),
+        or_(P.not_before.is_(None), P.not_before <= db_now()),
+        or_(P.lease_owner.is_(None), P.lease_expires_at < db_now()),
+    )
+    .order_by(P.priority.desc(), P.created_at, P.id)
+    .limit(bindparam("limit"))
+)
+_ACQUIRED = (
+    select(
+        P.id,
+        P.key,
+        P.lease_epoch,
+        *_LEASE_SCHEDULE,
+        _REMAINING,
+        F.watcher.label("pending_watcher"),
+        F.entries.label("pending_entries"),
+    )
+    .select_from(partitions.outerjoin(inflight, and_(F.partition_id == P.id, F.epoch < P.lease_epoch)))
+    .where(P.id.in_(bindparam("ids", expanding=True)))
+    .order_by(P.id)
+)
+
+
+class Leasing(LostDeliveries, Queues):
+    """A watcher's registration and its leases."""
+
+    # ------------------------------------------------------------ membership
+
+    def register_watcher(
+        self,
+        watcher_id: str,
+        *,
+        host: str,
+        pid: int,
+        queue: str,
+        concurrency: int,
+        capacity: int,
+        lease_seconds: float,
+        slots: int = 0,
+    ) -> None:
+        with self.write() as conn:
+            conn.execute(
+                insert(watchers).values(
+                    id=watcher_id,
+                    host=host[:255],
+                    pid=pid,
+                    queue=queue,
+                    concurrency=concurrency,
+                    capacity=capacity,
+                    started_at=db_now(),
+                    heartbeat_at=db_now(),
+                    expires_at=seconds_from_now(lease_seconds),
+                    slots=slots,
+                )
+            )
+
+    def unregister_watcher(self, watcher_id: str) -> None:
+        with self.write() as conn:
+            conn.execute(delete(watchers).where(W.id == watcher_id))
+
+    def heartbeat(self, watcher_id: str, lease_seconds: float, progress: Sequence[ProgressReport] = ()) -> list[Lease]:
+        """Renew the watcher and all its leases; returns the leases it still holds. `progress`
+        reports of items in flight are stored in the same transaction, fenced by lease epoch."""
+        with self.write() as conn:
+            alive = conn.execute(
+                update(watchers)
+                .where(W.id == watcher_id)
+                .values(heartbeat_at=db_now(), expires_at=seconds_from_now(lease_seconds))
+            ).rowcount
+            if not alive:  # reaped while we were stalled: come back
+                raise WatcherGone(watcher_id)
+            conn.execute(
+                update(partitions)
+                .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
+                .values(lease_expires_at=seconds_from_now(lease_seconds))
+            )
+            # Forget watchers that have been dead for a while (their leases expire on their own).
+            conn.execute(delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
+            leases = self._owned(conn, watcher_id)
+            if progress:  # the renewal above locked this watcher's partition rows: the fence holds
+                self._store_progress(conn, leases, progress)
+            return leases
+
+    def partition_statuses(self, pids: Sequence[int]) -> dict[int, str]:
+        """The status of each of these partitions (a watcher telling why a lease went)."""
+        if not pids:
+            return {}
+        with self.read() as conn:
+            return dict(conn.execute(select(P.id, P.status).where(P.id.in_(sorted(pids)))).all())
+
+    def owned(self, watcher_id: str) -> list[Lease]:
+        """The partitions currently leased to a watcher (with any steal request on them)."""
+        with self.single() as conn:
+            return self._owned(conn, watcher_id)
+
+    def _owned(self, conn: Connection, watcher_id: str) -> list[Lease]:
+        rows = conn.execute(
+            select(P.id, P.key, P.lease_epoch, P.wanted_by, *_LEASE_SCHEDULE, _REMAINING)
+            .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
+            .order_by(P.id)
+        )
+        return [_lease(r, r.wanted_by) for r in rows]
+
+    # ------------------------------------------------------------ leases
+
+    def acquire(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        """Lease up to `limit` partitions of `queue` that have work ready: highest priority, then
+        oldest, first; unleased ones and ones whose lease expired (a takeover)."""
+        if limit <= 0:
+            return []
+        return self._twin(self._acquire_pg, self._acquire_sqlite)(watcher_id, queue, limit, lease_seconds)
+
+    def _acquire_pg(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        with self.single() as conn:
+            params = {"queue": queue, "limit": limit, "watcher": watcher_id, "seconds": float(lease_seconds)}
+            return [_lease(r, None) for r in conn.execute(_PG_ACQUIRE, params)]
+
+    def _acquire_sqlite(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        with self.write() as conn:
+            candidates = conn.execute(_ACQUIRE_CANDIDATES, {"queue": queue, "limit": limit}).all()
+            if not candidates:
+                return []
+            ids = [c.id for c in candidates]
+            self._touch(
+                conn,
+                ids,
+                lease_owner=watcher_id,
+                lease_epoch=P.lease_epoch + 1,
+                lease_expires_at=seconds_from_now(lease_seconds),
+                wanted_by=None,
+            )
+            self._events(
+                conn,
+                [
+                    event(
+                        c.id,
+                        "expired" if c.lease_owner else "leased",
+                        watcher=watcher_id,
+                        detail={"previous": c.lease_owner} if c.lease_owner else None,
+                    )
+                    for c in candidates
+                ],
+            )
+            return [_lease(r, None) for r in conn.execute(_ACQUIRED, {"ids": ids})]
+
+    def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
+        """Ask overloaded watchers to hand over partitions, toward a fair share for this one.
+
+        Fair share = ceil(partitions with work in the queue / live watchers of the queue). A
+        watcher below it marks at most `most` partitions of the busiest watcher above it as wanted;
+        the owner hands them over once their in-flight items have finished. Returns how many
+        partitions were marked.
+        """
+        with self.write() as conn:
+            now = db_now()
+            live = conn.execute(select(func.count()).where(W.queue == queue, W.expires_at > now)).scalar_one()
+            active = conn.execute(
+                select(func.count()).where(P.queue == queue, P.status == IS_AVAILABLE, P.ready_at.is_not(None))
+            ).scalar_one()
+            if live < 2 or active == 0:
+                return 0
+            share = math.ceil(active / live)
+            held: dict[str, int] = dict(
+                conn.execute(
+                    select(P.lease_owner, func.count())
+                    .where(
+                        P.queue == queue, P.status == IS_AVAILABLE, P.lease_owner.is_not(None), P.lease_expires_at > now
+                    )
+                    .group_by(P.lease_owner)
+                ).all()
+            )
+            pending = conn.execute(
+                select(func.count()).where(P.wanted_by == watcher_id, P.status == IS_AVAILABLE)
+            ).scalar_one()
+            mine = held.pop(watcher_id, 0) + pending
+            room = min(share, capacity) - mine
+            if room <= 0 or not held:
+                return 0
+            victim, victim_count = max(held.items(), key=lambda kv: kv[1])
+            # Only from a watcher above its share, and never so far that the two would swap roles.
+            take = min(most, room, victim_count - share, (victim_count - mine) // 2)
+            if take <= 0:
+                return 0
+            chosen = (
+                select(P.id)
+                .where(
+                    P.lease_owner == victim, P.status == IS_AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None)
+                )
+                .order_by(P.priority, P.created_at.desc())
+                .limit(take)
+                .with_for_update(skip_locked=True)  # SQLite renders none: its write transaction holds the lock
+            )
+            ids = list(conn.execute(chosen).scalars())
+            if not ids:
+                return 0
+            marked = conn.execute(
+                update(partitions)
+                .where(P.id.in_(ids), P.wanted_by.is_(None), P.lease_owner == victim)
+                .values(wanted_by=watcher_id, version=P.version + 1)
+            ).rowcount
+            if marked:
+                notify_wanted(conn, victim)
+            return marked
+
+    def hand_over(self, watcher_id: str, lease: Lease, lease_seconds: float) -> str | None:
+        """Give a wanted partition to the watcher that asked for it (if still alive).
+
+        Returns the new owner, or None when the request was void (the thief is gone: the request is
+        cleared and the partition stays with this watcher) or the lease was no longer ours.
+        """
+        with self.write() as conn:
+            row = conn.execute(
+                select(P.wanted_by, P.lease_epoch)
+                .where(P.id == lease.partition_id, P.lease_owner == watcher_id)
+                .with_for_update()
+            ).one_or_none()
+            if row is None or row.lease_epoch != lease.epoch or row.wanted_by is None:
+                return None
+            thief_alive = conn.execute(
+                select(func.count()).where(W.id == row.wanted_by, W.expires_at > db_now())
+            ).scalar_one()
+            if not thief_alive:
+                conn.execute(update(partitions).where(P.id == lease.partition_id).values(wanted_by=None))
+                return None
+            self._touch(
+                conn,
+                lease.partition_id,
+                lease_owner=row.wanted_by,
+                lease_epoch=P.lease_epoch + 1,
+                wanted_by=None,
+                lease_expires_at=seconds_from_now(lease_seconds),
+            )
+            self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
+            conn.execute(delete(inflight).where(F.partition_id == lease.partition_id))  # nothing was in flight
+            notify_ready(conn, conn.execute(select(P.queue).where(P.id == lease.partition_id)).scalar_one())
+            thief: str | None = row.wanted_by
+            return thief
+
+    def release(
+        self,
+        watcher_id: str,
+        leases: Sequence[Lease],
+        *,
+        kind: str = "yielded",
+        abandoned: dict[int, list[tuple[int, int]]] | None = None,
+        max_attempts: int = 5,
+    ) -> int:
+        """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry.
+
+        `abandoned`: per partition, the (item id, version) of deliveries still running that the
+        watcher gives up on; each is charged as a lost delivery now."""
+        if not leases:
+            return 0
+        with self.write() as conn:
+            pairs = [(lease.partition_id, lease.epoch) for lease in leases]
+            ids = list(
+                conn.execute(
+                    select(P.id)
+                    .where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
+                    .with_for_update()
+                ).scalars()
+            )
+            if not ids:
+                return 0
+            for pid in ids:
+                if abandoned and abandoned.get(pid):
+                    reason = (
+                        "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace"
+                    )
+                    self._charge(conn, pid, watcher_id, encode_inflight(abandoned[pid]), max_attempts, reason)
+            conn.execute(delete(inflight).where(F.partition_id.in_(ids)))
+            self._touch(conn, ids, P.lease_owner == watcher_id, **NO_LEASE)
+            self._events(conn, [event(pid, kind, watcher=watcher_id) for pid in ids])
+            for queue in set(conn.execute(select(P.queue).where(P.id.in_(ids))).scalars()):
+                notify_ready(conn, queue)  # another watcher can take them at once
+            return len(ids)

@@ -1,0 +1,155 @@
+"""Lost deliveries: those a watcher left unanswered (it died, stalled, or gave up on them at
+shutdown), charged to their items as failed attempts; and the isolation of a suspect item, delivered
+alone so that a delivery lost with it counts fully.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from ..core.records import Lease, ReadyItem, decode_inflight, encode_inflight
+from .base import AVAILABLE, FAILED, IS_AVAILABLE, F, I, P, event
+from .dialects import db_now
+from .dispatch import MARK_INFLIGHT
+from .gating import GateWriter
+from .schema import attempts, inflight, items
+
+# A lost delivery charged (version-guarded: an item answered meanwhile is left alone).
+_CHARGE_LOST = (
+    update(items)
+    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
+    .values(
+        status=bindparam("b_status"),
+        attempts=bindparam("b_attempts"),
+        lost=I.lost + 1,
+        deliveries=I.deliveries + 1,
+        last_error=bindparam("b_error"),
+        next_attempt_at=db_now(),
+        progress=None,
+        version=I.version + 1,
+        updated_at=db_now(),
+    )
+)
+
+
+class LostDeliveries(GateWriter):
+    """Charging lost deliveries; isolating suspects."""
+
+    def charge_lost(self, watcher_id: str, lease: Lease, *, max_attempts: int) -> list[dict[str, Any]]:
+        """Count the deliveries a partition's previous lease holder left unanswered (`lease.pending`,
+        read when `watcher_id` took the partition over) as failed attempts, before anything of it is
+        fetched again. Returns what was charged (item, gate, attempt, error, failed) for the logs.
+
+        A delivery lost while the item was delivered alone (isolated) counts fully: an item whose
+        processing kills its watcher fails after `max_attempts`. One lost among others counts too,
+        but never fails the item (it stops at max_attempts - 1): the item that killed the watcher
+        may have been another one; the watcher delivers such suspects alone (see `isolate`)."""
+        if lease.pending is None:
+            return []
+        with self.write() as conn:
+            held = conn.execute(
+                select(P.id)
+                .where(
+                    P.id == lease.partition_id,
+                    P.lease_owner == watcher_id,
+                    P.lease_epoch == lease.epoch,
+                    P.status == IS_AVAILABLE,
+                )
+                .with_for_update()
+            ).first()
+            if held is None:
+                return []
+            row = conn.execute(
+                select(F.watcher, F.entries)
+                .where(F.partition_id == lease.partition_id, F.epoch < lease.epoch)
+                .with_for_update()
+            ).first()
+            conn.execute(delete(inflight).where(F.partition_id == lease.partition_id, F.epoch < lease.epoch))
+            if row is None:
+                return []
+            reason = "watcher {watcher} died or stalled during delivery {attempt}"
+            charged = self._charge(conn, lease.partition_id, row.watcher, row.entries, max_attempts, reason)
+            if charged:
+                self._settle(conn, lease.partition_id, watcher=watcher_id)
+            return charged
+
+    def _charge(
+        self, conn: Connection, pid: int, watcher: str, entries: str, max_attempts: int, reason: str
+    ) -> list[dict[str, Any]]:
+        """Charge the unanswered deliveries among `entries` (items still available, same version)."""
+        wanted = decode_inflight(entries)
+        if not wanted:
+            return []
+        rows = conn.execute(
+            select(I.id, I.version, I.gate, I.attempts, I.deliveries)
+            .where(I.id.in_(sorted(wanted)), I.partition_id == pid, I.status == IS_AVAILABLE)
+            .order_by(I.id)
+        ).all()
+        charged, updates, records, history = [], [], [], []
+        for r in rows:
+            version, alone = wanted[r.id]
+            if r.version != version:
+                continue  # answered since it was taken
+            attempt = r.attempts + 1
+            counted = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
+            failed = alone and attempt >= max_attempts
+            error = reason.format(watcher=watcher, attempt=attempt) + (" (delivered alone)" if alone else "")
+            charged.append({"item": r.id, "gate": r.gate, "attempt": attempt, "error": error, "failed": failed})
+            updates.append(
+                {
+                    "b_id": r.id,
+                    "b_version": r.version,
+                    "b_attempts": counted,
+                    "b_status": FAILED if failed else AVAILABLE,
+                    "b_error": error,
+                }
+            )
+            records.append(
+                {
+                    "partition_id": pid,
+                    "item_id": r.id,
+                    "n": r.deliveries + 1,
+                    "attempt": attempt,
+                    "gate": r.gate,
+                    "watcher": watcher,
+                    "outcome": "lost",
+                    "error": error,
+                }
+            )
+            history.append(
+                event(
+                    pid,
+                    "item_failed" if failed else "item_lost",
+                    item_id=r.id,
+                    watcher=watcher,
+                    detail={"gate": r.gate, "attempts": attempt, "error": error},
+                )
+            )
+        if updates:
+            conn.execute(_CHARGE_LOST, updates)
+            conn.execute(insert(attempts).values(ended_at=db_now()), records)
+            self._events(conn, history)
+        return charged
+
+    def isolate(self, watcher_id: str, item: ReadyItem) -> bool:
+        """Record that `item` alone is in flight at `watcher_id` (which has nothing else in flight):
+        if the watcher dies now, the item is charged a full attempt. False when the lease is gone."""
+        with self.write() as conn:
+            conn.execute(delete(inflight).where(F.watcher == watcher_id))
+            held = conn.execute(
+                select(P.id).where(
+                    P.id == item.partition_id,
+                    P.lease_owner == watcher_id,
+                    P.lease_epoch == item.epoch,
+                    P.status == IS_AVAILABLE,
+                )
+            ).first()
+            if held is None:
+                return False
+            entries = "=" + encode_inflight([(item.id, item.version)], alone=True)
+            params = {"pid": item.partition_id, "watcher": watcher_id, "epoch": item.epoch, "entries": entries}
+            conn.execute(MARK_INFLIGHT, params)
+            return True

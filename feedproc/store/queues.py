@@ -1,0 +1,193 @@
+"""Scheduling controls: queue settings (concurrency limit, time windows), the slots a limited queue's
+watchers hold, deferring partitions whose time window is closed, and items' progress reports.
+
+Queue settings live in feedproc_queues; a queue without a row has neither a limit nor windows. The
+limit is arbitrated with slots: the weights of the items each live watcher has in flight
+(feedproc_watchers.slots), set under the queue row's lock in the transaction that fetches the items
+(`dispatch.py`), so answered items' slots come back with the watcher's next fetch and a dead
+watcher's stop counting when its registration expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, bindparam, case, delete, func, insert, literal, select, update
+from sqlalchemy.engine import Connection
+
+from ..core import windows as timewindows
+from ..core.errors import InvalidInput, WatcherGone
+from ..core.models import check_queue
+from ..core.records import Lease, ProgressReport, QueueSettings
+from .base import AVAILABLE, IS_AVAILABLE, NO_LEASE, F, I, P, Q, StoreBase, W, iso, utcnow
+from .dialects import db_now
+from .notify import notify_ready
+from .schema import inflight, items, partitions, queues, watchers
+
+_STORE_PROGRESS = (
+    update(items)
+    .where(I.id == bindparam("b_id"), I.gate == bindparam("b_gate"), I.status == IS_AVAILABLE)
+    .values(progress=bindparam("b_progress"))
+)
+
+
+class Queues(StoreBase):
+    """Queue settings, slots, deferral and progress."""
+
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+    ) -> QueueSettings:
+        """Create or change a queue's settings; arguments left None keep their current value.
+        A limit < 1 means no limit. Returns the settings now stored."""
+        check_queue(name)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidInput(f"limit must be an integer, got {limit!r}")
+        parsed = timewindows.parse_windows(windows) if windows is not None else None
+        if window_tz is not None:
+            timewindows.zone(window_tz)
+        with self.write() as conn:
+            current = self._queue(conn, name, lock=True)
+            values: dict[str, Any] = {
+                "concurrency_limit": current.limit if limit is None else max(limit, 0),
+                "windows": current.windows,
+                "window_tz": current.window_tz,
+            }
+            if clear_windows:
+                values.update(windows=None, window_tz=None)
+            if parsed is not None:
+                values["windows"] = timewindows.format_windows(parsed)
+            if window_tz is not None:
+                if values["windows"] is None:
+                    raise InvalidInput("a time zone applies to windows: give --window too")
+                values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
+            exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
+            if exists_already:
+                conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
+            else:
+                conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
+            notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
+            return self._queue(conn, name)
+
+    def queue_settings(self, name: str) -> QueueSettings:
+        """A queue's settings (defaults when it has no row): read by watchers once per poll interval."""
+        with self.single() as conn:
+            return self._queue(conn, name)
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue with settings or partitions: its limit, slots in use, windows and whether open."""
+        now = utcnow()
+        with self.read() as conn:
+            names = set(conn.execute(select(Q.name)).scalars()) | set(
+                conn.execute(select(P.queue).where(P.status == IS_AVAILABLE).distinct()).scalars()
+            )
+            return [self._queue(conn, name).describe(now, self._slots_in_use(conn, name)) for name in sorted(names)]
+
+    def queue(self, name: str) -> dict[str, Any]:
+        """One queue's settings and state (as in `queues`)."""
+        check_queue(name)
+        with self.read() as conn:
+            return self._queue(conn, name).describe(utcnow(), self._slots_in_use(conn, name))
+
+    def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
+        query = select(Q.concurrency_limit, Q.windows, Q.window_tz).where(Q.name == name)
+        if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
+            query = query.with_for_update()
+        row = conn.execute(query).one_or_none()
+        if row is None:
+            return QueueSettings(name)
+        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz)
+
+    def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
+        """Weights in flight for `queue`: the slots of its live watchers (other than `besides`)."""
+        query = select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
+        if besides is not None:
+            query = query.where(W.id != besides)
+        return int(conn.execute(query).scalar_one())
+
+    def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
+        done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+        if done.rowcount == 0:  # reaped: its slots would go uncounted; claim none until it registers again
+            raise WatcherGone(watcher_id)
+
+    def defer(self, watcher_id: str, deferred: Sequence[tuple[Lease, datetime]]) -> int:
+        """Give up leased partitions whose time window is closed until it opens: the lease is
+        released (fenced by epoch) and `ready_at` moved to the opening, so no watcher leases them
+        before then. Returns how many were deferred."""
+        if not deferred:
+            return 0
+        with self.write() as conn:
+            opens = {lease.partition_id: (lease.epoch, when) for lease, when in deferred}
+            held = conn.execute(
+                select(P.id, P.lease_epoch)
+                .where(P.id.in_(sorted(opens)), P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
+                .order_by(P.id)
+                .with_for_update()
+            ).all()
+            done = 0
+            for row in held:
+                epoch, when = opens[row.id]
+                if row.lease_epoch != epoch:
+                    continue
+                opening = literal(when, partitions.c.ready_at.type)
+                later = case((P.ready_at.is_(None), None), (P.ready_at > opening, P.ready_at), else_=opening)
+                self._touch(conn, row.id, ready_at=later, **NO_LEASE)
+                detail = {"reason": "window closed", "opens_at": iso(when)}
+                self._event(conn, row.id, "deferred", watcher=watcher_id, detail=detail)
+                conn.execute(delete(inflight).where(F.partition_id == row.id))  # nothing was in flight
+                done += 1
+            return done
+
+    def _store_progress(self, conn: Connection, leases: list[Lease], reports: Sequence[ProgressReport]) -> None:
+        """Write progress reports of items still available at the gate they were dispatched at, in
+        partitions still leased under the epoch they were dispatched with (others are dropped)."""
+        epochs = {lease.partition_id: lease.epoch for lease in leases}
+        rows = [
+            {"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction}
+            for r in reports
+            if epochs.get(r.partition_id) == r.epoch
+        ]
+        if rows:
+            conn.execute(_STORE_PROGRESS, rows)
+
+    def _schedule_status(self, conn: Connection, row: Row[Any], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+        """The `status KEY` keys on scheduling: `schedule` (weight, item timeout, windows and when the
+        next one opens, the queue's limit) and `progress` (per gate done / total and the mean progress
+        of items in flight)."""
+        now = utcnow()
+        queue = self._queue(conn, row.queue)
+        own = timewindows.parse_windows(row.windows)
+        own_tz = timewindows.zone(row.window_tz)
+        schedule: dict[str, Any] = {
+            "weight": row.weight,
+            "item_timeout": row.item_timeout,
+            "windows": row.windows,
+            "timezone": row.window_tz or "UTC",
+            "queue": queue.describe(now, self._slots_in_use(conn, row.queue)),
+        }
+        opens = timewindows.next_dispatch(((own, own_tz), (queue.parsed, queue.zone)), now)
+        schedule["window_open"] = opens == now
+        schedule["next_window_opens_at"] = None if opens in (now, None) else iso(opens)
+        if opens is None:
+            schedule["windows_never_overlap"] = True  # the partition's and the queue's
+        reported = conn.execute(
+            select(I.gate, func.count(I.progress), func.avg(I.progress))
+            .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))
+            .group_by(I.gate)
+        ).all()
+        in_flight = {gate: (n, float(mean)) for gate, n, mean in reported}
+        per_gate, done_all, total_all = {}, 0, 0
+        for gate, by_status in counts.items():  # the per-gate counts `status` read already
+            total = sum(by_status.values())
+            done = total - by_status.get(AVAILABLE, 0)
+            n, mean = in_flight.get(int(gate), (0, None))
+            per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
+            done_all, total_all = done_all + done, total_all + total
+        return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}

@@ -1,0 +1,56 @@
+"""Retention: deleting finished partitions with their items and history, in bounded transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select
+
+from .base import CANCELLED, COMPLETE, A, E, F, I, P, StoreBase
+from .dialects import seconds_from_now
+from .schema import attempts, events, inflight, items, partitions
+
+
+class Retention(StoreBase):
+    """`feedproc cleanup`."""
+
+    def cleanup(
+        self,
+        older_than: float,
+        *,
+        statuses: Sequence[str] = (COMPLETE, CANCELLED),
+        batch: int = 5000,
+        partitions_per_batch: int = 100,
+    ) -> dict[str, int]:
+        """Delete partitions finished more than `older_than` seconds ago, with their items and
+        history, in bounded transactions (never one giant delete). Returns what was deleted."""
+        deleted = {"partitions": 0, "items": 0, "events": 0, "attempts": 0}
+        while True:
+            with self.write() as conn:
+                ids = list(
+                    conn.execute(
+                        select(P.id)
+                        .where(P.status.in_(list(statuses)), P.updated_at < seconds_from_now(-older_than))
+                        .order_by(P.updated_at)
+                        .limit(partitions_per_batch)
+                    ).scalars()
+                )
+            if not ids:
+                return deleted
+            for table, column, key in (
+                (items, I.partition_id, "items"),
+                (events, E.partition_id, "events"),
+                (attempts, A.partition_id, "attempts"),
+            ):
+                while True:
+                    with self.write() as conn:
+                        chunk = select(table.c.id).where(column.in_(ids)).limit(batch).scalar_subquery()
+                        removed = conn.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
+                    deleted[key] += removed
+                    if removed < batch:
+                        break
+            with self.write() as conn:
+                conn.execute(delete(inflight).where(F.partition_id.in_(ids)))
+                deleted["partitions"] += conn.execute(
+                    delete(partitions).where(P.id.in_(ids), P.status.in_(list(statuses)))
+                ).rowcount
