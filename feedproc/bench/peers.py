@@ -5,7 +5,6 @@ from their own tables, their deliveries from call logs of the bench's format."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -80,12 +79,7 @@ def run_peer(
         result["problems"].append(f"{type(error).__name__}: {first}" if not isinstance(error, BenchFailed) else first)
     finally:
         procs.stop()
-        if options.keep:
-            result["database"] = url
-            result["logs"] = str(folder)
-        else:
-            with contextlib.suppress(Exception):
-                place.drop(url)
+        place.keep_or_drop(url, folder, result, keep=options.keep)
     return result
 
 

@@ -4,6 +4,7 @@ what the runtime wrote (and creates and drops the databases it runs in)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import tempfile
@@ -73,6 +74,16 @@ class Place:
             return self.admin_url.set(database=name).render_as_string(hide_password=False)
         path = self.directory / f"{name}.db"
         return f"sqlite:///{path}"
+
+    def keep_or_drop(self, url: str, folder: Path, result: dict[str, Any], *, keep: bool) -> None:
+        """After a run: with `keep`, name its database and logs in the result; otherwise drop the
+        database (quietly: a run's own problems are already in the result)."""
+        if keep:
+            result["database"] = url
+            result["logs"] = str(folder)
+            return
+        with contextlib.suppress(Exception):
+            self.drop(url)
 
     def drop(self, url: str) -> None:
         if self.postgres:

@@ -167,12 +167,7 @@ class Bench:
         finally:
             if handler is not None:
                 handler.stop()
-            if opts.keep:
-                result["database"] = url
-                result["logs"] = str(folder)
-            else:
-                with contextlib.suppress(Exception):
-                    place.drop(url)
+            place.keep_or_drop(url, folder, result, keep=opts.keep)
         return result
 
     def _handler_url(self, out: Path, proc: subprocess.Popen[bytes]) -> str:
