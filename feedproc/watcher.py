@@ -168,15 +168,20 @@ class Watcher:
         except BaseException:
             store.close()
             raise
-        return cls(store, processor, config)
+        watcher = cls(store, processor, config)
+        watcher._owns_store = True
+        return watcher
 
     def close(self) -> None:
-        """Release the watcher's database connections (after `run()` has returned)."""
-        self.store.close()
+        """Release the connections `connect()` opened (after `run()` has returned); a store passed
+        to the constructor stays open: its owner closes it."""
+        if self._owns_store:
+            self.store.close()
 
     def __init__(self, store: Store, processor: ProcessorLike, config: WatcherConfig | None = None) -> None:
         self.store = store
         self.processor = processor
+        self._owns_store = False  # True when connect() made the store
         self.config = config or WatcherConfig()
         self.policy = self.config.retry_policy
         self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
