@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select
 
 from feedproc import Feed, Item, Processor, Response
-from feedproc import watcher as watcher_module
 from feedproc.core.records import Kind
 from feedproc.store import Store
 from feedproc.store.schema import partitions
+from feedproc.watcher import delivery as watcher_module  # where a delivery's answer is read
 
 from ..support import WatcherThread, wait_status, wait_until, watching
 

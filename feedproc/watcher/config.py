@@ -1,0 +1,57 @@
+"""A watcher's settings (the `feedproc watch` options) and the tuning constants of its loops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.models import check_queue
+from ..core.policy import RetryPolicy
+
+PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
+TRACEBACK_KEPT = 4096  # characters of a processor's traceback kept in its delivery record (the end)
+FAILED_WRITES_FATAL = 3  # group commits in a row that could write nothing (not an outage): the watcher stops
+FAILED_POLLS_FATAL = 5  # poll cycles in a row failing with an error of ours (not an outage): likewise
+# A fetch appends to its partitions' in-flight records; every this many fetches of a partition its
+# record is rewritten whole from what is in flight here (answered deliveries drop out of it).
+COMPACT_AFTER = 32
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherConfig:
+    """Settings of one watcher (the `feedproc watch` options)."""
+
+    queue: str = "default"
+    concurrency: int = 10
+    capacity: int | None = None  # partitions leased at most; default 4 x concurrency (at least 8)
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    max_attempts: int = 5
+    retry_delay: float = 1.0
+    max_retry_delay: float = 600.0
+    shutdown_grace: float = 30.0
+    flush_batch: int = 500  # outcomes per group commit at most
+    retention: float | None = None  # delete partitions finished longer ago than this (seconds)
+    retention_every: float = 300.0
+    steals_per_cycle: int = 16  # partitions asked for per steal request at most (the fair-share deficit bounds it)
+    item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
+
+    def __post_init__(self) -> None:
+        check_queue(self.queue)
+        for name in ("concurrency", "max_attempts", "flush_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("lease_seconds", "poll_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.retry_delay < 0 or self.shutdown_grace < 0:
+            raise ValueError("retry_delay and shutdown_grace must be >= 0")
+        if self.item_timeout is not None and self.item_timeout <= 0:
+            raise ValueError("item_timeout must be positive")
+
+    @property
+    def max_partitions(self) -> int:
+        return self.capacity if self.capacity is not None else max(8, 4 * self.concurrency)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval)

@@ -1,0 +1,199 @@
+"""What every part of the watcher shares: its settings, its bookkeeping of leases and items in
+flight, its executors, and the few helpers all parts call (database calls, forgetting a partition,
+giving up)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+from tenacity import RetryCallState, wait_random_exponential
+
+from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
+from ..metrics import WatcherMetrics
+from ..processors import HTTPProcessor, ProcessorLike
+from ..store import Store
+from .config import WatcherConfig
+
+log = logging.getLogger("feedproc.watcher")
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryState:
+    """The one field of tenacity's RetryCallState that its wait strategies read."""
+
+    attempt_number: int
+
+
+class _Health:
+    """Tracks database outages: logs one when it starts and when it ends, not once per attempt."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.failures = 0  # consecutive failed calls, for the backoff
+
+    def failed(self, what: str, error: BaseException | None) -> None:
+        self.failures += 1
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning(
+                "database unavailable (%s): %s; retrying with backoff",
+                what,
+                error,
+                extra={"event": "database_unavailable", "error": str(error)},
+            )
+
+    def ok(self) -> None:
+        self.failures = 0
+        if self.down_since is not None:
+            log.warning(
+                "database reachable again after %.1fs",
+                time.monotonic() - self.down_since,
+                extra={"event": "database_available"},
+            )
+            self.down_since = None
+
+
+class WatcherState:
+    """The watcher's state; the parts (leases, fetching, delivery, writing) are mixins over it."""
+
+    def __init__(self, store: Store, processor: ProcessorLike, config: WatcherConfig | None = None) -> None:
+        self.store = store
+        self.processor = processor
+        self._owns_store = False  # True when connect() made the store
+        self.config = config or WatcherConfig()
+        self.policy = self.config.retry_policy
+        self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owned: dict[int, Lease] = {}
+        self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
+        self.busy: set[int] = set()  # items a worker is processing now
+        self.results: list[Outcome] = []
+        self.processed = 0
+        self.metrics = WatcherMetrics(self.config.queue)  # plain int counters, read by /metrics
+        self._buffer: asyncio.Queue[ReadyItem | None] = asyncio.Queue()  # None: a worker's stop signal
+        self._wake = asyncio.Event()
+        self._results_ready = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._health = _Health()
+        self._last_renewal = time.monotonic()
+        self._last_steal = -math.inf  # steals may be asked for at once
+        self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
+        self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
+        self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
+        self._settings_read_at = -math.inf
+        self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
+        self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
+        self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
+        self._closing = False  # stop() was called and the workers are done: flush what is left
+        self._maintain_now = True  # lease bookkeeping is due (a lease may be lost, start-up)
+        self._acquire_now = False  # work arrived or capacity freed: lease more now (no other bookkeeping)
+        self.fatal: str | None = None  # why the watcher gave up (its write path or a task died); None while well
+        self._uncharged: dict[int, Lease] = {}  # taken over with deliveries left unanswered, not yet charged
+        self._suspects: deque[ReadyItem] = deque()  # fetched items to deliver alone (see `_is_suspect`)
+        self._suspect_found = asyncio.Event()
+        self._isolating = False  # delivering a suspect alone: nothing else is fetched or started
+        self._failed_writes = 0  # group commits in a row that wrote nothing for reasons other than an outage
+        self._appended: Counter[int] = Counter()  # fetches appended to each partition's record since its rewrite
+        self._failed_polls = 0
+        self._handler = getattr(processor, "url", None) if isinstance(processor, HTTPProcessor) else None
+        # Three threads, three connections: the heartbeat never waits behind anything; flushes
+        # (writes) and polls (reads, leasing) overlap. That is safe: an item leaves `inflight` only
+        # after its outcome committed, and each fetch excludes what is in `inflight` when it starts,
+        # so a fetch either excludes an item or runs after its commit and no longer sees it ready.
+        self._db = ThreadPoolExecutor(1, thread_name_prefix="feedproc-poll")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="feedproc-flush")
+        self._hb = ThreadPoolExecutor(1, thread_name_prefix="feedproc-heartbeat")
+
+    def stop(self) -> None:
+        """Ask the watcher to stop: no new leases or items; in-flight items get `shutdown_grace`."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def heartbeat_age(self) -> float:
+        """Seconds since the leases were last renewed (or the watcher started)."""
+        return time.monotonic() - self._last_renewal
+
+    async def _db_call(self, executor: ThreadPoolExecutor, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+
+    def _outage_delay(self, cap: float) -> float:
+        """Exponential backoff with jitter while the database fails (tenacity's schedule)."""
+        wait = wait_random_exponential(multiplier=0.2, max=cap)
+        return float(wait(cast(RetryCallState, _RetryState(self._health.failures))))
+
+    def _die(self, reason: str, error: BaseException | None = None) -> None:
+        """Give up: record why (`fatal`, shown by /healthz), say so, stop; leases are released on the way out."""
+        if self.fatal is None:
+            self.fatal = reason
+            log.error(
+                "watcher cannot go on: %s; releasing its leases and stopping",
+                reason,
+                exc_info=error,
+                extra={"event": "fatal", "error": reason, "watcher": self.id},
+            )
+        self.stop()
+
+    async def _register(self, executor: ThreadPoolExecutor) -> None:
+        """Record this watcher (host, pid, queue, capacity) so others count it for fair shares."""
+        cfg = self.config
+        await self._db_call(
+            executor,
+            self.store.register_watcher,
+            self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queue=cfg.queue,
+            concurrency=cfg.concurrency,
+            capacity=cfg.max_partitions,
+            lease_seconds=cfg.lease_seconds,
+            slots=0,  # slots are only ever claimed under the queue's lock, by the fetch (`_fill_within_limit`)
+        )
+        self._slots_reported = 0
+        self._wake.set()  # a limited queue: claim what is still running at once
+
+    def _forget(self, pid: int) -> None:
+        """Stop holding partition `pid` (released, handed over or lost); drop its buffered items."""
+        self._valid_until.pop(pid, None)
+        self._appended.pop(pid, None)
+        lease = self.owned.pop(pid, None)
+        if lease is not None:
+            self._given_up[(pid, lease.epoch)] = None
+            while len(self._given_up) > 10_000:
+                self._given_up.pop(next(iter(self._given_up)))
+        self._drop_buffered(lambda item: item.partition_id == pid)
+
+    def _drop_buffered(self, which: Any) -> None:
+        """Forget buffered (never dispatched) items that match `which`."""
+        kept: list[ReadyItem | None] = []
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if item is not None and which(item):
+                self.inflight.pop(item.id, None)
+            else:
+                kept.append(item)
+        for item in kept:
+            self._buffer.put_nowait(item)
+
+    def _inflight_entries(self, which: Callable[[ReadyItem], bool]) -> dict[int, list[tuple[int, int]]]:
+        """Per partition, the (id, version) of this watcher's items in flight that match `which`."""
+        taken: dict[int, list[tuple[int, int]]] = {}
+        for item in self.inflight.values():
+            if which(item):
+                taken.setdefault(item.partition_id, []).append((item.id, item.version))
+        return taken

@@ -1,0 +1,252 @@
+"""Writing answers: group commits of finished deliveries, an answer that cannot be written isolated
+and replaced by a transient failure, then counters, logs and lease bookkeeping."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from .. import tracing
+from ..core.errors import DatabaseUnavailable, StaleWrite
+from ..core.policy import outcome_of
+from ..core.records import Applied, Kind, Outcome
+from ..redact import redact_url
+from .config import FAILED_WRITES_FATAL
+from .state import WatcherState
+
+log = logging.getLogger("feedproc.watcher")
+
+
+class Writing(WatcherState):
+    """The flush loop and what follows a group commit."""
+
+    async def _flush_loop(self) -> None:
+        """Write answers as they come; after stop(), until none is left."""
+        while True:
+            await self._results_ready.wait()
+            self._results_ready.clear()
+            await self._flush_all(final=self._closing)
+            self._wake.set()
+            if self._closing and not self.results:
+                return
+
+    async def _flush_all(self, *, final: bool = False) -> None:
+        while self.results:
+            batch = self.results[: self.config.flush_batch]
+            await self._flush(batch, final=final)
+            del self.results[: len(batch)]  # only now: a batch interrupted mid-write stays queued
+
+    async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
+        try:
+            applied = await self._apply(batch, final=final)
+        except (StaleWrite, DatabaseUnavailable) as error:
+            log.error(
+                "dropped a batch of %d results: %s; the items will be delivered again",
+                len(batch),
+                error,
+                extra={"event": "write_dropped", "count": len(batch), "error": str(error), "watcher": self.id},
+            )
+            self._settled(batch)
+            return
+        except Exception as error:  # some answer in the batch cannot be written: find it, write the rest
+            log.error(
+                "could not write a batch of %d answers (%s: %s); writing them one part at a time",
+                len(batch),
+                type(error).__name__,
+                error,
+                exc_info=error,
+                extra={"event": "write_failed", "count": len(batch), "error": str(error), "watcher": self.id},
+            )
+            applied = await self._apply_in_parts(batch, final=final)
+            if applied.written:
+                self._failed_writes = 0
+            else:
+                self._failed_writes += 1
+                if self._failed_writes >= FAILED_WRITES_FATAL:
+                    self._die(f"{self._failed_writes} group commits in a row wrote nothing: {error}", error)
+        else:
+            self._failed_writes = 0
+        self._health.ok()
+        self._settled(batch)
+        self._account(batch, applied)
+
+    async def _apply(self, batch: list[Outcome], *, final: bool) -> Applied:
+        """One group commit, retried with backoff while the database is unavailable."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(DatabaseUnavailable),
+            wait=wait_exponential(multiplier=0.1, max=5.0),
+            # Past a lease length another watcher may own the partitions; the fence would refuse.
+            stop=stop_after_delay(self.config.shutdown_grace if final else self.config.lease_seconds),
+            before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr]
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt, tracing.group_commit(len(batch)):
+                applied: Applied = await self._db_call(
+                    self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
+                )
+        return applied
+
+    async def _apply_in_parts(self, batch: list[Outcome], *, final: bool) -> Applied:
+        """Write a batch that failed as a whole: halves, then quarters... An outcome that cannot be
+        written alone is replaced by a transient failure of its item that says why (no data, no
+        children); if even that cannot be written, the item's partition is let go."""
+        total = Applied()
+        parts = [batch]
+        while parts:
+            part = parts.pop()
+            try:
+                _merge(total, await self._apply(part, final=final))
+                continue
+            except (StaleWrite, DatabaseUnavailable):
+                continue  # dropped: delivered again
+            except Exception as error:
+                if len(part) > 1:
+                    middle = len(part) // 2
+                    parts += [part[middle:], part[:middle]]
+                    continue
+                failure = error
+            outcome = part[0]
+            replacement = self._unwritable(outcome, failure)
+            try:
+                if replacement is None:
+                    raise failure
+                _merge(total, await self._apply([replacement], final=final))
+                log.warning(
+                    "the answer for item %s could not be written (%s: %s); its delivery counts as failed",
+                    outcome.item_id,
+                    type(failure).__name__,
+                    failure,
+                    extra={
+                        "event": "answer_unwritable",
+                        "item": outcome.item_id,
+                        "gate": outcome.gate,
+                        "error": str(failure),
+                        "watcher": self.id,
+                    },
+                )
+            except Exception as error:
+                lease = self.owned.get(outcome.partition_id)
+                key = lease.key if lease else outcome.partition_id
+                log.error(
+                    "nothing can be written for item %s of partition %s (%s: %s); letting the partition go",
+                    outcome.item_id,
+                    key,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                    extra={
+                        "event": "partition_unwritable",
+                        "key": str(key),
+                        "item": outcome.item_id,
+                        "error": str(error),
+                        "watcher": self.id,
+                    },
+                )
+                if lease is not None:
+                    self._forget(outcome.partition_id)
+                    with contextlib.suppress(Exception):
+                        await self._db_call(self._writer, self.store.release, self.id, [lease], kind="released")
+        return total
+
+    def _unwritable(self, outcome: Outcome, error: BaseException) -> Outcome | None:
+        """A transient failure of the outcome's item saying its answer could not be written."""
+        ready = self.inflight.get(outcome.item_id)
+        if ready is None:
+            return None
+        cause = RuntimeError(f"the answer could not be written: {type(error).__name__}: {error}")
+        replacement = outcome_of(ready, self.policy, error=cause)
+        replacement.n, replacement.attempt = outcome.n, outcome.attempt
+        replacement.started_us, replacement.duration_us = outcome.started_us, outcome.duration_us
+        return replacement
+
+    def _settled(self, batch: list[Outcome]) -> None:
+        """The batch's outcomes are written or given up: their items are no longer in flight here."""
+        for outcome in batch:
+            self.inflight.pop(outcome.item_id, None)
+            self._answered.discard(outcome.item_id)
+
+    def _account(self, batch: list[Outcome], applied: Applied) -> None:
+        """Counters, logs and lease bookkeeping after a group commit."""
+        self.processed += len(applied.written)
+        counts = self.metrics.outcomes
+        for outcome in batch:
+            if outcome.partition_id in applied.lost:
+                continue
+            counts[outcome.kind] += 1
+            if outcome.kind in (Kind.RETRY, Kind.FAIL):
+                self._log_failure(outcome)
+        self.metrics.gate_advances += applied.advanced
+        for pid, from_gate, to_gate in applied.advances:
+            lease = self.owned.get(pid)
+            key = lease.key if lease else str(pid)
+            log.info(
+                "partition %s advanced from gate %s to gate %s",
+                key,
+                from_gate,
+                to_gate,
+                extra={"event": "gate_advanced", "key": key, "gate": to_gate, "watcher": self.id},
+            )
+        if applied.lost or applied.released:
+            self._acquire_now = True  # capacity freed: lease more at once
+        for pid in applied.lost:
+            lease = self.owned.get(pid)
+            stale_epochs = {o.epoch for o in batch if o.partition_id == pid}
+            if lease is not None and lease.epoch in stale_epochs:  # not a lease we took again since
+                log.warning(
+                    "lost the lease on partition %s; its late results were discarded",
+                    lease.key,
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                )
+                self._forget(pid)
+        for pid in applied.released:
+            lease = self.owned.get(pid)
+            if lease is not None:
+                how = applied.moves.get(pid, "idle")
+                event = {"complete": "partition_completed", "fail": "partition_failed"}.get(how, "released")
+                text = {"complete": "completed", "fail": "failed"}.get(how, "released (nothing due)")
+                log.info(
+                    "partition %s %s",
+                    lease.key,
+                    text,
+                    extra={"event": event, "key": lease.key, "watcher": self.id},
+                )
+            self._forget(pid)
+
+    def _log_failure(self, outcome: Outcome) -> None:
+        """One WARNING per retried or failed delivery (rate-limited by the log handler when repetitive)."""
+        lease = self.owned.get(outcome.partition_id)
+        key = lease.key if lease is not None else None
+        retry = outcome.kind == Kind.RETRY
+        handler = redact_url(self._handler) if self._handler else None
+        log.warning(
+            "item %s of partition %s at gate %s, attempt %s %s: %s%s",
+            outcome.item_id,
+            key,
+            outcome.gate,
+            outcome.attempt or outcome.attempts,
+            f"failed, retrying in {outcome.delay:.3g}s" if retry else "failed for good",
+            outcome.error,
+            f" (handler {handler})" if handler else "",
+            extra={
+                "event": "item_retried" if retry else "item_failed",
+                "key": key,
+                "gate": outcome.gate,
+                "item": outcome.item_id,
+                "attempt": outcome.attempt or outcome.attempts,
+                "error": outcome.error,
+                "watcher": self.id,
+                "handler": handler,
+            },
+        )
+
+
+def _merge(total: Applied, applied: Applied) -> None:
+    total.written += applied.written
+    total.lost |= applied.lost
+    total.released |= applied.released
+    total.advanced += applied.advanced
+    total.advances += applied.advances
+    total.moves.update(applied.moves)
