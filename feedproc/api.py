@@ -23,14 +23,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._version import __version__
-from .core.errors import DatabaseUnavailable, FeedprocError, InvalidInput, NotFound, Refused, SchemaMissing
+from .core.errors import FeedprocError, InvalidInput
 from .core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row
 from .feed import Feed
 from .health import serve_health
@@ -349,13 +349,13 @@ def create_app(feed: Feed, *, token: str | None = None, max_body: int = DEFAULT_
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    def metrics() -> PlainTextResponse:
+    def metrics() -> Response:
         """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
         try:
             text = render_gauges(feed.gauges())
         except FeedprocError as error:
             text = render_down(str(error))
-        return PlainTextResponse(text, media_type=CONTENT_TYPE)
+        return Response(text, media_type=CONTENT_TYPE)
 
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(FeedprocError, _feedproc_error)  # type: ignore[arg-type]
@@ -391,19 +391,8 @@ async def _api_error(request: Request, error: ApiError) -> JSONResponse:
     return _error(error.status, str(error), error.headers)
 
 
-def _status_of(error: FeedprocError) -> int:
-    return error.http_status
-    if isinstance(error, NotFound):
-        return 404
-    if isinstance(error, Refused):  # DuplicateKey included
-        return 409
-    if isinstance(error, SchemaMissing | DatabaseUnavailable):
-        return 503
-    return 400
-
-
 async def _feedproc_error(request: Request, error: FeedprocError) -> JSONResponse:
-    return _error(_status_of(error), str(error))
+    return _error(error.http_status, str(error))
 
 
 async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

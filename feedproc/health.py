@@ -14,29 +14,31 @@ Each probe answers 200 `{"status": "ok", ...}` when its checks pass, else 503 wi
   before `/livez` and `/readyz` existed. `feedproc serve` checks the database only.
 
 Checks run concurrently, each within `CHECK_TIMEOUT`; reasons never show credentials. The server
-runs in a thread of its own, so a probe never touches the watcher's event loop.
+(uvicorn) runs in a thread of its own, so a probe never touches the watcher's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .core.errors import FeedprocError
 from .logs import redact
 from .metrics import CONTENT_TYPE
 
 CHECK_TIMEOUT = 3.0  # seconds one check may take before it counts as failed
-MAX_CONNECTIONS = 8  # monitor connections handled at once; more are answered 503 and closed
+MAX_CONNECTIONS = 8  # monitor connections open at once; a request beyond is answered 503
 CONNECTION_TIMEOUT = 5.0  # seconds a monitor connection may take to send its request
 Route = Callable[[], tuple[int, str, bytes]]  # -> (status, content type, body)
 Check = tuple[Callable[[], Any], str]  # (a call that raises when the check fails, what it checks)
@@ -164,101 +166,90 @@ class WatcherProbe:
         return self._answer([*_run_checks(checks), self._fatal()])
 
     def metrics(self) -> tuple[int, str, bytes]:
+        """The watcher's registry, plus its queue's backlog read from the database now."""
         w = self.watcher
-        backlog: int | None = None
-        try:
-            backlog = w.store.queue_gauges(w.config.queue)["backlog"].get((w.config.queue,), 0)
-        except Exception:  # the database is away: the process counters are still worth serving
-            backlog = None
-        text = w.metrics.render(leases_held=len(w.owned), backlog=backlog)
-        return 200, CONTENT_TYPE, text.encode()
 
-
-class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most `MAX_CONNECTIONS` at once; beyond, a 503 and close at once
-    (probes and scrapes are few: many connections at once are a misconfiguration or an attack)."""
-
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        def backlog() -> int | None:
             try:
-                # Read the request if it comes at once: a socket closed with unread data sends a
-                # reset, and the client would not see the 503.
-                request.settimeout(0.05)
-                request.recv(65536)
-                request.settimeout(1.0)
-                request.sendall(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
+                return int(w.store.queue_gauges(w.config.queue)["backlog"].get((w.config.queue,), 0))
+            except Exception:  # the database is away: the process's own metrics are still worth serving
+                return None
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+        return 200, CONTENT_TYPE, w.metrics.render(backlog=backlog)
 
 
-_BUSY_BODY = b'{"status": "unavailable", "reasons": ["too many monitor connections"]}'
-_BUSY = (
-    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
-    + _BUSY_BODY
-)
+class _IdleTimeoutProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, also closing a connection that sends no request within the
+    keep-alive timeout (uvicorn starts that timer only after a first response)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
 
 class MonitorServer:
-    """A small threaded HTTP server for GET routes (`/healthz`, `/livez`, `/readyz`, `/metrics`).
+    """GET routes (`/healthz`, `/livez`, `/readyz`, `/metrics`) served by uvicorn on a thread and
+    event loop of its own, so a probe never touches the watcher's loop.
 
-    Each connection gets `CONNECTION_TIMEOUT` seconds to send its request (no thread is held by an
-    idle client), and at most `MAX_CONNECTIONS` are served at once."""
+    Bounded: at most `MAX_CONNECTIONS` connections at once (beyond, uvicorn answers 503); a connection
+    that sends no request within `CONNECTION_TIMEOUT` seconds, or stays idle that long between two, is
+    closed. An idle connection holds a socket, not a thread. Routes are blocking calls: each runs on
+    the loop's default executor."""
 
     def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
+        import uvicorn
+
         self.routes = routes
-        server = self
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        self._socket = socket.create_server((host, port), family=family)
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            self._app,
+            http=_IdleTimeoutProtocol,
+            interface="asgi3",
+            proxy_headers=False,
+            lifespan="off",
+            access_log=False,
+            log_config=None,  # uvicorn's loggers propagate to feedproc's root handler
+            limit_concurrency=MAX_CONNECTIONS,
+            timeout_keep_alive=CONNECTION_TIMEOUT,  # type: ignore[arg-type]  # a float works (call_later)
+        )
+        self._server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="feedproc-monitor", daemon=True
+        )
 
-        class _Request(BaseHTTPRequestHandler):
-            timeout = CONNECTION_TIMEOUT
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                route = server.routes.get(self.path.split("?", 1)[0])
-                if route is None:
-                    status, kind, body = 404, "application/json", b'{"error": "not found"}'
-                else:
-                    try:
-                        status, kind, body = route()
-                    except Exception as error:  # never let a probe take the thread down
-                        status, kind = 503, "application/json"
-                        body = json.dumps({"status": "unavailable", "reasons": [redact(str(error))]}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = _BoundedServer((host, port), _Request)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="feedproc-monitor", daemon=True)
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        route = self.routes.get(scope["path"])
+        if scope["method"] not in ("GET", "HEAD"):
+            status, kind, body = 405, "application/json", b'{"error": "only GET"}'
+        elif route is None:
+            status, kind, body = 404, "application/json", b'{"error": "not found"}'
+        else:
+            try:
+                status, kind, body = await asyncio.get_running_loop().run_in_executor(None, route)
+            except Exception as error:  # never let a probe take the server down
+                status, kind = 503, "application/json"
+                body = json.dumps({"status": "unavailable", "reasons": [redact(str(error))]}).encode()
+        headers = [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
     def start(self) -> MonitorServer:
+        """Serve from now on (returns once uvicorn has started, within 10 s)."""
         self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            self.close()
+            raise OSError("the monitor server did not start")
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        self._socket.close()

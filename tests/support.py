@@ -328,3 +328,19 @@ def work_off(store, key, kind=Kind.DONE, watcher=A):
     assert ready, f"nothing ready in {key}"
     make = fail if kind == Kind.FAIL else (lambda r: answer(r, kind))
     return store.apply(watcher, [make(r) for r in ready])
+
+
+def metric_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A Prometheus exposition, parsed by prometheus-client: {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a Prometheus exposition, or None when it is absent."""
+    return metric_samples(text).get((name, frozenset(labels.items())))

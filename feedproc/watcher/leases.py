@@ -119,7 +119,7 @@ class Leasing(WatcherState):
                 log.info(
                     "received partition %s", lease.key, extra={"event": "stolen", "key": lease.key, "watcher": self.id}
                 )
-                self.metrics.stolen += 1
+                self.metrics.stolen.inc()
             self.owned[pid] = lease
             if lease.wanted_by:
                 self._drop_buffered(lambda item, pid=pid: item.partition_id == pid)
@@ -221,7 +221,7 @@ class Leasing(WatcherState):
                 )
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
-                    self.metrics.steal_requests += marked
+                    self.metrics.steal_requests.inc(marked)
 
     async def _charge_lost(self) -> None:
         """Charge the deliveries that partitions taken over had unanswered, before fetching from them
@@ -268,5 +268,5 @@ class Leasing(WatcherState):
                         thief,
                         extra={"event": "handed_over", "key": lease.key, "watcher": self.id},
                     )
-                    self.metrics.handed_over += 1
+                    self.metrics.handed_over.inc()
                     self._forget(pid)

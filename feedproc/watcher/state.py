@@ -79,7 +79,8 @@ class WatcherState:
         self.busy: set[int] = set()  # items a worker is processing now
         self.results: list[Outcome] = []
         self.processed = 0
-        self.metrics = WatcherMetrics(self.config.queue)  # plain int counters, read by /metrics
+        # prometheus-client metrics in a registry of this watcher's own, served by /metrics
+        self.metrics = WatcherMetrics(self.config.queue, leases_held=lambda: len(self.owned))
         self._buffer: asyncio.Queue[ReadyItem | None] = asyncio.Queue()  # None: a worker's stop signal
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()

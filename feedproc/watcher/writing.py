@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -171,14 +172,15 @@ class Writing(WatcherState):
     def _account(self, batch: list[Outcome], applied: Applied) -> None:
         """Counters, logs and lease bookkeeping after a group commit."""
         self.processed += len(applied.written)
-        counts = self.metrics.outcomes
+        counts: Counter[str] = Counter()
         for outcome in batch:
             if outcome.partition_id in applied.lost:
                 continue
             counts[outcome.kind] += 1
             if outcome.kind in (Kind.RETRY, Kind.FAIL):
                 self._log_failure(outcome)
-        self.metrics.gate_advances += applied.advanced
+        self.metrics.written(counts)
+        self.metrics.gate_advances.inc(applied.advanced)
         for pid, from_gate, to_gate in applied.advances:
             lease = self.owned.get(pid)
             key = lease.key if lease else str(pid)

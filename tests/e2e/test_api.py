@@ -16,7 +16,7 @@ from feedproc import Feed
 from feedproc.core.records import Kind
 
 from ..api_support import AUTH, TOKEN, ApiServer, ServeProcess
-from ..support import db_state, register, run_cli, work_off
+from ..support import db_state, metric, register, run_cli, work_off
 
 # Requests rejected before any database access (schema, auth, size) behave the same on every database:
 # those tests run on SQLite only, to keep the suite fast.
@@ -392,8 +392,8 @@ def test_metrics_show_backlog_and_partitions_by_queue(api: ApiServer) -> None:
     create(api, "p", [{"gate": 0}, {"gate": 0}], queue="ocr")
     response = api.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    assert 'feedproc_backlog_items{queue="ocr"} 2' in response.text
-    assert 'feedproc_partitions{queue="ocr",status="available"} 1' in response.text
+    assert metric(response.text, "feedproc_backlog_items", queue="ocr") == 2
+    assert metric(response.text, "feedproc_partitions", queue="ocr", status="available") == 1
 
 
 # ---------------------------------------------------------------- the `feedproc serve` command

@@ -17,7 +17,7 @@ from feedproc import DatabaseUnavailable, Feed, health
 from feedproc.health import MonitorServer, WatcherProbe
 
 from ..api_support import free_port
-from ..support import HandlerService, WatcherProcesses, wait_until
+from ..support import HandlerService, WatcherProcesses, metric, metric_samples, wait_until
 
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "5", "--retry-delay", "0.05", "--monitor-host", "127.0.0.1")
 pytestmark = pytest.mark.slow
@@ -33,13 +33,16 @@ def get(port: int, path: str) -> httpx.Response | None:
         return None
 
 
-def scrape(port: int, *expected: str) -> str:
-    """Scrape /metrics until every `expected` line is in it."""
+def scrape(port: int, **expected: float) -> str:
+    """Scrape /metrics until each `expected` sample (`name` or `name__label_value`, the queue being
+    "default") has its value."""
 
     def ready() -> str | None:
         response = get(port, "/metrics")
         text = response.text if response is not None else ""
-        return text if all(line in text.splitlines() for line in expected) else None
+        found = metric_samples(text) if response is not None else {}
+        wanted = {(name, frozenset({"queue": "default"}.items())): value for name, value in expected.items()}
+        return text if all(found.get(key) == value for key, value in wanted.items()) else None
 
     return wait_until(ready, timeout=60, every=0.2, what=f"metrics {expected}")
 
@@ -73,13 +76,10 @@ def test_metrics_count_completed_items_gate_advances_and_latency(
     watchers.start("--handler", handler.url, *FAST, "--metrics-port", str(port))
     wait_until(lambda: feed.status("p")["status"] == "complete", timeout=60, what="p to complete")
     text = scrape(
-        port,
-        'feedproc_items_completed_total{queue="default"} 3',
-        'feedproc_gate_advances_total{queue="default"} 1',
-        'feedproc_processing_seconds_count{queue="default"} 3',
+        port, feedproc_items_completed_total=3, feedproc_gate_advances_total=1, feedproc_processing_seconds_count=3
     )
-    assert 'feedproc_processing_seconds_bucket{queue="default",le="+Inf"} 3' in text
-    assert 'feedproc_backlog_items{queue="default"} 0' in text
+    assert metric(text, "feedproc_processing_seconds_bucket", queue="default", le="+Inf") == 3
+    assert metric(text, "feedproc_backlog_items", queue="default") == 0
     assert "# TYPE feedproc_leases_held gauge" in text
 
 
@@ -90,12 +90,7 @@ def test_metrics_count_retries_and_failures(feed: Feed, watchers: WatcherProcess
     port = free_port()
     watchers.start("--handler", handler.url, *FAST, "--max-attempts", "2", "--metrics-port", str(port))
     wait_until(lambda: feed.status("p")["status"] == "failed", timeout=60, what="p to fail")
-    scrape(
-        port,
-        'feedproc_items_retried_total{queue="default"} 1',
-        'feedproc_items_failed_total{queue="default"} 1',
-        'feedproc_items_processed_total{queue="default"} 2',
-    )
+    scrape(port, feedproc_items_retried_total=1, feedproc_items_failed_total=1, feedproc_items_processed_total=2)
 
 
 @dialect_independent
@@ -103,7 +98,7 @@ def test_health_and_metrics_can_share_one_port(watchers: WatcherProcesses, handl
     port = free_port()
     watchers.start("--handler", handler.url, *FAST, "--health-port", str(port), "--metrics-port", str(port))
     assert wait_until(lambda: get(port, "/healthz"), timeout=60, what="/healthz").status_code == 200
-    scrape(port, 'feedproc_leases_held{queue="default"} 0')
+    scrape(port, feedproc_leases_held=0)
 
 
 @dialect_independent
@@ -255,18 +250,17 @@ def test_probe_checks_run_at_once_within_one_deadline(monkeypatch: pytest.Monkey
 
 
 def test_the_monitor_server_bounds_its_connections() -> None:
-    """Idle clients hold at most MAX_CONNECTIONS threads; beyond, connections get a 503 at once."""
+    """At most MAX_CONNECTIONS connections at once: a request beyond them is answered 503 at once."""
     server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
     idle: list[socket.socket] = []
     try:
         assert get(server.port, "/livez").status_code == 200  # type: ignore[union-attr]
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(health.MAX_CONNECTIONS)]
-        busy = wait_until(
+        wait_until(
             lambda: (r := get(server.port, "/livez")) is not None and r.status_code == 503 and r,
             timeout=10,
             what="a connection beyond the bound to be answered 503",
         )
-        assert busy.json()["reasons"] == ["too many monitor connections"]
         for connection in idle:
             connection.close()
         idle = []
