@@ -334,11 +334,13 @@ class Leasing(LostDeliveries, Queues):
         kind: str = "yielded",
         abandoned: dict[int, list[tuple[int, int]]] | None = None,
         max_attempts: int = 5,
+        reason: str = "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace",
     ) -> int:
         """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry.
 
-        `abandoned`: per partition, the (item id, version) of deliveries still running that the
-        watcher gives up on; each is charged as a lost delivery now."""
+        `abandoned`: per partition, the (item id, version) of deliveries the watcher gives up on
+        (still running, or answered but unwritable); each is charged now as a lost delivery, with
+        `reason` (formatted with `watcher` and `attempt`) as its error."""
         if not leases:
             return 0
         with self.write() as conn:
@@ -354,9 +356,6 @@ class Leasing(LostDeliveries, Queues):
                 return 0
             for pid in ids:
                 if abandoned and abandoned.get(pid):
-                    reason = (
-                        "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace"
-                    )
                     self._charge(conn, pid, watcher_id, encode_inflight(abandoned[pid]), max_attempts, reason)
             conn.execute(delete(inflight).where(F.partition_id.in_(ids)))
             self._touch(conn, ids, P.lease_owner == watcher_id, **NO_LEASE)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
+from functools import partial
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from .. import tracing
 from ..core.errors import DatabaseUnavailable, StaleWrite
 from ..core.policy import outcome_of
-from ..core.records import Applied, Kind, Outcome
+from ..core.records import Applied, Kind, Outcome, ReadyItem
 from ..redact import redact_url
 from .config import FAILED_WRITES_FATAL
 from .state import WatcherState
@@ -93,7 +94,9 @@ class Writing(WatcherState):
     async def _apply_in_parts(self, batch: list[Outcome], *, final: bool) -> Applied:
         """Write a batch that failed as a whole: halves, then quarters... An outcome that cannot be
         written alone is replaced by a transient failure of its item that says why (no data, no
-        children); if even that cannot be written, the item's partition is let go."""
+        children); if even that cannot be written, the item's partition is let go, its deliveries in
+        flight charged as failed attempts (a partition that can never be written fails after
+        `max_attempts` instead of going round watchers forever)."""
         total = Applied()
         parts = [batch]
         while parts:
@@ -147,9 +150,21 @@ class Writing(WatcherState):
                     },
                 )
                 if lease is not None:
-                    self._forget(outcome.partition_id)
+                    pid = outcome.partition_id
+                    charged = self._inflight_entries(partial(_delivered_of, pid, self._answered | self.busy))
+                    self._forget(pid)
                     with contextlib.suppress(Exception):
-                        await self._db_call(self._writer, self.store.release, self.id, [lease], kind="released")
+                        await self._db_call(
+                            self._writer,
+                            self.store.release,
+                            self.id,
+                            [lease],
+                            kind="released",
+                            abandoned=charged,
+                            max_attempts=self.config.max_attempts,
+                            reason="watcher {watcher} could not write the answer of delivery {attempt}: "
+                            + f"{type(error).__name__}: {error}".replace("{", "{{").replace("}", "}}"),
+                        )
         return total
 
     def _unwritable(self, outcome: Outcome, error: BaseException) -> Outcome | None:
@@ -243,6 +258,11 @@ class Writing(WatcherState):
                 "handler": handler,
             },
         )
+
+
+def _delivered_of(pid: int, delivered: set[int], item: ReadyItem) -> bool:
+    """An item of partition `pid` among `delivered` (not a buffered one: those were never delivered)."""
+    return item.partition_id == pid and item.id in delivered
 
 
 def _merge(total: Applied, applied: Applied) -> None:
