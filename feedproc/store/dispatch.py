@@ -22,35 +22,52 @@ from .queues import Queues
 
 InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version) still in flight
 
-# The ready items of a watcher's partitions, in dispatch order, in one statement: for each leased
-# partition LATERAL walks feedproc_items_by_gate in due order (ids only: an index-only scan,
-# stopped at `limit`); the best `limit` overall are then joined back to their rows for the data.
+# The ready items of a watcher's partitions, in dispatch order, in one statement that walks the
+# leased partitions in order (priority, then age) and stops once it has `limit` items, as SQLite's
+# twin does: the recursive `walk` takes from each partition, in due order on feedproc_items_by_gate
+# (ids only: an index-only scan), what is still wanted, and the items are joined back to their rows
+# for the data. The previous form (LATERAL per partition, each up to `limit`, then a sort) read
+# partitions x limit index entries to keep `limit` of them: 4,000 for 200 items with 20 partitions
+# leased, 6.2 ms per fetch against 0.6-1.3 ms now (EXPLAIN ANALYZE, with and without statistics),
+# and dispatch order makes the first partitions' items the ones kept anyway. `OFFSET 0` keeps the
+# per-partition subquery from being inlined (it would run twice: once per use of its result).
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
 # with a few hundred in flight). Its columns are ReadyItem's fields, in order.
 PG_FETCH_READY = DriverStatement(
     """
-    SELECT i.id, i.version, best.pid, best.key, best.queue, best.lease_epoch, i.gate, i.attempts, i.data, best.weight,
-           i.deliveries, i.lost
-    FROM (
-        SELECT ready.id, ready.next_attempt_at, p.id AS pid, p.key, p.queue, p.lease_epoch, p.priority, p.created_at,
-               p.weight
+    WITH RECURSIVE leased AS MATERIALIZED (
+        SELECT p.id, p.key, p.queue, p.lease_epoch, p.weight, p.gate,
+               row_number() OVER (ORDER BY p.priority DESC, p.created_at, p.id) AS n
         FROM feedproc_partitions AS p
-        CROSS JOIN LATERAL (
-            SELECT c.id, c.next_attempt_at
-            FROM feedproc_items AS c
-            WHERE c.partition_id = p.id AND c.gate = p.gate AND c.status = 'available'
-              AND c.next_attempt_at <= now()
-              AND c.id NOT IN (SELECT unnest(CAST(:excluded AS bigint[])))
-            ORDER BY c.next_attempt_at, c.id
-            LIMIT :limit) AS ready
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
           AND p.id NOT IN (SELECT unnest(CAST(:closed AS bigint[])))
-        ORDER BY p.priority DESC, p.created_at, p.id, ready.next_attempt_at, ready.id
-        LIMIT :limit) AS best
-    JOIN feedproc_items AS i ON i.id = best.id
-    ORDER BY best.priority DESC, best.created_at, best.pid, best.next_attempt_at, best.id
+    ), walk (n, taken, ids) AS (
+        SELECT CAST(0 AS bigint), 0, CAST('{}' AS bigint[])
+        UNION ALL
+        SELECT l.n, w.taken + cardinality(x.ids), x.ids
+        FROM walk AS w
+        JOIN leased AS l ON l.n = w.n + 1
+        CROSS JOIN LATERAL (
+            SELECT ARRAY(
+                SELECT c.id
+                FROM feedproc_items AS c
+                WHERE c.partition_id = l.id AND c.gate = l.gate AND c.status = 'available'
+                  AND c.next_attempt_at <= now()
+                  AND c.id NOT IN (SELECT unnest(CAST(:excluded AS bigint[])))
+                ORDER BY c.next_attempt_at, c.id
+                LIMIT :limit - w.taken)
+            OFFSET 0) AS x(ids)
+        WHERE w.taken < :limit
+    )
+    SELECT i.id, i.version, l.id, l.key, l.queue, l.lease_epoch, i.gate, i.attempts, i.data, l.weight,
+           i.deliveries, i.lost
+    FROM walk AS w
+    CROSS JOIN LATERAL unnest(w.ids) WITH ORDINALITY AS t(id, ord)
+    JOIN leased AS l ON l.n = w.n
+    JOIN feedproc_items AS i ON i.id = t.id
+    ORDER BY w.n, t.ord
     """
 )
 

@@ -1,6 +1,7 @@
 """The Store directly, on SQLite and PostgreSQL: producer operations, the gate rules as the database
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
+import re
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -513,7 +514,7 @@ def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store)
         (item,) = store.fetch_ready(A, 10)
         fetched = list(seen)
     assert leased == [(True, "WITH")]
-    assert fetched == [(True, "SELECT"), (True, "INSERT")]
+    assert fetched == [(True, "WITH"), (True, "INSERT")]
     assert item.epoch == lease.epoch
 
 
@@ -556,6 +557,23 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
     assert "feedproc_items_by_gate" in plan, plan
     assert "Sort Key: c.next_attempt_at" not in plan, plan
     assert len(store.fetch_ready(A, 50)) == 50
+
+
+@pytest.mark.postgres_only
+def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_are_leased(store):
+    """Dispatch order takes the first partitions' items: reading `limit` entries from each of the
+    leased partitions and sorting them (partitions x limit per fetch) is work thrown away."""
+    register(store, A)
+    for n in range(10):
+        store.add_partition(f"p{n}", [(0, b"x")] * 100)
+    store.acquire(A, "default", 10, 30)
+    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}"}
+    with store.read() as conn:
+        plan = [row[0] for row in conn.execute(text("EXPLAIN ANALYZE " + PG_FETCH_READY.clause.text), params)]
+    scans = [line for line in plan if "Index Only Scan using feedproc_items_by_gate" in line]
+    read = sum(int(rows) * int(loops) for rows, loops in (re.findall(r"rows=(\d+) loops=(\d+)", x)[-1] for x in scans))
+    assert scans and read <= 50, "\n".join(plan)
+    assert [item.partition for item in store.fetch_ready(A, 50)] == ["p0"] * 50
 
 
 def test_release_records_yielded_and_frees_the_partition(store):
