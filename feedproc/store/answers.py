@@ -60,7 +60,9 @@ def _lock_held_sqlite(conn: Connection, pids: list[int], watcher_id: str) -> dic
 
 # The common answer, "done" without new data, on PostgreSQL: four arrays instead of twelve, all
 # bound as text literals (pg_bigint_array): the start time and duration in microseconds, because
-# formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy).
+# formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy). They are
+# turned into a time by interval arithmetic, exact to the microsecond, not `to_timestamp(x / 1e6)`:
+# that divides in numeric (0.57 against 0.26 s per million rows, with the duration's division).
 # `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
 # (SQLite writes it with the general update below.)
 _PG_COMPLETE_ITEMS = DriverStatement(
@@ -72,8 +74,8 @@ _PG_COMPLETE_ITEMS = DriverStatement(
         progress = NULL,
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = to_timestamp(v.started / 1e6),
-        duration = v.duration / 1e6,
+        started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
+        duration = v.duration * CAST(1e-6 AS double precision),
         delivered_by = :watcher,
         version = i.version + 1,
         updated_at = now()
@@ -114,8 +116,8 @@ _PG_UPDATE_ITEMS = text(
         progress = v.progress,  -- kept only by a 'not yet' answer that carries it
         deliveries = i.deliveries + 1,
         lost = 0,
-        started_at = to_timestamp(v.started / 1e6),
-        duration = v.duration / 1e6,
+        started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
+        duration = v.duration * CAST(1e-6 AS double precision),
         delivered_by = :watcher,
         version = i.version + 1,
         updated_at = now()
