@@ -28,13 +28,12 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import Engine, select
 
 from feedproc import HTTPProcessor, Item, Response
@@ -128,15 +127,8 @@ class StampedHTTP(HTTPProcessor):
         watcher = {WATCHER_HEADER: os.environ.get("FEEDPROC_FAULTS_WATCHER", "?")}
         super().__init__(os.environ["FEEDPROC_FAULTS_HANDLER"], headers=watcher, max_connections=10)
 
-    async def start(self) -> None:
-        await super().start()
-
-        async def stamp(request: httpx.Request) -> None:
-            request.headers[DISPATCHED_HEADER] = f"{_dispatched.get():.6f}"
-
-        assert self._clients, "HTTPProcessor.start() made no clients"
-        for client in self._clients:  # requests are spread over several clients
-            client.event_hooks["request"] = [stamp]
+    def request_headers(self) -> Mapping[str, str]:
+        return {**super().request_headers(), DISPATCHED_HEADER: f"{_dispatched.get():.6f}"}
 
     async def process(self, item: Item) -> Response:
         _dispatched.set(time.time())  # each worker is its own task: its own context

@@ -116,6 +116,22 @@ def to_markdown(report: dict[str, Any]) -> str:
                     )
                     + " |"
                 )
+    ceilings = [r for r in report["runs"] if r.get("ceiling") and (r.get("drain") or {}).get("rate")]
+    if ceilings:
+        lines += [
+            "",
+            "HTTP client ceiling: the same client (aiohttp) in a bare loop, one process, same handler, body and "
+            "concurrency per process; feedproc ÷ ceiling is how much of the client's speed feedproc keeps:",
+            "",
+            "| db | workload | watchers | feedproc drain items/s | client ceiling requests/s | feedproc ÷ ceiling |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+        ]
+        for run in ceilings:
+            rate, ceiling = run["drain"]["rate"], run["ceiling"]["rate"]
+            lines.append(
+                f"| {run['db']} | {run['workload']} | {run['watchers']} | {_num(rate)} | {_num(ceiling)} "
+                f"| {rate / ceiling:.0%} |"
+            )
     lines += ["", *LEGEND]
     problems = [
         f"- {r['system']} {r['db']} {r['workload']} x{r['watchers']}: {p}"

@@ -158,6 +158,8 @@ class Bench:
                 handler.stop()
                 result["handler_peak_rss_mb"] = handler.peak_mb()
                 handler = None
+            if workload == "http":
+                result["ceiling"] = self._ceiling(folder / "ceiling", total, shapes[0][0][1])
             analyse(url, self.after, folder, result, workload, committed)
         except BenchFailed as error:
             result["problems"].append(str(error))
@@ -169,6 +171,26 @@ class Bench:
                 handler.stop()
             place.keep_or_drop(url, folder, result, keep=opts.keep)
         return result
+
+    def _ceiling(self, folder: Path, requests: int, data: bytes) -> dict[str, Any]:
+        """The client ceiling (`ceiling.py`): a bare loop of the same client against a fresh handler
+        (no call log), at the watchers' concurrency, `requests` requests."""
+        folder.mkdir()
+        handler = Processes(folder)
+        try:
+            proc = handler.start(
+                [sys.executable, str(helper("bench_handler.py")), "--port", "0"], dict(os.environ), "handler"
+            )
+            url = self._handler_url(folder / "handler.out", proc)
+            concurrency = str(self.options.concurrency)
+            command = [sys.executable, "-m", "feedproc.bench.ceiling", url, concurrency, str(requests), data.decode()]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=self.options.timeout, check=False)
+            if done.returncode != 0:
+                raise BenchFailed(f"the client ceiling failed: {done.stderr.strip().splitlines()[-1:]}")
+            ceiling: dict[str, Any] = json.loads(done.stdout)
+            return ceiling
+        finally:
+            handler.stop()
 
     def _handler_url(self, out: Path, proc: subprocess.Popen[bytes]) -> str:
         deadline = time.monotonic() + 15

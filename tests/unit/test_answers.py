@@ -11,10 +11,11 @@ import gzip
 import math
 import random
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
+from multidict import CIMultiDict
 
 from feedproc import Item, Processor, Response
 from feedproc.core.errors import InvalidAnswer, InvalidInput, RetryLater
@@ -414,21 +415,13 @@ def test_every_delay_is_at_most_max_retry_delay() -> None:
 # ---------------------------------------------------------------- read_body: the size limit, decoded
 
 
-def streamed(chunks: list[bytes], headers: dict[str, str] | None = None) -> httpx.Response:
-    class Stream(httpx.AsyncByteStream):
-        def __init__(self) -> None:
-            self.sent = 0
-
-        async def __aiter__(self):  # type: ignore[no-untyped-def]
-            for chunk in chunks:
-                self.sent += 1
-                yield chunk
-
-    return httpx.Response(200, headers=headers or {}, stream=Stream())
+async def streamed(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 def body_of(chunks: list[bytes], limit: int, headers: dict[str, str] | None = None) -> bytes:
-    return asyncio.run(read_body(streamed(chunks, headers), limit))
+    return asyncio.run(read_body(CIMultiDict(headers or {}), streamed(chunks), limit))
 
 
 def test_read_body_under_the_limit_is_the_whole_body() -> None:

@@ -743,7 +743,7 @@ def test_an_unreachable_handler_is_named_without_its_credentials(db_url: str, fe
 
     [failed] = final["failed_items"]
     error = failed["last_error"]
-    assert error.startswith("handler unreachable: ConnectError: "), error
+    assert error.startswith("handler unreachable: ClientConnectorError: Cannot connect to host 127.0.0.1:"), error
     assert error.endswith(f"(http://***@127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}/handle)"), error
     every_error = [error, *error_events(feed, "secret"), repr(HTTPProcessor(url))]
     assert not [e for e in every_error if "s3cr" in e or "feeder" in e], every_error
