@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextvars
 import email.utils
+import functools
 import importlib
 import inspect
 import json
@@ -364,19 +365,39 @@ _IDENTITY = _Decoder()
 
 
 def request_body(item: Item) -> bytes:
-    """The JSON body of the contract; data that is not JSON travels as `data_base64`."""
-    body: dict[str, Any] = {
-        "id": item.id,
-        "partition": item.partition,
-        "queue": item.queue,
-        "gate": item.gate,
-        "attempt": item.attempt,
-    }
+    """The JSON body of the contract; data that is not JSON travels as `data_base64`.
+
+    Data that is JSON in UTF-8 (the common case) is spliced in as it is stored rather than parsed
+    and encoded again (1.8 against 5.6 us per item, timeit)."""
     try:
-        body["data"] = json.loads(item.data)
+        json.loads(item.data.decode())  # JSON at all? (the text is sent as it is)
     except (ValueError, UnicodeDecodeError):
-        body["data_base64"] = base64.b64encode(item.data).decode()
-    return json.dumps(body, separators=(",", ":")).encode()
+        body: dict[str, Any] = {
+            "id": item.id,
+            "partition": item.partition,
+            "queue": item.queue,
+            "gate": item.gate,
+            "attempt": item.attempt,
+        }
+        try:
+            body["data"] = json.loads(item.data)  # JSON in UTF-16 or UTF-32
+        except (ValueError, UnicodeDecodeError):
+            body["data_base64"] = base64.b64encode(item.data).decode()
+        return json.dumps(body, separators=(",", ":")).encode()
+    return b'{"id":%d,"partition":%s,"queue":%s,"gate":%d,"attempt":%d,"data":%s}' % (
+        item.id,
+        _json_string(item.partition),
+        _json_string(item.queue),
+        item.gate,
+        item.attempt,
+        item.data,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_string(text: str) -> bytes:
+    """`text` as a JSON string (partition keys and queue names repeat from item to item)."""
+    return json.dumps(text).encode()
 
 
 class _NonStandardJSON(Exception):
@@ -394,12 +415,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# One decoder for every answer: json.loads with hooks builds a new one per call (1.4 against 3.0 us
+# for `{"done": true}`, timeit).
+_STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
 def parse_json(content: bytes) -> Any:
     """Standard JSON only: NaN, Infinity, -Infinity and numbers past a float (1e400) raise
     _NonStandardJSON (Python's parser accepts them; no database or handler should see them);
     anything else that is not JSON raises ValueError."""
     try:
-        return json.loads(content, parse_constant=_no_constant, parse_float=_finite_float)
+        return _STRICT_JSON.decode(content.decode(json.detect_encoding(content), "surrogatepass"))
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

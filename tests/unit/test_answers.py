@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import math
 import random
 import zlib
@@ -29,6 +30,7 @@ from feedproc.processors import (
     parse_retry_after,
     read_answer,
     read_body,
+    request_body,
 )
 from feedproc.redact import redact_text, redact_url, url_secrets
 
@@ -484,3 +486,23 @@ def test_redact_text_hides_user_information_of_any_url_and_the_secrets_given() -
     text = f"failed: {url}; password p@ss; other https://a:b@c:1/ and http://plain/ a@b.c"
     redacted = redact_text(text, url_secrets(url))
     assert redacted == "failed: http://***@host/x; password ***; other https://***@c:1/ and http://plain/ a@b.c"
+
+
+# ---------------------------------------------------------------- request_body: the item as the handler gets it
+
+
+@pytest.mark.parametrize(
+    ("data", "sent"),
+    [
+        (b'{"kind": "file", "n": 1}', {"data": {"kind": "file", "n": 1}}),  # spliced as stored
+        ('{"name": "café"}'.encode(), {"data": {"name": "café"}}),
+        ('{"n": 1}'.encode("utf-16"), {"data": {"n": 1}}),  # JSON, not in UTF-8: parsed and encoded again
+        (b'\xef\xbb\xbf{"n": 1}', {"data": {"n": 1}}),  # a UTF-8 byte order mark
+        (b"\x00\xffraw", {"data_base64": "AP9yYXc="}),
+        (b"not json", {"data_base64": "bm90IGpzb24="}),
+    ],
+)
+def test_request_body_is_json_with_the_item_and_its_data(data: bytes, sent: dict[str, Any]) -> None:
+    item = Item(7, 'folder "a"', "ocr", 2, 3, data, lambda fraction: None)
+    body = json.loads(request_body(item))
+    assert body == {"id": 7, "partition": 'folder "a"', "queue": "ocr", "gate": 2, "attempt": 3, **sent}
