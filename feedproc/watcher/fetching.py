@@ -73,17 +73,24 @@ class Fetching(Leasing):
         want = target - self._buffer.qsize() - len(self.busy)
         if want <= 0 or not self.owned or self.stopping:
             return
-        ready = await self._db_call(
+        self._take(await self._fetch(want))
+
+    async def _fetch(self, want: int, slots: SlotClaim | None = None) -> list[ReadyItem]:
+        """Up to `want` ready items of the partitions held (not those in flight here, nor of closed
+        or uncharged partitions), recorded in flight; with `slots`, the slot claim of a limited queue."""
+        kept = self._kept()
+        ready: list[ReadyItem] = await self._db_call(
             self._db,
             self.store.fetch_ready,
             self.id,
             want,
             list(self.inflight),
+            slots=slots,
             closed=self._not_now(),
-            kept=(kept := self._kept()),
+            kept=kept,
         )
         self._note_fetch(ready, kept)
-        self._take(ready)
+        return ready
 
     async def _fill_within_limit(self) -> None:
         """A queue with a concurrency limit: fetch no more than idle workers can start now (a
@@ -97,17 +104,7 @@ class Fetching(Leasing):
         if (want <= 0 or not self.owned) and held == self._slots_reported:
             return
         claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
-        ready = await self._db_call(
-            self._db,
-            self.store.fetch_ready,
-            self.id,
-            want,
-            list(self.inflight),
-            slots=claim,
-            closed=self._not_now(),
-            kept=(kept := self._kept()),
-        )
-        self._note_fetch(ready, kept)
+        ready = await self._fetch(want, slots=claim)
         self._slots_reported = held + sum(item.weight for item in ready)
         self._take(ready)
 
