@@ -29,8 +29,11 @@ InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version
 # for the data. The previous form (LATERAL per partition, each up to `limit`, then a sort) read
 # partitions x limit index entries to keep `limit` of them: 4,000 for 200 items with 20 partitions
 # leased, 6.2 ms per fetch against 0.6-1.3 ms now (EXPLAIN ANALYZE, with and without statistics),
-# and dispatch order makes the first partitions' items the ones kept anyway. `OFFSET 0` keeps the
-# per-partition subquery from being inlined (it would run twice: once per use of its result).
+# and dispatch order makes the first partitions' items the ones kept anyway. The walk reads the
+# partitions from arrays (`walk_order`): joining the leased partitions at every step costs O(leased)
+# per step (200 partitions with an item each: 7.4 ms against 1.3, and 3.3 for the LATERAL form).
+# `OFFSET 0` keeps the per-partition subquery from being inlined (it would run twice: once per use
+# of its result).
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
 # with a few hundred in flight). Its columns are ReadyItem's fields, in order.
@@ -43,23 +46,26 @@ PG_FETCH_READY = DriverStatement(
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
           AND p.id NOT IN (SELECT unnest(CAST(:closed AS bigint[])))
+    ), walk_order AS MATERIALIZED (
+        SELECT array_agg(id ORDER BY n) AS pids, array_agg(gate ORDER BY n) AS gates, count(*) AS total
+        FROM leased
     ), walk (n, taken, ids) AS (
         SELECT CAST(0 AS bigint), 0, CAST('{}' AS bigint[])
         UNION ALL
-        SELECT l.n, w.taken + cardinality(x.ids), x.ids
+        SELECT w.n + 1, w.taken + cardinality(x.ids), x.ids
         FROM walk AS w
-        JOIN leased AS l ON l.n = w.n + 1
+        CROSS JOIN walk_order AS o
         CROSS JOIN LATERAL (
             SELECT ARRAY(
                 SELECT c.id
                 FROM feedproc_items AS c
-                WHERE c.partition_id = l.id AND c.gate = l.gate AND c.status = 'available'
+                WHERE c.partition_id = o.pids[w.n + 1] AND c.gate = o.gates[w.n + 1] AND c.status = 'available'
                   AND c.next_attempt_at <= now()
                   AND c.id NOT IN (SELECT unnest(CAST(:excluded AS bigint[])))
                 ORDER BY c.next_attempt_at, c.id
                 LIMIT :limit - w.taken)
             OFFSET 0) AS x(ids)
-        WHERE w.taken < :limit
+        WHERE w.taken < :limit AND w.n < o.total
     )
     SELECT i.id, i.version, l.id, l.key, l.queue, l.lease_epoch, i.gate, i.attempts, i.data, l.weight,
            i.deliveries, i.lost

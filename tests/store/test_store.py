@@ -576,6 +576,16 @@ def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_a
     assert [item.partition for item in store.fetch_ready(A, 50)] == ["p0"] * 50
 
 
+def test_the_fetch_takes_one_item_from_each_of_many_partitions_in_dispatch_order(store):
+    register(store, A)
+    for n in range(60):
+        store.add_partition(f"p{n:02d}", [(0, b"x")], priority=n % 3)
+    store.acquire(A, "default", 100, 30)
+    fetched = [item.partition for item in store.fetch_ready(A, 50)]
+    expected = sorted((f"p{n:02d}" for n in range(60)), key=lambda key: -(int(key[1:]) % 3))[:50]
+    assert fetched == expected  # priority first, then age (insertion order here)
+
+
 def test_release_records_yielded_and_frees_the_partition(store):
     register(store, A)
     register(store, B)
