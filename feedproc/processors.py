@@ -58,6 +58,13 @@ class Processor:
     def process(self, item: Item) -> Response | Awaitable[Response]:
         raise NotImplementedError
 
+    async def process_batch(self, items: list[Item]) -> list[Response]:
+        """Answer a batch (`feedproc watch --batch N`): one Response per item, in the items' order.
+        Override to work in bulk (an exception fails every item of the batch, transiently). Not
+        overridden, the watcher hands each item of a batch to `process`, concurrently, each failure
+        its own item's; called directly, this default does the same, one item after the other."""
+        return [await call_processor(self, item) for item in items]
+
 
 async def call_processor(processor: ProcessorLike, item: Item, timeout: float | None = None) -> Response:
     """Run `processor.process(item)`: awaited if async, in a worker thread if a plain function.
@@ -76,6 +83,63 @@ async def call_processor(processor: ProcessorLike, item: Item, timeout: float | 
     if not isinstance(result, Response):
         raise InvalidAnswer(f"process() returned {type(result).__name__}, not a feedproc.Response")
     return result
+
+
+async def call_batch(
+    processor: ProcessorLike, items: list[Item], timeout: float | None = None
+) -> list[Response | Exception]:
+    """Deliver a batch: for each item, in order, its Response or the exception that is its failure.
+
+    An HTTPProcessor sends one request (`deliver_batch`); a processor that overrides `process_batch`
+    gets the whole list (an exception fails every item; a missing or wrong answer only its item);
+    any other gets each item's `process` call, concurrently. `timeout` bounds a `process_batch` call
+    as a whole, or each `process` call."""
+    deliver = getattr(processor, "deliver_batch", None)
+    if deliver is not None:
+        try:
+            results: list[Response | Exception] = await deliver(items)
+        except Exception as error:
+            return [error] * len(items)
+        return results
+    if _overrides_batch(processor):
+        method: Any = getattr(processor, "process_batch")  # noqa: B009  # not part of ProcessorLike
+        try:
+            if _is_async(method):
+                answer = await (method(items) if timeout is None else _call_async(method, items, timeout))
+            else:
+                call = asyncio.to_thread(method, items) if timeout is None else _call_in_thread(method, items, timeout)
+                answer = await call
+                if inspect.isawaitable(answer):
+                    answer = await answer
+        except Exception as error:
+            return [error] * len(items)
+        return _per_item(answer, len(items))
+    calls = (call_processor(processor, item, timeout) for item in items)
+    gathered = await asyncio.gather(*calls, return_exceptions=True)
+    for result in gathered:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancelled: the watcher is stopping
+    return cast("list[Response | Exception]", gathered)
+
+
+def _overrides_batch(processor: Any) -> bool:
+    method = getattr(type(processor), "process_batch", None)
+    return method is not None and method is not Processor.process_batch
+
+
+def _per_item(answer: Any, count: int) -> list[Response | Exception]:
+    """`process_batch`'s answer as one result per item: a missing or wrong answer fails its item."""
+    if not isinstance(answer, list):
+        return [InvalidAnswer(f"process_batch() returned {type(answer).__name__}, not a list")] * count
+    results: list[Response | Exception] = []
+    for n in range(count):
+        if n >= len(answer):
+            results.append(InvalidAnswer(f"process_batch() returned {len(answer)} answers for {count} items"))
+        elif isinstance(answer[n], Response):
+            results.append(answer[n])
+        else:
+            results.append(InvalidAnswer(f"process_batch() answered with {type(answer[n]).__name__}, not a Response"))
+    return results
 
 
 _ASYNC: dict[Any, bool] = {}  # process functions seen, by whether they are `async def`
@@ -97,7 +161,7 @@ def _timed_out(timeout: float) -> RetryLater:
     return RetryLater(f"item timed out after {timeout:g}s")
 
 
-async def _call_async(method: Any, item: Item, timeout: float) -> Any:
+async def _call_async(method: Any, item: Item | list[Item], timeout: float) -> Any:
     try:
         async with asyncio.timeout(timeout) as deadline:
             return await method(item)
@@ -107,7 +171,7 @@ async def _call_async(method: Any, item: Item, timeout: float) -> Any:
         raise  # the processor's own TimeoutError
 
 
-async def _call_in_thread(method: Any, item: Item, timeout: float) -> Any:
+async def _call_in_thread(method: Any, item: Item | list[Item], timeout: float) -> Any:
     loop = asyncio.get_running_loop()
     started = loop.create_future()
 
@@ -217,11 +281,26 @@ class HTTPProcessor(Processor):
             await session.close()
 
     async def process(self, item: Item) -> Response:
+        status, headers, content = await self._send(request_body(item), self.max_answer_bytes)
+        return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
+
+    async def deliver_batch(self, items: list[Item]) -> list[Response | Exception]:
+        """One `POST` of `{"items": [...]}` for a batch; each item's Response or failure, in order
+        (`read_batch_answer`). The size limit is `max_answer_bytes` per item of the batch."""
+        body = b'{"items":[' + b",".join(request_body(item) for item in items) + b"]}"
+        try:
+            status, headers, content = await self._send(body, self.max_answer_bytes * len(items))
+        except Exception as error:  # the request failed as a whole: every item's failure
+            return [error] * len(items)
+        return read_batch_answer(status, content, headers.get("Retry-After"), [i.id for i in items], self.shown_url)
+
+    async def _send(self, body: bytes, limit: int) -> tuple[int, MultiMapping[str], bytes]:
+        """POST `body` within the whole-request timeout; transport failures become RetryLater."""
         await self.start()
         assert self._session is not None
         try:
             async with asyncio.timeout(self.timeout) as deadline:
-                status, headers, content = await self._exchange(self._session, request_body(item))
+                return await self._exchange(self._session, body, limit)
         except TimeoutError as error:
             if deadline.expired():
                 raise RetryLater(
@@ -232,7 +311,6 @@ class HTTPProcessor(Processor):
             text = redact_text(str(error), self._secrets)
             detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
             raise RetryLater(f"handler unreachable: {detail} ({self.shown_url})") from error
-        return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
 
     def request_headers(self) -> Mapping[str, str]:
         """The headers of one request besides the constant ones (`headers`, `User-Agent`...): its
@@ -243,13 +321,15 @@ class HTTPProcessor(Processor):
         tracing.inject(headers)  # the delivery's span is current here: the handler's spans join its trace
         return headers
 
-    async def _exchange(self, session: aiohttp.ClientSession, body: bytes) -> tuple[int, MultiMapping[str], bytes]:
+    async def _exchange(
+        self, session: aiohttp.ClientSession, body: bytes, limit: int
+    ) -> tuple[int, MultiMapping[str], bytes]:
         """POST `body`; the answer's status, headers and body, read within the size limit."""
         headers = self.request_headers()
         async with session.post(self.url, data=body, headers=headers, allow_redirects=False) as response:
             ok = 200 <= response.status < 300
             try:
-                content = await read_body(response.headers, response.content.iter_any(), self.max_answer_bytes)
+                content = await read_body(response.headers, response.content.iter_any(), limit)
             except AnswerTooLarge as error:
                 if ok:
                     raise RetryLater(f"{error} from {self.shown_url}") from None
@@ -458,12 +538,64 @@ def read_answer(status: int, content: bytes, retry_after_header: str | None, url
     if not isinstance(parsed, dict):
         shown = content[:100].decode("utf-8", "replace")
         raise InvalidAnswer(f"expected a JSON object, got {shown!r}")
-    if go_error is not None:
+    return answer_from_object(parsed, retry_after)
+
+
+def answer_from_object(answer: dict[str, Any], retry_after: float | None = None) -> Response:
+    """One item's `2xx` answer object as a Response, or the failure it reports (`"error": {...}`)."""
+    go_error = answer.get("error")
+    if isinstance(go_error, dict):
         message = str(go_error.get("message") or "handler reported an error")
         if go_error.get("no_retry"):
             raise PermanentError(message)
         raise RetryLater(message, after=retry_after)
-    return response_from_json(parsed, retry_after)
+    return response_from_json(answer, retry_after)
+
+
+def read_batch_answer(
+    status: int, content: bytes, retry_after_header: str | None, ids: list[int], url: str | None = None
+) -> list[Response | Exception]:
+    """A batch's HTTP answer as each item's Response or failure, in the order of `ids`.
+
+    `{"answers": [...]}` answers the items in order, or by each answer's `"id"` when every answer
+    carries one. A non-`2xx` status, a body that is not standard JSON or has no `answers` list is
+    every item's failure (as `read_answer` judges it); a missing answer, or one that is not an
+    object or is invalid, is its own item's failure only."""
+    count = len(ids)
+    try:
+        parsed = parse_json(content) if content else None
+    except _NonStandardJSON as error:
+        parsed = InvalidAnswer(str(error))
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    answers = parsed.get("answers") if isinstance(parsed, dict) else None
+    if not 200 <= status < 300 or not isinstance(answers, list):
+        try:
+            if isinstance(parsed, InvalidAnswer) and 200 <= status < 300:
+                raise parsed
+            read_answer(status, content, retry_after_header, url)
+            raise InvalidAnswer(f'expected {{"answers": [...]}}, got {shown(content[:100].decode("utf-8", "replace"))}')
+        except Exception as error:
+            return [error] * count
+    retry_after = parse_retry_after(retry_after_header)
+    if answers and all(isinstance(a, dict) and "id" in a for a in answers):
+        by_id = {a["id"]: a for a in answers}
+        chosen = [by_id.get(item_id, _MISSING) for item_id in ids]
+    else:
+        chosen = [answers[n] if n < len(answers) else _MISSING for n in range(count)]
+    results: list[Response | Exception] = []
+    for n, answer in enumerate(chosen):
+        if answer is _MISSING:
+            missing = f"no answer for item {ids[n]} in the batch answer ({len(answers)} answers for {count} items)"
+            results.append(InvalidAnswer(missing))
+        elif not isinstance(answer, dict):
+            results.append(InvalidAnswer(f"answer {n + 1} of the batch is not a JSON object"))
+        else:
+            try:
+                results.append(answer_from_object(answer, retry_after))
+            except Exception as error:
+                results.append(error)
+    return results
 
 
 def response_from_json(answer: dict[str, Any], retry_after: float | None = None) -> Response:

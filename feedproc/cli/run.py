@@ -62,6 +62,14 @@ def watch(
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
+    batch: Annotated[
+        int,
+        typer.Option(min=1, max=1000, metavar="N", help="Deliver up to N items of one partition and gate in one call."),
+    ] = 1,
+    batch_wait: Annotated[
+        float,
+        typer.Option(min=0.0, metavar="MS", help="Milliseconds a batch short of N waits for more items."),
+    ] = 0.0,
     retention: Annotated[
         str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
     ] = None,
@@ -104,6 +112,8 @@ def watch(
             shutdown_grace=shutdown_grace,
             retention=parse_duration(retention, "--retention") if retention else None,
             item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
+            batch=batch,
+            batch_wait=batch_wait / 1000,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

@@ -14,6 +14,7 @@ FAILED_POLLS_FATAL = 5  # poll cycles in a row failing with an error of ours (no
 # A fetch appends to its partitions' in-flight records; every this many fetches of a partition its
 # record is rewritten whole from what is in flight here (answered deliveries drop out of it).
 COMPACT_AFTER = 32
+MAX_BATCH = 1000  # items per batch delivery at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class WatcherConfig:
     retention_every: float = 300.0
     steals_per_cycle: int = 16  # partitions asked for per steal request at most (the fair-share deficit bounds it)
     item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
+    batch: int = 1  # items of one partition and gate delivered in one call at most (`--batch`)
+    batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait`)
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -47,6 +50,10 @@ class WatcherConfig:
             raise ValueError("retry_delay and shutdown_grace must be >= 0")
         if self.item_timeout is not None and self.item_timeout <= 0:
             raise ValueError("item_timeout must be positive")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ValueError(f"batch must be from 1 to {MAX_BATCH}")
+        if self.batch_wait < 0:
+            raise ValueError("batch_wait must be >= 0")
 
     @property
     def max_partitions(self) -> int:

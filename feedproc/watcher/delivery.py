@@ -13,8 +13,8 @@ from typing import Any
 from .. import tracing
 from ..core.models import Item
 from ..core.policy import outcome_of
-from ..core.records import Kind, Lease, ProgressReport, ReadyItem
-from ..processors import HTTPProcessor, call_processor
+from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
+from ..processors import HTTPProcessor, call_batch, call_processor
 from .config import PREFETCH, TRACEBACK_KEPT
 from .leases import Leasing
 
@@ -25,22 +25,70 @@ class Delivering(Leasing):
     """Workers and the isolation loop."""
 
     async def _worker(self) -> None:
-        while (item := await self._buffer.get()) is not None:
-            lease = self.owned.get(item.partition_id)
-            if self.stopping or self._isolating or lease is None or lease.epoch != item.epoch or lease.wanted_by:
-                self.inflight.pop(item.id, None)
+        carry: ReadyItem | None = None  # taken while gathering a batch, not of it: this worker's next item
+        while True:
+            item = carry if carry is not None else await self._buffer.get()
+            carry = None
+            if item is None:
+                return
+            lease = self._startable(item)
+            if lease is None:
                 continue
-            if self._windowed(lease) and self._opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
-                self.inflight.pop(item.id, None)
-                continue
-            if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
-                self.inflight.pop(item.id, None)
-                self._maintain_now = True
-                self._wake.set()
-                continue
-            await self._run_one(item, lease)
+            if self.config.batch == 1:
+                await self._run_one(item, lease)
+            else:
+                batch, carry, last = await self._gather(item)
+                if len(batch) == 1:
+                    await self._run_one(item, lease)
+                else:
+                    await self._run_batch(batch, lease)
+                if last:
+                    return
             if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
                 self._wake.set()
+
+    def _startable(self, item: ReadyItem) -> Lease | None:
+        """The lease to deliver `item` under, or None when it must not start now (dropped from
+        flight: it is fetched again when it may)."""
+        lease = self.owned.get(item.partition_id)
+        if self.stopping or self._isolating or lease is None or lease.epoch != item.epoch or lease.wanted_by:
+            self.inflight.pop(item.id, None)
+            return None
+        if self._windowed(lease) and self._opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
+            self.inflight.pop(item.id, None)
+            return None
+        if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
+            self.inflight.pop(item.id, None)
+            self._maintain_now = True
+            self._wake.set()
+            return None
+        return lease
+
+    async def _gather(self, first: ReadyItem) -> tuple[list[ReadyItem], ReadyItem | None, bool]:
+        """A batch led by `first`: the buffered items that follow it of the same partition, gate and
+        lease (dispatch order keeps them together), up to `batch`, waiting up to `batch_wait` for
+        more. Returns the batch, the item taken that does not belong to it (delivered next by this
+        worker) and whether this worker's stop signal was taken."""
+        batch, cfg, deadline = [first], self.config, None
+        loop = asyncio.get_running_loop()
+        while len(batch) < cfg.batch:
+            try:
+                item = self._buffer.get_nowait()
+            except asyncio.QueueEmpty:
+                if cfg.batch_wait <= 0 or self.stopping:
+                    break
+                deadline = deadline if deadline is not None else loop.time() + cfg.batch_wait
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        item = await self._buffer.get()
+                except TimeoutError:
+                    break
+            if item is None:
+                return batch, None, True
+            if (item.partition_id, item.gate, item.epoch) != (first.partition_id, first.gate, first.epoch):
+                return batch, item, False
+            batch.append(item)
+        return batch, None, False
 
     async def _run_one(self, ready: ReadyItem, lease: Lease) -> None:
         """Deliver one item and queue its outcome, with its record, for the next group commit."""
@@ -80,9 +128,54 @@ class Delivering(Leasing):
             outcome = outcome_of(ready, self.policy, error=error)
         finally:
             self.busy.discard(ready.id)
-            report = self._progress.pop(ready.id, None)  # its answer is written instead
-        # The delivery's record: its number, attempt, start, duration and (a Python processor's own
-        # exception) the end of its traceback; the HTTP processor's errors are their own words.
+        self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
+        self._results_ready.set()
+
+    async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
+        """Deliver a batch in one call (`call_batch`) and queue each item's outcome, with its record.
+        Every item's record has the batch's start and duration; failures are each item's own."""
+        for ready in batch:
+            self.busy.add(ready.id)
+        items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
+        timeout = lease.item_timeout or self.config.item_timeout
+        started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
+        try:
+            results = await call_batch(self.processor, items, timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
+            log.exception("internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id})
+            results = [error] * len(batch)
+        finally:
+            for ready in batch:
+                self.busy.discard(ready.id)
+        elapsed = time.perf_counter_ns() - started
+        for ready, item, result in zip(batch, items, results, strict=True):
+            self.metrics.latency.observe(elapsed / 1e9)
+            failure = result if isinstance(result, Exception) else None
+            if not isinstance(result, Exception):
+                try:
+                    outcome = outcome_of(ready, self.policy, response=result)
+                except Exception as error:  # an answer our rules cannot read: a transient failure
+                    failure = error
+            if failure is not None:
+                outcome = outcome_of(ready, self.policy, error=failure)
+            self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
+        self._results_ready.set()
+
+    def _queue_outcome(
+        self,
+        ready: ReadyItem,
+        item: Item,
+        outcome: Outcome,
+        failure: BaseException | None,
+        started_us: int,
+        elapsed: int,
+    ) -> None:
+        """Queue a delivery's outcome for the next group commit, with its record: its number,
+        attempt, start, duration and (a Python processor's own exception) the end of its traceback;
+        the HTTP processor's errors are their own words. A progress report of a "not yet" is kept."""
+        report = self._progress.pop(ready.id, None)  # its answer is written instead
         outcome.n, outcome.attempt = ready.deliveries + 1, item.attempt
         outcome.started_us, outcome.duration_us = started_us, elapsed // 1000
         if failure is not None and not isinstance(self.processor, HTTPProcessor):
@@ -92,7 +185,6 @@ class Delivering(Leasing):
             outcome.progress = report.fraction
         self.results.append(outcome)
         self._answered.add(ready.id)
-        self._results_ready.set()
 
     def _reporter(self, ready: ReadyItem) -> Any:
         """`item.progress(f)` of one delivery: kept for the next heartbeat (may run on a processor's thread)."""

@@ -19,16 +19,18 @@ import pytest
 from multidict import CIMultiDict
 
 from feedproc import Item, Processor, Response
-from feedproc.core.errors import InvalidAnswer, InvalidInput, RetryLater
+from feedproc.core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
 from feedproc.core.models import MAX_GATE, NewItem, check_gate
 from feedproc.core.policy import MAX_DELAY, RetryPolicy, outcome_of, validate
 from feedproc.core.records import Kind
 from feedproc.processors import (
     AnswerTooLarge,
     UndecodableAnswer,
+    call_batch,
     call_processor,
     parse_retry_after,
     read_answer,
+    read_batch_answer,
     read_body,
     request_body,
 )
@@ -506,3 +508,70 @@ def test_request_body_is_json_with_the_item_and_its_data(data: bytes, sent: dict
     item = Item(7, 'folder "a"', "ocr", 2, 3, data, lambda fraction: None)
     body = json.loads(request_body(item))
     assert body == {"id": 7, "partition": 'folder "a"', "queue": "ocr", "gate": 2, "attempt": 3, **sent}
+
+
+# ---------------------------------------------------------------- batch answers: one result per item
+
+
+def batch(status: int, answer: Any, ids: list[int] | None = None, retry_after: str | None = None) -> list[Any]:
+    content = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+    return read_batch_answer(status, content, retry_after, ids or [1, 2, 3], "http://h/")
+
+
+def test_a_batch_answer_answers_the_items_in_order() -> None:
+    results = batch(200, {"answers": [{"done": True}, {"gate": 4}, {"gate": 0, "retry_after": 5}]})
+    assert [r.done for r in results] == [True, False, False]
+    assert results[1].gate == 4 and results[2].retry_after == 5
+
+
+def test_a_batch_answer_whose_answers_all_carry_ids_is_matched_by_id() -> None:
+    results = batch(200, {"answers": [{"id": 3, "gate": 3}, {"id": 1, "gate": 1}, {"id": 2, "gate": 2}]})
+    assert [r.gate for r in results] == [1, 2, 3]
+
+
+def test_a_short_batch_answer_fails_only_the_items_left_unanswered() -> None:
+    first, second, third = batch(200, {"answers": [{"done": True}]})
+    assert first.done
+    for result in (second, third):
+        assert isinstance(result, InvalidAnswer) and "(1 answers for 3 items)" in str(result)
+
+
+def test_an_answer_that_is_not_an_object_or_invalid_fails_only_its_item() -> None:
+    first, second, third = batch(200, {"answers": [7, {"done": True}, {"gate": -1}]})
+    assert isinstance(first, InvalidAnswer) and "answer 1 of the batch is not a JSON object" in str(first)
+    assert second.done
+    assert isinstance(third, InvalidAnswer)
+
+
+def test_a_per_item_error_object_is_that_items_failure() -> None:
+    first, second, _ = batch(200, {"answers": [{"error": {"message": "no", "no_retry": True}}, {"error": {}}, {}]})
+    assert isinstance(first, PermanentError) and str(first) == "no"
+    assert isinstance(second, RetryLater)
+
+
+def test_a_failed_or_malformed_batch_answer_is_every_items_failure() -> None:
+    for status, answer, kind in [
+        (503, {"answers": []}, RetryLater),
+        (400, b"bad request", PermanentError),
+        (200, b"not json", InvalidAnswer),
+        (200, {"done": True}, InvalidAnswer),  # no answers list
+        (200, b'{"answers": [NaN]}', InvalidAnswer),
+    ]:
+        results = batch(status, answer)
+        assert len(results) == 3 and all(isinstance(r, kind) for r in results), (status, answer, results)
+        assert len({str(r) for r in results}) == 1
+
+
+def test_process_batch_answers_are_checked_per_item() -> None:
+    class Short(Processor):
+        def process(self, item: Item) -> Response:
+            raise AssertionError
+
+        def process_batch(self, items: list[Item]) -> list[Any]:
+            return [Response(done=True), "nope"]
+
+    items = [Item(n, "p", "q", 0, 1, b"{}", lambda f: None) for n in range(3)]
+    done, wrong, missing = asyncio.run(call_batch(Short(), items))
+    assert isinstance(done, Response)
+    assert isinstance(wrong, InvalidAnswer) and "str, not a Response" in str(wrong)
+    assert isinstance(missing, InvalidAnswer) and "2 answers for 3 items" in str(missing)
