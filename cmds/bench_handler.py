@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fast local HTTP handler for `feedproc bench --workload http`: answers every item `{"done": true}`.
+"""A fast local HTTP handler for `feedproc bench --workload http,http-batch`: answers every item `{"done": true}`.
 
     python cmds/bench_handler.py --port 0 --log calls.log     # prints "listening on http://127.0.0.1:PORT/"
 
@@ -67,6 +67,8 @@ class HandlerProtocol(asyncio.Protocol):
             self._answer(body)
 
     def _answer(self, body: bytes) -> None:
+        if body.startswith(b'{"items":'):  # a batch (`feedproc watch --batch N`): one answer per item
+            return self._answer_batch(body)
         if self.log is not None:
             received = time.time()
             try:
@@ -75,6 +77,20 @@ class HandlerProtocol(asyncio.Protocol):
             except (ValueError, KeyError, TypeError):
                 self.log.write(f"? 0 0 {received:.6f}\n")
         self.transport.write(ANSWER)
+
+    def _answer_batch(self, body: bytes) -> None:
+        received = time.time()
+        try:
+            items = json.loads(body)["items"]
+        except (ValueError, KeyError, TypeError):
+            return self._fail()
+        if self.log is not None:
+            self.log.write(
+                "".join(f"{i['id']} {i.get('gate', 0)} {i.get('attempt', 1)} {received:.6f}\n" for i in items)
+            )
+        answer = b'{"answers":[' + b",".join([ANSWER_BODY] * len(items)) + b"]}"
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer)
+        self.transport.write(head + answer)
 
     def _fail(self) -> None:
         self.transport.write(BAD_REQUEST)

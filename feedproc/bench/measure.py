@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .options import WARMUP
+from .options import HTTP_WORKLOADS, WARMUP
 from .places import engine
 
 
@@ -219,7 +219,7 @@ def analyse(
     after `after`) and the call logs in `folder`, added to `result`. `committed`: the time the
     producer sent the COMMIT of each paced partition, by key."""
     facts = read_db(url, after)
-    logs = [folder / "handler"] if workload == "http" else [folder / "drain", folder / "paced"]
+    logs = [folder / "handler"] if workload in HTTP_WORKLOADS else [folder / "drain", folder / "paced"]
     calls: list[Call] = []
     per_log: dict[str, int] = {}
     bad = 0

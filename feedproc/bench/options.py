@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http")
+WORKLOADS = ("flat", "fan", "http", "http-batch")
+HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"]}  # through the bench handler, with these options
 PEERS = ("pgqueuer", "procrastinate")
 DIR_ENV = "FEEDPROC_BENCH_DIR"  # where a bench watcher writes its call log and statement counts
 STATS_ENV = "FEEDPROC_BENCH_STATS"  # set: watch_main counts SQLAlchemy statements

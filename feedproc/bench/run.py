@@ -29,6 +29,7 @@ from .measure import analyse, drain_window, fill_finished, read_db, read_stateme
 from .options import (
     DIR_ENV,
     FAN_GATES,
+    HTTP_WORKLOADS,
     PACED_TICK,
     PGQUEUER_CONSUMERS,
     STATS_ENV,
@@ -139,14 +140,14 @@ class Bench:
 
             committed: dict[str, float] = {}  # paced partition key -> time its add_partition returned
             target: list[str] = ["--processor", _PROCESSOR]
-            if workload == "http":
+            if workload in HTTP_WORKLOADS:
                 handler = Processes(folder)
                 handler_log = folder / "handler"
                 handler_log.mkdir()
                 script = str(helper("bench_handler.py"))
                 log = str(handler_log / "calls-handler.log")
                 proc = handler.start([sys.executable, script, "--port", "0", "--log", log], dict(os.environ), "handler")
-                target = ["--handler", self._handler_url(folder / "handler.out", proc)]
+                target = ["--handler", self._handler_url(folder / "handler.out", proc), *HTTP_WORKLOADS[workload]]
 
             drain = self._drain(url, place, folder / "drain", target, watchers, total)
             result["drain"] = drain
@@ -158,7 +159,7 @@ class Bench:
                 handler.stop()
                 result["handler_peak_rss_mb"] = handler.peak_mb()
                 handler = None
-            if workload == "http":
+            if workload == "http":  # the ceiling of one request per item
                 result["ceiling"] = self._ceiling(folder / "ceiling", total, shapes[0][0][1])
             analyse(url, self.after, folder, result, workload, committed)
         except BenchFailed as error:
