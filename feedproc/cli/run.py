@@ -267,7 +267,9 @@ def bench(
             "Default: sqlite, plus FEEDPROC_DATABASE_URL when it is PostgreSQL.",
         ),
     ] = None,
-    workload: Annotated[str, typer.Option(help="Comma-separated: flat, fan, http.")] = "flat,fan,http",
+    workload: Annotated[
+        str, typer.Option(help="Comma-separated: flat, fan, http, http-batch (--batch 100).")
+    ] = "flat,fan,http,http-batch",
     watchers: Annotated[
         str | None, typer.Option(help="Comma-separated numbers of watcher processes (default 1,2,4; --quick 1).")
     ] = None,
