@@ -8,7 +8,8 @@ in your own program before the watcher starts). Then each delivery is a span `fe
 `feedproc.attempt`, `feedproc.outcome`; status ERROR when the outcome is a retry, a failure or a
 lost lease), each group commit a span `feedproc.group_commit` (`feedproc.answers`), and `inject()`
 puts the current span's `traceparent` (and `tracestate`) on a handler request, so the handler's
-own spans join the delivery's trace.
+own spans join the delivery's trace. A batch (`--batch`) is one span `feedproc.deliver_batch`
+(`feedproc.item.ids`, `feedproc.batch.size`, partition, queue, gate and outcome).
 
 Whether tracing is on is decided at the first call: `FEEDPROC_OTEL=0` never; `FEEDPROC_OTEL=1`
 whenever `opentelemetry-api` is importable (spans go to whatever provider is set, even later);
@@ -192,6 +193,31 @@ def delivery(item_id: int, partition: str, queue: str, gate: int, attempt: int) 
                 "feedproc.queue": queue,
                 "feedproc.gate": gate,
                 "feedproc.attempt": attempt,
+            },
+        )
+    )
+
+
+def batch_delivery(item_ids: list[int], partition: str, queue: str, gate: int) -> Any:
+    """A context manager around one batch delivery (`--batch`): a span `feedproc.deliver_batch`
+    with the items' ids; `.outcome(kind, error)` on what it yields (a failure of any item wins)."""
+    tracer = _tracer
+    if tracer is None:
+        return _NOOP
+    if tracer is _UNDECIDED:
+        _decide()
+        if (tracer := _tracer) is None:
+            return _NOOP
+    return _Span(
+        tracer.start_span(
+            "feedproc.deliver_batch",
+            kind=_api.SpanKind.CONSUMER,
+            attributes={
+                "feedproc.item.ids": item_ids,
+                "feedproc.batch.size": len(item_ids),
+                "feedproc.partition": partition,
+                "feedproc.queue": queue,
+                "feedproc.gate": gate,
             },
         )
     )

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..core.models import Item
+from ..core.models import Item, Response
 from ..core.policy import outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
 from ..processors import HTTPProcessor, call_batch, call_processor
@@ -139,29 +139,38 @@ class Delivering(Leasing):
         items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
         timeout = lease.item_timeout or self.config.item_timeout
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
+        first = batch[0]
         try:
-            results = await call_batch(self.processor, items, timeout)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
-            log.exception("internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id})
-            results = [error] * len(batch)
+            with tracing.batch_delivery([r.id for r in batch], first.partition, first.queue, first.gate) as span:
+                try:
+                    results = await call_batch(self.processor, items, timeout)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
+                    log.exception(
+                        "internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id}
+                    )
+                    results = [error] * len(batch)
+                elapsed = time.perf_counter_ns() - started
+                outcomes = [self._outcome_of(ready, result) for ready, result in zip(batch, results, strict=True)]
+                failed = [outcome for outcome, _ in outcomes if outcome.kind in (Kind.RETRY, Kind.FAIL)]
+                span.outcome(*((failed[0].kind, failed[0].error) if failed else (outcomes[0][0].kind, None)))
         finally:
             for ready in batch:
                 self.busy.discard(ready.id)
-        elapsed = time.perf_counter_ns() - started
-        for ready, item, result in zip(batch, items, results, strict=True):
+        for ready, item, (outcome, failure) in zip(batch, items, outcomes, strict=True):
             self.metrics.latency.observe(elapsed / 1e9)
-            failure = result if isinstance(result, Exception) else None
-            if not isinstance(result, Exception):
-                try:
-                    outcome = outcome_of(ready, self.policy, response=result)
-                except Exception as error:  # an answer our rules cannot read: a transient failure
-                    failure = error
-            if failure is not None:
-                outcome = outcome_of(ready, self.policy, error=failure)
             self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
         self._results_ready.set()
+
+    def _outcome_of(self, ready: ReadyItem, result: Response | Exception) -> tuple[Outcome, Exception | None]:
+        """An item's outcome from its answer or failure (an answer our rules cannot read is a transient failure)."""
+        if not isinstance(result, Exception):
+            try:
+                return outcome_of(ready, self.policy, response=result), None
+            except Exception as error:
+                result = error
+        return outcome_of(ready, self.policy, error=result), result
 
     def _queue_outcome(
         self,

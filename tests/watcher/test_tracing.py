@@ -188,3 +188,24 @@ def test_a_handler_request_carries_the_traceparent_of_its_delivery_span(
         trace_id, span_id, _ = TRACEPARENT.match(request.headers["traceparent"]).groups()
         assert int(trace_id, 16) == delivery.context.trace_id and int(span_id, 16) == delivery.context.span_id
     assert any(s.name == "feedproc.group_commit" for s in finished)
+
+
+def test_a_batch_is_one_span_whose_traceparent_its_request_carries(
+    provider: TracerProvider, db_url: str, handler: Any
+) -> None:
+    from feedproc import Feed, HTTPProcessor
+
+    from ..support import wait_status, watching
+
+    handler.behavior = lambda body: (200, {"answers": [{"done": True} for _ in body["items"]]})
+    with Feed(db_url) as feed:
+        feed.add_partition("batched", [(0, b"{}")] * 5)
+        ids = [item["id"] for item in feed.items("batched")]
+        with watching(db_url, HTTPProcessor(handler.url), batch=5, batch_wait=0.3, concurrency=1):
+            wait_status(feed, "batched", "complete")
+    [batch] = [s for s in spans(provider) if s.name == "feedproc.deliver_batch"]
+    assert sorted(batch.attributes["feedproc.item.ids"]) == ids and batch.attributes["feedproc.batch.size"] == 5
+    assert batch.attributes["feedproc.partition"] == "batched" and batch.attributes["feedproc.outcome"] == "done"
+    [request] = handler.deliveries
+    trace_id, span_id, _ = TRACEPARENT.match(request.headers["traceparent"]).groups()
+    assert int(trace_id, 16) == batch.context.trace_id and int(span_id, 16) == batch.context.span_id
