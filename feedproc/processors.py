@@ -97,7 +97,9 @@ async def call_batch(
     deliver = getattr(processor, "deliver_batch", None)
     if deliver is not None:
         try:
-            results: list[Response | Exception] = await deliver(items)
+            results: list[Response | Exception] = await (
+                deliver(items) if timeout is None else _call_async(deliver, items, timeout)
+            )
         except Exception as error:
             return [error] * len(items)
         return results

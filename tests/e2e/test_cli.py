@@ -463,6 +463,12 @@ def test_watch_with_a_bad_header_is_malformed_input(db_url: str, header: str) ->
     )
 
 
+@before_any_database_access
+@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "1001"], ["--batch-wait", "-1"], ["--batch", "x"]])
+def test_watch_with_a_bad_batch_setting_is_malformed_input(db_url: str, args: list[str]) -> None:
+    assert_error(run_cli(db_url, "watch", "--handler", "http://127.0.0.1:9/", *args, timeout=20), 2, args[0])
+
+
 # ---------------------------------------------------------------- refusals: exit 1, nothing changed
 
 
