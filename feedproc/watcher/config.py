@@ -56,6 +56,11 @@ class WatcherConfig:
             raise ValueError("batch_wait must be >= 0")
 
     @property
+    def prefetch(self) -> int:
+        """Ready items kept fetched ahead: enough for every worker, and for four full batches."""
+        return max(4 * self.concurrency, PREFETCH, 4 * self.batch)
+
+    @property
     def max_partitions(self) -> int:
         return self.capacity if self.capacity is not None else max(8, 4 * self.concurrency)
 

@@ -15,7 +15,7 @@ from ..core.models import Item, Response
 from ..core.policy import outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
 from ..processors import HTTPProcessor, call_batch, call_processor
-from .config import PREFETCH, TRACEBACK_KEPT
+from .config import TRACEBACK_KEPT
 from .leases import Leasing
 
 log = logging.getLogger("feedproc.watcher")
@@ -44,7 +44,7 @@ class Delivering(Leasing):
                     await self._run_batch(batch, lease)
                 if last:
                     return
-            if self._buffer.qsize() < max(4 * self.config.concurrency, PREFETCH) // 2:
+            if self._buffer.qsize() < self.config.prefetch // 2:
                 self._wake.set()
 
     def _startable(self, item: ReadyItem) -> Lease | None:

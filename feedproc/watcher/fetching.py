@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from ..core.errors import DatabaseUnavailable
 from ..core.records import Lease, ReadyItem, SlotClaim
-from .config import COMPACT_AFTER, FAILED_POLLS_FATAL, PREFETCH
+from .config import COMPACT_AFTER, FAILED_POLLS_FATAL
 from .leases import Leasing
 
 log = logging.getLogger("feedproc.watcher")
@@ -67,7 +67,7 @@ class Fetching(Leasing):
             return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited:
             return await self._fill_within_limit()
-        target = max(4 * self.config.concurrency, PREFETCH)
+        target = self.config.prefetch
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
             return
         want = target - self._buffer.qsize() - len(self.busy)
