@@ -174,64 +174,46 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+def _tracer_now() -> Any:
+    """The tracer, deciding whether to trace first if that is not decided yet; None when off."""
+    if _tracer is _UNDECIDED:
+        _decide()
+    return _tracer
+
+
 def delivery(item_id: int, partition: str, queue: str, gate: int, attempt: int) -> Any:
     """A context manager around one delivery; `.outcome(kind, error)` on what it yields."""
-    tracer = _tracer
-    if tracer is None:
+    if _tracer is None:  # off: the common case, at once
         return _NOOP
-    if tracer is _UNDECIDED:
-        _decide()
-        if (tracer := _tracer) is None:
-            return _NOOP
-    return _Span(
-        tracer.start_span(
-            "feedproc.deliver",
-            kind=_api.SpanKind.CONSUMER,
-            attributes={
-                "feedproc.item.id": item_id,
-                "feedproc.partition": partition,
-                "feedproc.queue": queue,
-                "feedproc.gate": gate,
-                "feedproc.attempt": attempt,
-            },
-        )
+    if (tracer := _tracer_now()) is None:
+        return _NOOP
+    return _delivery_span(
+        tracer, "feedproc.deliver", partition, queue, gate, {"feedproc.item.id": item_id, "feedproc.attempt": attempt}
     )
 
 
 def batch_delivery(item_ids: list[int], partition: str, queue: str, gate: int) -> Any:
     """A context manager around one batch delivery (`--batch`): a span `feedproc.deliver_batch`
     with the items' ids; `.outcome(kind, error)` on what it yields (a failure of any item wins)."""
-    tracer = _tracer
-    if tracer is None:
+    if _tracer is None:  # off: the common case, at once
         return _NOOP
-    if tracer is _UNDECIDED:
-        _decide()
-        if (tracer := _tracer) is None:
-            return _NOOP
-    return _Span(
-        tracer.start_span(
-            "feedproc.deliver_batch",
-            kind=_api.SpanKind.CONSUMER,
-            attributes={
-                "feedproc.item.ids": item_ids,
-                "feedproc.batch.size": len(item_ids),
-                "feedproc.partition": partition,
-                "feedproc.queue": queue,
-                "feedproc.gate": gate,
-            },
-        )
-    )
+    if (tracer := _tracer_now()) is None:
+        return _NOOP
+    batch = {"feedproc.item.ids": item_ids, "feedproc.batch.size": len(item_ids)}
+    return _delivery_span(tracer, "feedproc.deliver_batch", partition, queue, gate, batch)
+
+
+def _delivery_span(tracer: Any, name: str, partition: str, queue: str, gate: int, more: dict[str, Any]) -> _Span:
+    where = {"feedproc.partition": partition, "feedproc.queue": queue, "feedproc.gate": gate}
+    return _Span(tracer.start_span(name, kind=_api.SpanKind.CONSUMER, attributes={**more, **where}))
 
 
 def group_commit(answers: int) -> Any:
     """A context manager around one group commit of `answers` answers."""
-    tracer = _tracer
-    if tracer is None:
+    if _tracer is None:  # off: the common case, at once
         return _NOOP
-    if tracer is _UNDECIDED:
-        _decide()
-        if (tracer := _tracer) is None:
-            return _NOOP
+    if (tracer := _tracer_now()) is None:
+        return _NOOP
     return _Span(tracer.start_span("feedproc.group_commit", attributes={"feedproc.answers": answers}))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
@@ -24,8 +25,25 @@ def batches(handler: HandlerService) -> list[list[dict[str, Any]]]:
         return [d.body["items"] for d in handler.deliveries if "items" in d.body]
 
 
-def answer_all(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    return 200, {"answers": [{"done": True} for _ in body["items"]]}
+def each(answer: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], tuple[int, Any]]:
+    """A batch handler answering each item of a batch with `answer(item)`, in order."""
+    return lambda body: (200, {"answers": [answer(item) for item in body["items"]]})
+
+
+answer_all = each(lambda item: {"done": True})
+
+
+def first_then_all(first: Callable[[dict[str, Any]], tuple[int, Any]]) -> Callable[[dict[str, Any]], tuple[int, Any]]:
+    """A batch handler answering its first request with `first(body)`, every later one with done."""
+    answered = threading.Event()
+
+    def behave(body: dict[str, Any]) -> tuple[int, Any]:
+        if answered.is_set():
+            return answer_all(body)
+        answered.set()
+        return first(body)
+
+    return behave
 
 
 def history(feed: Feed, key: str) -> dict[int, list[dict[str, Any]]]:
@@ -63,15 +81,7 @@ def test_answers_carrying_ids_are_matched_by_id_in_any_order(db_url: str, feed: 
 def test_a_short_answer_list_retries_only_the_items_left_unanswered(
     db_url: str, feed: Feed, handler: HandlerService
 ) -> None:
-    first = threading.Event()
-
-    def three_then_all(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if not first.is_set():
-            first.set()
-            return 200, {"answers": [{"done": True} for _ in body["items"][:3]]}
-        return answer_all(body)
-
-    handler.behavior = three_then_all
+    handler.behavior = first_then_all(lambda body: (200, {"answers": [{"done": True}] * 3}))
     feed.add_partition("short", items=[(0, js({"n": n})) for n in range(5)])
     with watching(db_url, HTTPProcessor(handler.url), retry_delay=0.05, **BATCH):
         wait_status(feed, "short", "complete")
@@ -83,14 +93,8 @@ def test_a_short_answer_list_retries_only_the_items_left_unanswered(
 
 
 def test_a_failure_in_one_answer_fails_only_its_item(db_url: str, feed: Feed, handler: HandlerService) -> None:
-    def reject_n2(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        answers = [
-            {"error": {"message": "unreadable scan", "no_retry": True}} if item["data"]["n"] == 2 else {"done": True}
-            for item in body["items"]
-        ]
-        return 200, {"answers": answers}
-
-    handler.behavior = reject_n2
+    rejected = {"error": {"message": "unreadable scan", "no_retry": True}}
+    handler.behavior = each(lambda item: rejected if item["data"]["n"] == 2 else {"done": True})
     feed.add_partition("one-bad", items=[(0, js({"n": n})) for n in range(4)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "one-bad", "failed")
@@ -100,15 +104,7 @@ def test_a_failure_in_one_answer_fails_only_its_item(db_url: str, feed: Feed, ha
 
 
 def test_a_failed_batch_request_retries_every_item_of_it(db_url: str, feed: Feed, handler: HandlerService) -> None:
-    failed_once = threading.Event()
-
-    def busy_once(body: dict[str, Any]) -> tuple[int, Any]:
-        if not failed_once.is_set():
-            failed_once.set()
-            return 503, "busy"
-        return answer_all(body)
-
-    handler.behavior = busy_once
+    handler.behavior = first_then_all(lambda body: (503, "busy"))
     feed.add_partition("busy", items=[(0, js({"n": n})) for n in range(4)])
     with watching(db_url, HTTPProcessor(handler.url), retry_delay=0.05, **BATCH):
         wait_status(feed, "busy", "complete")
@@ -120,16 +116,13 @@ def test_a_failed_batch_request_retries_every_item_of_it(db_url: str, feed: Feed
 def test_children_of_a_batch_answer_are_added_once_and_the_gate_advances(
     db_url: str, feed: Feed, handler: HandlerService
 ) -> None:
-    def fan_out(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        answers = [
+    handler.behavior = each(
+        lambda item: (
             {"done": True, "items": [{"gate": 1, "data": {"page": item["data"]["n"]}}]}
             if item["gate"] == 0
             else {"done": True}
-            for item in body["items"]
-        ]
-        return 200, {"answers": answers}
-
-    handler.behavior = fan_out
+        )
+    )
     feed.add_partition("fan", items=[(0, js({"n": n})) for n in range(5)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "fan", "complete")
