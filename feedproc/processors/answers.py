@@ -99,15 +99,11 @@ def read_batch_answer(
     count = len(ids)
     try:
         parsed = parse_json(content) if content else None
-    except _NonStandardJSON as error:
-        parsed = InvalidAnswer(str(error))
-    except (ValueError, UnicodeDecodeError):
+    except (_NonStandardJSON, ValueError, UnicodeDecodeError):
         parsed = None
     answers = parsed.get("answers") if isinstance(parsed, dict) else None
     if not 200 <= status < 300 or not isinstance(answers, list):
-        try:
-            if isinstance(parsed, InvalidAnswer) and 200 <= status < 300:
-                raise parsed
+        try:  # the failure this body would be as a single item's answer, else the missing list
             read_answer(status, content, retry_after_header, url)
             raise InvalidAnswer(f'expected {{"answers": [...]}}, got {shown(content[:100].decode("utf-8", "replace"))}')
         except Exception as error:

@@ -96,27 +96,22 @@ class Delivering(Leasing):
         item = Item(
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
-        failure: BaseException | None = None
+        failure: Exception | None = None
         timeout = lease.item_timeout or self.config.item_timeout
         started_us = time.time_ns() // 1000
         started = time.perf_counter_ns()
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
+                result: Response | Exception
                 try:
-                    response = await call_processor(self.processor, item, timeout)
+                    result = await call_processor(self.processor, item, timeout)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # a call past its item timeout is a RetryLater, like any transient one
-                    failure = error
+                    result = error
                 elapsed = time.perf_counter_ns() - started
                 self.metrics.latency.observe(elapsed / 1e9)
-                if failure is None:
-                    try:
-                        outcome = outcome_of(ready, self.policy, response=response)
-                    except Exception as error:  # an answer our rules cannot read: a transient failure
-                        failure = error
-                if failure is not None:
-                    outcome = outcome_of(ready, self.policy, error=failure)
+                outcome, failure = self._outcome_of(ready, result)
                 span.outcome(outcome.kind, outcome.error)
         except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
             log.exception(
