@@ -340,7 +340,7 @@ class Leasing(LostDeliveries, Queues):
 
         `abandoned`: per partition, the (item id, version) of deliveries the watcher gives up on
         (still running, or answered but unwritable); each is charged now as a lost delivery, with
-        `reason` (formatted with `watcher` and `attempt`) as its error."""
+        `reason` as its error (`{watcher}` and `{attempt}` in it are filled in)."""
         if not leases:
             return 0
         with self.write() as conn:

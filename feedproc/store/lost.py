@@ -96,7 +96,9 @@ class LostDeliveries(GateWriter):
             attempt = r.attempts + 1
             counted = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
             failed = alone and attempt >= max_attempts
-            error = reason.format(watcher=watcher, attempt=attempt) + (" (delivered alone)" if alone else "")
+            # Placeholders replaced, not str.format: the rest of a reason may quote an error with braces.
+            said = reason.replace("{watcher}", watcher).replace("{attempt}", str(attempt))
+            error = said + (" (delivered alone)" if alone else "")
             charged.append({"item": r.id, "gate": r.gate, "attempt": attempt, "error": error, "failed": failed})
             updates.append(
                 {

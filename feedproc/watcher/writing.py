@@ -163,7 +163,7 @@ class Writing(WatcherState):
                             abandoned=charged,
                             max_attempts=self.config.max_attempts,
                             reason="watcher {watcher} could not write the answer of delivery {attempt}: "
-                            + f"{type(error).__name__}: {error}".replace("{", "{{").replace("}", "}}"),
+                            + f"{type(error).__name__}: {error}",
                         )
         return total
 

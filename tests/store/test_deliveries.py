@@ -144,6 +144,16 @@ def test_release_on_stop_charges_the_deliveries_it_abandons_and_only_those(three
     assert again[buffered.id].attempts == 0
 
 
+def test_a_release_charges_with_the_reason_given_braces_and_all(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (answered,) = take(three, A)
+    reason = "watcher {watcher} could not write the answer of delivery {attempt}: TypeError: {'label': 1}"
+    abandoned = {answered.partition_id: [(answered.id, answered.version)]}
+    three.release(A, three.owned(A), abandoned=abandoned, max_attempts=5, reason=reason)
+    error = three.item(answered.id)["last_error"]
+    assert error == f"watcher {A} could not write the answer of delivery 1: TypeError: {{'label': 1}}"
+
+
 def test_a_hand_over_leaves_nothing_to_charge(three: Store) -> None:
     three.add_partition("p", [(0, b"1"), (0, b"2")])
     first, _ = take(three, A)
