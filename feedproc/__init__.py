@@ -1,7 +1,8 @@
 """feedproc: partitioned fan-out/fan-in workflows, kept in SQLite or PostgreSQL.
 
 Public API: `Feed` (producers), `Processor`, `Item`, `Response`, `HTTPProcessor`,
-`PermanentError`, `RetryLater`, and `Watcher` for running a watcher inside your own program.
+`PermanentError`, `RetryLater`, `Watcher` for running a watcher inside your own program, and
+`RemoteWorker` for a pull worker that claims items from `feedproc serve`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .core.models import Item, NewItem, Response
 from .feed import Feed
 from .processors import HTTPProcessor, Processor
 from .watcher import Watcher, WatcherConfig
+from .worker import RemoteWorker
 
 __all__ = [
     "DatabaseUnavailable",
@@ -36,6 +38,7 @@ __all__ = [
     "PermanentError",
     "Processor",
     "Refused",
+    "RemoteWorker",
     "Response",
     "RetryLater",
     "SchemaMissing",

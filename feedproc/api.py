@@ -10,18 +10,23 @@ partition `a/b`, and `POST /api/v1/partitions/a/b/seal` seals it (only POST rout
 Lists are keyset-paginated: pass the last key (or history id) seen as `after`.
 
 Mutating endpoints need `Authorization: Bearer <FEEDPROC_API_TOKEN>`, compared in constant time;
-a server started without a token is read-only. Request bodies are limited in size.
+a server started without a token is read-only. The worker API (claim, heartbeat, answer: pull
+workers and callback handlers) also takes `FEEDPROC_WORKER_TOKEN`, which allows nothing else.
+Request bodies are limited in size.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
+import threading
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._version import __version__
-from .core.errors import FeedprocError, InvalidInput
+from .core.errors import FeedprocError, InvalidInput, StaleClaim
 from .core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row
 from .feed import Feed
 from .health import serve_health
@@ -82,6 +87,25 @@ class NewItems(BaseModel):
     items: list[ItemIn] = Field(..., min_length=1)
 
 
+class ClaimRequest(BaseModel):
+    """A pull worker asks for items."""
+
+    model_config = ConfigDict(extra="forbid")
+    worker: str = Field(..., min_length=1, max_length=120, description="the worker's name (history, records)")
+    max: int = Field(10, ge=1, le=1000, strict=True, description="items at most")
+    lease_seconds: float = Field(60.0, ge=1, le=86400, description="how long each claim holds without a heartbeat")
+    wait: float = Field(0.0, ge=0, le=60, description="seconds to wait for work when none is ready (long poll)")
+
+
+class Heartbeat(BaseModel):
+    """A worker still works on a claimed item."""
+
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(..., min_length=1, max_length=64)
+    progress: float | None = Field(None, ge=0, le=1)
+    lease_seconds: float | None = Field(None, ge=1, le=86400, description="a new lease length, from now")
+
+
 # ---------------------------------------------------------------- auth and limits
 
 _bearer = HTTPBearer(auto_error=False, description="FEEDPROC_API_TOKEN")
@@ -97,6 +121,55 @@ def require_token(
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+def require_worker_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Worker endpoints: FEEDPROC_API_TOKEN, or FEEDPROC_WORKER_TOKEN (which allows only these)."""
+    accepted = [t for t in (request.app.state.token, request.app.state.worker_token) if t]
+    if not accepted:
+        raise ApiError(403, "this server has no FEEDPROC_API_TOKEN or FEEDPROC_WORKER_TOKEN: it is read-only")
+    given = (credentials.credentials if credentials is not None else "").encode()
+    if not any(hmac.compare_digest(given, t.encode()) for t in accepted):
+        raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+class ReadyBoard:
+    """Wakes long-polling claims when work may be ready: a LISTEN connection on PostgreSQL (one
+    per server, for every queue), else nothing (claims poll). Waiters re-claim when woken."""
+
+    POLL = 1.0  # seconds between claims of a long poll without a notification (SQLite; retries due)
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+        self._stop: Any = None
+        self._lock = threading.Lock()
+
+    async def wait(self, seconds: float) -> None:
+        """Until a notification or `seconds` (at most POLL), whichever is first."""
+        with self._lock:
+            if self._loop is None:
+                self._loop, self._event = asyncio.get_running_loop(), asyncio.Event()
+                self._stop = self.feed.listen_ready(self._notified)
+        assert self._event is not None
+        self._event.clear()
+        try:
+            async with asyncio.timeout(min(seconds, self.POLL)):
+                await self._event.wait()
+        except TimeoutError:
+            pass
+
+    def _notified(self) -> None:
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None:
+            loop.call_soon_threadsafe(event.set)
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop()
 
 
 class BodyLimit:
@@ -322,10 +395,92 @@ def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) 
     return {"items": _feed(request).recent_failures(limit=limit)}
 
 
+# ---------------------------------------------------------------- the worker API
+
+Working = [Depends(require_worker_token)]
+QueuePath = Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)]
+ItemPath = Annotated[int, Path(ge=1, le=INT64)]
+
+
+@api.post("/queues/{queue}/claim", dependencies=Working, tags=["workers"])
+async def claim(queue: QueuePath, body: ClaimRequest, request: Request) -> dict[str, Any]:
+    """Claim up to `max` ready items of a pull-mode queue, each held for `lease_seconds` unless a
+    heartbeat extends it; with `wait`, hold the request up to that many seconds until there is
+    work. Items come only from their partition's current gate, in priority order. Each item:
+    id, partition, queue, gate, attempt, data (or data_base64), token, lease_expires_at. 409 when
+    the queue is not in pull mode."""
+    feed: Feed = _feed(request)
+    board: ReadyBoard = request.app.state.ready_board
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait
+    while True:
+        claimed = await run_in_threadpool(
+            feed.claim, queue, body.worker, max_items=body.max, lease_seconds=body.lease_seconds
+        )
+        if await request.is_disconnected():  # the worker gave up (stopping): nobody will hear of these
+            for entry in claimed:
+                await run_in_threadpool(feed.release, entry["id"], entry["token"])
+            return {"items": []}
+        remaining = deadline - loop.time()
+        if claimed or remaining <= 0:
+            break
+        await board.wait(remaining)
+    return {"items": [{**{k: v for k, v in c.items() if k != "data"}, **_data(c["data"])} for c in claimed]}
+
+
+@api.post("/items/{item_id}/heartbeat", dependencies=Working, tags=["workers"])
+def heartbeat(item_id: ItemPath, body: Heartbeat, request: Request) -> dict[str, Any]:
+    """Extend a claim (by its lease, or a new `lease_seconds`) and keep `progress` (0..1). 409 with
+    `reason` ("expired", "cancelled", "superseded") when the token no longer holds the item."""
+    expires = _feed(request).heartbeat(item_id, body.token, progress=body.progress, lease_seconds=body.lease_seconds)
+    return {"id": item_id, "lease_expires_at": expires}
+
+
+@api.post("/items/{item_id}/answer", dependencies=Working, tags=["workers"])
+def answer(
+    item_id: ItemPath,
+    request: Request,
+    body: Annotated[
+        dict[str, Any],
+        Body(
+            description=(
+                "`token` and the handler contract's answer: done / gate / data / items / retry_after / "
+                'progress (Go Feed: complete / response), or `error`: {"message", "no_retry"} or a message'
+            ),
+            examples=[{"token": "…", "done": True, "data": {"label": "invoice"}}],
+        ),
+    ],
+) -> dict[str, Any]:
+    """Answer a claimed item, as a handler would answer its request; 400 for a malformed answer
+    and 409 with `reason` when the token no longer holds the item (nothing changes then)."""
+    token = body.get("token")
+    if not isinstance(token, str) or not 1 <= len(token) <= 64:
+        raise ApiError(400, "token: the claim's token (a string) is required")
+    fields = {k: v for k, v in body.items() if k != "token"}
+    return _feed(request).answer(item_id, token, fields)
+
+
+class TokenOnly(BaseModel):
+    """A claim's token."""
+
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(..., min_length=1, max_length=64)
+
+
+@api.post("/items/{item_id}/release", dependencies=Working, tags=["workers"])
+def release(item_id: ItemPath, body: TokenOnly, request: Request) -> dict[str, Any]:
+    """Hand a claimed item back unanswered (a worker stopping): ready again at once, no attempt
+    counted. 409 with `reason` when the token no longer holds the item."""
+    _feed(request).release(item_id, body.token)
+    return {"id": item_id, "released": True}
+
+
 # ---------------------------------------------------------------- the application
 
 
-def create_app(feed: Feed, *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+def create_app(
+    feed: Feed, *, token: str | None = None, worker_token: str | None = None, max_body: int = DEFAULT_MAX_BODY
+) -> FastAPI:
     """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
     from . import dashboard
 
@@ -339,6 +494,8 @@ def create_app(feed: Feed, *, token: str | None = None, max_body: int = DEFAULT_
     )
     app.state.feed = feed
     app.state.token = token or None
+    app.state.worker_token = worker_token or None
+    app.state.ready_board = ReadyBoard(feed)
     app.include_router(api)
     dashboard.install(app)
 
@@ -392,6 +549,8 @@ async def _api_error(request: Request, error: ApiError) -> JSONResponse:
 
 
 async def _feedproc_error(request: Request, error: FeedprocError) -> JSONResponse:
+    if isinstance(error, StaleClaim):
+        return JSONResponse({"error": str(error), "reason": error.reason}, status_code=error.http_status)
     return _error(error.http_status, str(error))
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import base64
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .core.models import NewItem
+from .core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
+from .core.models import NewItem, Response
+from .core.policy import RetryPolicy
 from .core.records import QueueSettings
-from .store import Store
+from .store import MAX_CLAIM, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 
@@ -21,8 +24,11 @@ class Feed:
     >>> feed.add_partition("upload-42", items=[(0, b'{"file": "a.pdf"}')], priority=5)
     """
 
-    def __init__(self, url: str = "sqlite:///feedproc.db", *, pool_size: int = 5) -> None:
+    def __init__(
+        self, url: str = "sqlite:///feedproc.db", *, pool_size: int = 5, policy: RetryPolicy | None = None
+    ) -> None:
         self.store = Store(url, pool_size=pool_size)
+        self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database holds this version's schema."""
@@ -120,11 +126,13 @@ class Feed:
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         clear_windows: bool = False,
+        mode: str | None = None,
     ) -> QueueSettings:
-        """Store a queue's global concurrency limit (sum of weights in flight across all watchers; < 1
-        means none) and/or its windows of the day; arguments left None keep their value."""
+        """Store a queue's global concurrency limit (sum of weights in flight across all watchers
+        and workers; < 1 means none), its windows of the day and/or its mode ("push": watchers
+        deliver its items; "pull": workers claim them); arguments left None keep their value."""
         return self.store.set_queue(
-            name, limit=limit, windows=windows, window_tz=window_tz, clear_windows=clear_windows
+            name, limit=limit, windows=windows, window_tz=window_tz, clear_windows=clear_windows, mode=mode
         )
 
     def queue(self, name: str) -> dict[str, Any]:
@@ -197,3 +205,105 @@ class Feed:
     def gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
         """Per-queue aggregates for Prometheus: partitions by status, backlog, failed items, leases, live watchers."""
         return self.store.queue_gauges(queue)
+
+    # ------------------------------------------------------------ pull workers
+
+    def claim(
+        self, queue: str, worker: str, *, max_items: int = 10, lease_seconds: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each held for
+        `lease_seconds` unless heartbeats extend it. Each is a dict: id, partition, queue, gate,
+        attempt, data (bytes), token, lease_expires_at. Only items at their partition's current
+        gate, in priority order; [] when none is ready. Refused unless the queue is in pull mode."""
+        check_claim(worker, max_items, lease_seconds)
+        return self.store.claim(queue, worker, max_items, lease_seconds, self.policy)
+
+    def heartbeat(
+        self, item_id: int, token: str, *, progress: float | None = None, lease_seconds: float | None = None
+    ) -> str:
+        """Extend a claim (by its lease, or `lease_seconds`) and keep `progress` (0..1); returns the
+        new expiry (ISO 8601). StaleClaim when the token no longer holds the item, with its `reason`."""
+        if progress is not None and (isinstance(progress, bool) or not 0 <= progress <= 1):
+            raise InvalidInput(f"progress must be a number from 0 to 1, got {progress!r}")
+        if lease_seconds is not None:
+            check_claim("-", 1, lease_seconds)
+        return self.store.heartbeat_claim(item_id, token, progress=progress, lease_seconds=lease_seconds)
+
+    def answer(self, item_id: int, token: str, answer: Mapping[str, Any] | Response) -> dict[str, Any]:
+        """Answer a claimed item: a Response, or an answer object of the handler contract (done /
+        gate / data or data_base64 / items / retry_after / progress / Go Feed's complete and
+        response, or `error`:
+        {"message", "no_retry"} or a message). A failure is retried with backoff or, with
+        no_retry or out of attempts, fails the item. Returns what became of it. InvalidInput for
+        a malformed answer and StaleClaim for a token that no longer holds the item: nothing
+        changes then."""
+        response: Response | None = None
+        failure: BaseException | None = None
+        if isinstance(answer, Response):
+            response = answer
+        else:
+            try:
+                response, failure = read_worker_answer(answer), None
+            except (PermanentError, RetryLater) as reported:
+                failure = reported
+        try:
+            return self.store.answer_claim(item_id, token, self.policy, response=response, error=failure)
+        except InvalidAnswer as error:
+            raise InvalidInput(str(error)) from None
+
+    def release(self, item_id: int, token: str) -> None:
+        """Hand a claimed item back unanswered (ready again at once, no attempt counted)."""
+        self.store.release_claim(item_id, token)
+
+    def expire_claims(self, queue: str | None = None) -> int:
+        """Settle claims that ran out without an answer (each counts an attempt); how many."""
+        return self.store.expire_claims(queue, self.policy)
+
+    def listen_ready(self, on_ready: Callable[[], Any]) -> Callable[[], None] | None:
+        """Call `on_ready()` (on a thread of its own) whenever a queue may have new work, until the
+        returned stop function is called; None where the database cannot notify (SQLite)."""
+        if not self.store.postgres:
+            return None
+        from .store.notify import Listener
+
+        listener = Listener(self.store.engine, None, on_ready)
+        listener.start()
+        return listener.stop
+
+
+def check_claim(worker: str, max_items: int, lease_seconds: float) -> None:
+    """InvalidInput unless a claim's arguments are usable."""
+    if not isinstance(worker, str) or not 1 <= len(worker) <= 120:
+        raise InvalidInput("worker must be a name of 1 to 120 characters")
+    if isinstance(max_items, bool) or not isinstance(max_items, int) or not 1 <= max_items <= MAX_CLAIM:
+        raise InvalidInput(f"max must be an integer from 1 to {MAX_CLAIM}, got {max_items!r}")
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float) or not 1 <= lease_seconds <= 86400:
+        raise InvalidInput(f"lease_seconds must be from 1 to 86400, got {lease_seconds!r}")
+
+
+def read_worker_answer(answer: Mapping[str, Any]) -> Response:
+    """A worker's answer object as a Response; raises the failure it reports (RetryLater, or
+    PermanentError for `no_retry`) and InvalidInput when it is malformed."""
+    from .processors.answers import answer_from_object
+
+    fields = dict(answer)
+    raw = fields.pop("data_base64", None)
+    if raw is not None:
+        if "data" in fields or not isinstance(raw, str):
+            raise InvalidInput("data_base64 must be a base64 string, and not given with data")
+        try:
+            raw = base64.b64decode(raw, validate=True)
+        except ValueError:
+            raise InvalidInput("data_base64 is not valid base64") from None
+    error = fields.get("error")
+    if isinstance(error, str):  # a plain message: a transient failure
+        fields["error"] = {"message": error}
+    retry_after = fields.get("retry_after")
+    after = retry_after if isinstance(retry_after, int | float) and not isinstance(retry_after, bool) else None
+    try:
+        response = answer_from_object(fields, after if isinstance(fields.get("error"), dict) else None)
+    except InvalidAnswer as invalid:
+        raise InvalidInput(str(invalid)) from None
+    if raw is not None:
+        response.data = raw  # data that is not JSON, as a handler's request carries it
+    return response

@@ -94,7 +94,7 @@ def show_item(
         print_item(item)
 
 
-queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: global concurrency limit and time windows.")
+queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: concurrency limit, time windows, push or pull.")
 app.add_typer(queue_app, name="queue")
 
 
@@ -112,14 +112,22 @@ def queue_set(
         str | None, typer.Option(metavar="ZONE", help="Time zone of the windows (default UTC).")
     ] = None,
     no_windows: Annotated[bool, typer.Option("--no-windows", help="Remove the queue's windows.")] = False,
+    mode: Annotated[
+        str | None,
+        typer.Option(metavar="push|pull", help="push: watchers deliver its items; pull: workers claim them."),
+    ] = None,
     db: DbOption = None,
 ) -> None:
-    """Store queue NAME's concurrency limit and/or windows (options not given keep their value)."""
+    """Store queue NAME's concurrency limit, windows and/or mode (options not given keep their value)."""
+    if mode is not None and mode not in ("push", "pull"):
+        raise typer.BadParameter(f"must be push or pull, got {mode!r}", param_hint="--mode")
     with _feed(db) as feed:
-        settings = feed.set_queue(name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows)
+        settings = feed.set_queue(
+            name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows, mode=mode
+        )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
-    typer.echo(f"queue {name}: {limit_text}, {windows_text}")
+    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}")
 
 
 @queue_app.command("show")
@@ -143,7 +151,7 @@ def queue_show(
             windows_text = f"windows {q['windows']} {q['timezone']} ({state})"
         else:
             windows_text = "no windows"
-        typer.echo(f"{q['name']}: {limit_text}, {windows_text}")
+        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}")
 
 
 @app.command()

@@ -190,12 +190,93 @@ def _start_monitors(
 
 
 @app.command()
+def work(
+    api: Annotated[str, typer.Option(metavar="URL", help="The feedproc serve to claim from (its base URL).")],
+    queue: Annotated[str, typer.Option(help="Pull-mode queue to work on.")] = "default",
+    handler: Annotated[
+        str | None, typer.Option(metavar="URL", help="Hand each item to this HTTP handler service.")
+    ] = None,
+    processor: Annotated[
+        str | None, typer.Option(metavar="MODULE:ATTR", help="A Python Processor to use instead of HTTP.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=1000, help="Items processed at once.")] = 10,
+    worker: Annotated[str | None, typer.Option(help="This worker's name (default host-pid).")] = None,
+    lease_seconds: Annotated[
+        float, typer.Option(min=1.0, max=86400.0, help="Each claim's length; a heartbeat renews it every third.")
+    ] = 60.0,
+    item_timeout: Annotated[
+        str | None, typer.Option(metavar="S", help="A processor call taking longer fails, transiently.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds one handler request may take.")] = 30.0,
+    shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+) -> None:
+    """Run a pull worker against `feedproc serve` until SIGINT/SIGTERM (no database access).
+
+    Its token comes from FEEDPROC_WORKER_TOKEN (or FEEDPROC_API_TOKEN). On stop it claims nothing
+    more, lets in-flight items finish for --shutdown-grace seconds, and hands the rest back.
+    """
+    from ..processors import HTTPProcessor, load_processor
+    from ..redact import redact_url
+    from ..worker import RemoteWorker
+
+    if (handler is None) == (processor is None):
+        raise InvalidInput("work needs exactly one of --handler URL or --processor module:attr")
+    for name, url in (("--api", api), ("--handler", handler)):
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise InvalidInput(f"{name} {redact_url(url)!r} is not an http:// or https:// URL")
+    _check_log_options(log_level, log_format)
+    if processor is not None:
+        sys.path.insert(0, os.getcwd())
+        target: Any = load_processor(processor)
+    else:
+        assert handler is not None
+        target = HTTPProcessor(handler, timeout=timeout, max_connections=max(concurrency, 10))
+    token = os.environ.get("FEEDPROC_WORKER_TOKEN") or os.environ.get("FEEDPROC_API_TOKEN") or None
+    logs.configure(log_level, log_format)
+    logs.add_url_secrets(api)
+    logs.add_url_secrets(handler)
+    if token:
+        logs.add_secret(token)
+    remote = RemoteWorker(
+        api,
+        queue,
+        target,
+        token=token,
+        worker=worker,
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
+        shutdown_grace=shutdown_grace,
+    )
+    logging.getLogger("feedproc.worker").info(
+        "worker %s claiming from %s, queue %s", remote.worker, redact_url(api), queue
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, remote.stop)
+        await remote.run()
+
+    asyncio.run(main())
+
+
+@app.command()
 def serve(
     host: Annotated[
         str, typer.Option(help="Address to listen on; other than loopback only with a token.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
+    max_attempts: Annotated[
+        int, typer.Option(min=1, help="Pull workers: deliveries per gate before an item fails.")
+    ] = 5,
+    retry_delay: Annotated[
+        float, typer.Option(min=0.0, help="Pull workers: first backoff delay; doubles each retry.")
+    ] = 1.0,
+    max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Pull workers: longest backoff delay.")] = 600.0,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
     db: DbOption = None,
@@ -203,7 +284,8 @@ def serve(
     """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
 
     Mutating API calls need `Authorization: Bearer $FEEDPROC_API_TOKEN`; without the variable the
-    server is read-only, and it refuses to listen on anything but loopback.
+    server is read-only, and it refuses to listen on anything but loopback. Pull workers may use
+    `FEEDPROC_WORKER_TOKEN` instead, which allows only claims, heartbeats and answers.
     """
     import ipaddress
     import socket
@@ -216,15 +298,19 @@ def serve(
 
     _check_log_options(log_level, log_format)
     token = os.environ.get("FEEDPROC_API_TOKEN") or None
+    worker_token = os.environ.get("FEEDPROC_WORKER_TOKEN") or None
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
-    if not loopback and not token:
+    if not loopback and not (token or worker_token):
         raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
     logs.configure(log_level, log_format)
     logs.add_url_secrets(database_url(db))
-    feed = Feed(database_url(db))
+    from ..core.policy import RetryPolicy
+
+    policy = RetryPolicy(max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay)
+    feed = Feed(database_url(db), policy=policy)
     try:
         feed.check_schema()
         try:
@@ -235,7 +321,8 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
-        run(create_app(feed, token=token, max_body=max_body_bytes), sock, log_level=log_level.lower())
+        app_ = create_app(feed, token=token, worker_token=worker_token, max_body=max_body_bytes)
+        run(app_, sock, log_level=log_level.lower())
     finally:
         feed.close()
 

@@ -28,6 +28,16 @@ class Refused(FeedprocError):
     http_status = 409
 
 
+class StaleClaim(Refused):
+    """A pull worker's token no longer holds its item: `reason` is "expired" (the claim ran out),
+    "cancelled" (the item or its partition was cancelled) or "superseded" (the item changed
+    otherwise: answered already, retried, delivered by a watcher). Nothing was changed."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class DuplicateKey(Refused):
     """A partition with that key exists already."""
 

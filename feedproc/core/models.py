@@ -6,6 +6,7 @@ import json
 import math
 import re
 import reprlib
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -173,6 +174,13 @@ class Item:
     attempt: int  # failed deliveries at this gate + 1
     data: bytes
     reporter: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    stop: threading.Event | None = field(default=None, repr=False, compare=False)  # set when cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the item (or its partition) was cancelled while in flight: a plain-`def`
+        processor polls it to stop early (an `async def` one is cancelled outright)."""
+        return self.stop is not None and self.stop.is_set()
 
     def json(self) -> Any:
         """The item's data parsed as JSON."""

@@ -123,12 +123,14 @@ class SlotClaim:
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    """A queue's scheduling settings: concurrency limit (< 1: none) and windows of the day."""
+    """A queue's scheduling settings: concurrency limit (< 1: none), windows of the day, and its
+    mode: `push` (watchers deliver its items) or `pull` (workers claim them through the API)."""
 
     name: str
     limit: int = 0
     windows: str | None = None
     window_tz: str | None = None
+    mode: str = "push"
 
     @property
     def limited(self) -> bool:
@@ -149,6 +151,7 @@ class QueueSettings:
         opens = timewindows.next_opening(self.parsed, self.zone, now)
         return {
             "name": self.name,
+            "mode": self.mode,
             "limit": self.limit if self.limited else None,
             "slots_in_use": in_use,
             "windows": self.windows,

@@ -9,7 +9,9 @@ Callers:
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
   charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
   batch of answers (`answers.py`);
-* scheduling controls: queue settings, slots, deferral, progress (`queues.py`).
+* scheduling controls: queue settings, slots, deferral, progress (`queues.py`);
+* pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
+  the claims of silent workers (`pulling.py`).
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
@@ -34,6 +36,7 @@ from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
 from .producing import Producing
+from .pulling import MAX_CLAIM, Pulling
 from .queues import Queues
 from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
 from .retention import Retention
@@ -41,6 +44,7 @@ from .retention import Retention
 __all__ = [
     "FAILED_ITEMS_SHOWN",
     "INSERT_CHUNK",
+    "MAX_CLAIM",
     "MAX_PAGE",
     "RECORDS_KEPT",
     "Store",
@@ -49,5 +53,7 @@ __all__ = [
 ]
 
 
-class Store(Producing, Reading, Operators, Leasing, LostDeliveries, Dispatch, Answers, Queues, Retention, StoreBase):
+class Store(
+    Producing, Reading, Operators, Leasing, LostDeliveries, Dispatch, Pulling, Answers, Queues, Retention, StoreBase
+):
     """feedproc's database access. Thread-safe: each call takes its own pooled connection."""

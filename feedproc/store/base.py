@@ -24,13 +24,13 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
 from ..core.models import Status
 from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine
-from .schema import attempts, events, inflight, items, partitions, queues, watchers
+from .schema import attempts, claims, events, inflight, items, partitions, queues, watchers
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
-A, F = attempts.c, inflight.c
+A, F, C = attempts.c, inflight.c, claims.c
 # `Status` values as plain strings: they are bound and compared on the watcher's paths, where looking
 # up an enum member costs 90 ns (Python 3.11) against 7 for a module constant.
 AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
@@ -40,6 +40,10 @@ AVAILABLE, COMPLETE, FAILED, CANCELLED = (s.value for s in Status)
 # if the condition is literal.
 IS_AVAILABLE: ColumnElement[str] = literal_column(f"'{AVAILABLE}'")
 IS_FAILED: ColumnElement[str] = literal_column(f"'{FAILED}'")
+#: A pull worker's claim while it holds its item (feedproc_claims.state), as a SQL literal.
+ACTIVE_CLAIM: ColumnElement[str] = literal_column("'active'")
+#: A queue whose items workers claim (feedproc_queues.mode), as a SQL literal.
+PULL: ColumnElement[str] = literal_column("'pull'")
 #: A partition's columns with no lease on it (released, deferred, finished, cancelled).
 NO_LEASE: Mapping[str, None] = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
 

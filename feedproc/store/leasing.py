@@ -11,12 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import Row, and_, bindparam, delete, exists, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
 from ..core.records import Lease, ProgressReport, encode_inflight
-from .base import IS_AVAILABLE, NO_LEASE, F, P, W, event
+from .base import IS_AVAILABLE, NO_LEASE, PULL, F, P, Q, W, event
 from .dialects import db_now, seconds_from_now, seconds_until
 from .lost import LostDeliveries
 from .notify import notify_ready, notify_wanted
@@ -45,7 +45,7 @@ def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
 
 # `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
 # snapshot and commit together), one round trip: the path from a notification to dispatch.
-# RETURNING sees the new epoch; `c.lease_owner` is the previous owner.
+# RETURNING sees the new epoch; `c.lease_owner` is the previous owner. Never in a queue in pull mode.
 _PG_ACQUIRE = text(
     """
     WITH candidates AS (
@@ -53,6 +53,7 @@ _PG_ACQUIRE = text(
         WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
           AND (not_before IS NULL OR not_before <= now())
           AND (lease_owner IS NULL OR lease_expires_at < now())
+          AND NOT EXISTS (SELECT 1 FROM feedproc_queues WHERE name = :queue AND mode = 'pull')
         ORDER BY priority DESC, created_at, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -91,6 +92,7 @@ _ACQUIRE_CANDIDATES = (
         P.ready_at <= db_now(),
         or_(P.not_before.is_(None), P.not_before <= db_now()),
         or_(P.lease_owner.is_(None), P.lease_expires_at < db_now()),
+        ~exists().where(Q.name == bindparam("queue"), Q.mode == PULL),  # workers claim its items
     )
     .order_by(P.priority.desc(), P.created_at, P.id)
     .limit(bindparam("limit"))

@@ -78,13 +78,13 @@ class FinishedListener:
 
 
 class Listener:
-    """Listens for notifications on PostgreSQL: calls `on_ready()` when `queue` has new work and
-    `on_wanted()` when another watcher wants partitions of `watcher_id`."""
+    """Listens for notifications on PostgreSQL: calls `on_ready()` when `queue` (None: any queue)
+    has new work and `on_wanted()` when another watcher wants partitions of `watcher_id`."""
 
     def __init__(
         self,
         engine: Engine,
-        queue: str,
+        queue: str | None,
         on_ready: Callable[[], Any],
         *,
         watcher_id: str | None = None,
@@ -121,7 +121,7 @@ class Listener:
                     self.on_ready()  # anything sent while we were not listening
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.25):
-                            if note.channel == CHANNEL and note.payload == self.queue:
+                            if note.channel == CHANNEL and self.queue in (None, note.payload):
                                 self.on_ready()
                             elif note.channel == WANTED_CHANNEL and note.payload == self.watcher_id and self.on_wanted:
                                 self.on_wanted()

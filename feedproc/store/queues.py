@@ -21,10 +21,12 @@ from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
 from ..core.models import check_queue
 from ..core.records import Lease, ProgressReport, QueueSettings
-from .base import AVAILABLE, IS_AVAILABLE, NO_LEASE, F, I, P, Q, StoreBase, W, iso, utcnow
+from .base import ACTIVE_CLAIM, AVAILABLE, IS_AVAILABLE, NO_LEASE, C, F, I, P, Q, StoreBase, W, iso, utcnow
 from .dialects import db_now
 from .notify import notify_ready
 from .schema import inflight, items, partitions, queues, watchers
+
+QUEUE_MODES = ("push", "pull")
 
 _STORE_PROGRESS = (
     update(items)
@@ -44,10 +46,13 @@ class Queues(StoreBase):
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         clear_windows: bool = False,
+        mode: str | None = None,
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
-        A limit < 1 means no limit. Returns the settings now stored."""
+        A limit < 1 means no limit; `mode` is "push" or "pull". Returns the settings now stored."""
         check_queue(name)
+        if mode is not None and mode not in QUEUE_MODES:
+            raise InvalidInput(f"mode must be push or pull, got {mode!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise InvalidInput(f"limit must be an integer, got {limit!r}")
         parsed = timewindows.parse_windows(windows) if windows is not None else None
@@ -59,6 +64,7 @@ class Queues(StoreBase):
                 "concurrency_limit": current.limit if limit is None else max(limit, 0),
                 "windows": current.windows,
                 "window_tz": current.window_tz,
+                "mode": current.mode if mode is None else mode,
             }
             if clear_windows:
                 values.update(windows=None, window_tz=None)
@@ -97,20 +103,25 @@ class Queues(StoreBase):
             return self._queue(conn, name).describe(utcnow(), self._slots_in_use(conn, name))
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
-        query = select(Q.concurrency_limit, Q.windows, Q.window_tz).where(Q.name == name)
+        query = select(Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
         row = conn.execute(query).one_or_none()
         if row is None:
             return QueueSettings(name)
-        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz)
+        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz, row.mode)
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
-        """Weights in flight for `queue`: the slots of its live watchers (other than `besides`)."""
-        query = select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
+        """Weights in flight for `queue`: the slots of its live watchers (other than `besides`) and
+        the weights of the unexpired claims of pull workers and callback handlers."""
+        held = select(func.coalesce(func.sum(W.slots), 0)).where(W.queue == queue, W.expires_at > db_now())
         if besides is not None:
-            query = query.where(W.id != besides)
-        return int(conn.execute(query).scalar_one())
+            held = held.where(W.id != besides)
+        claimed = select(func.coalesce(func.sum(C.weight), 0)).where(
+            C.queue == queue, C.state == ACTIVE_CLAIM, C.expires_at > db_now()
+        )
+        row = conn.execute(select(held.scalar_subquery(), claimed.scalar_subquery())).one()
+        return int(row[0]) + int(row[1])
 
     def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
         done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))

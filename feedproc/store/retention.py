@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import delete, select
 
-from .base import CANCELLED, COMPLETE, A, E, F, I, P, StoreBase
+from .base import CANCELLED, COMPLETE, A, C, E, F, I, P, StoreBase
 from .dialects import seconds_from_now
-from .schema import attempts, events, inflight, items, partitions
+from .schema import attempts, claims, events, inflight, items, partitions
 
 
 class Retention(StoreBase):
@@ -24,7 +24,7 @@ class Retention(StoreBase):
     ) -> dict[str, int]:
         """Delete partitions finished more than `older_than` seconds ago, with their items and
         history, in bounded transactions (never one giant delete). Returns what was deleted."""
-        deleted = {"partitions": 0, "items": 0, "events": 0, "attempts": 0}
+        deleted = {"partitions": 0, "items": 0, "events": 0, "attempts": 0, "claims": 0}
         while True:
             with self.write() as conn:
                 ids = list(
@@ -37,15 +37,16 @@ class Retention(StoreBase):
                 )
             if not ids:
                 return deleted
-            for table, column, key in (
-                (items, I.partition_id, "items"),
-                (events, E.partition_id, "events"),
-                (attempts, A.partition_id, "attempts"),
+            for table, row_key, column, key in (
+                (items, I.id, I.partition_id, "items"),
+                (events, E.id, E.partition_id, "events"),
+                (attempts, A.id, A.partition_id, "attempts"),
+                (claims, C.token, C.partition_id, "claims"),
             ):
                 while True:
                     with self.write() as conn:
-                        chunk = select(table.c.id).where(column.in_(ids)).limit(batch).scalar_subquery()
-                        removed = conn.execute(delete(table).where(table.c.id.in_(chunk))).rowcount
+                        chunk = select(row_key).where(column.in_(ids)).limit(batch).scalar_subquery()
+                        removed = conn.execute(delete(table).where(row_key.in_(chunk))).rowcount
                     deleted[key] += removed
                     if removed < batch:
                         break

@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 
@@ -103,6 +104,7 @@ items = Table(
     Column("started_at", UTCDateTime(), nullable=True),
     Column("duration", Float, nullable=True),
     Column("delivered_by", String(120), nullable=True),
+    Column("claimed_until", UTCDateTime(), nullable=True),  # a pull worker's claim on it ends then (0005)
     Index(
         "feedproc_items_failed",
         "partition_id",
@@ -152,6 +154,7 @@ queues = Table(
     Column("windows", Text, nullable=True),
     Column("window_tz", String(64), nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
+    Column("mode", String(8), nullable=False, server_default=text("'push'")),  # push | pull (0005)
 )
 
 # What each partition's lease holder has taken for delivery and not yet answered (0004), one row per
@@ -190,6 +193,31 @@ attempts = Table(
     Column("error", Text, nullable=True),
     Index("feedproc_attempts_item", "item_id", "n"),
     Index("feedproc_attempts_partition", "partition_id", "id"),
+)
+
+# Pull workers' claims on items (0005): one row per claim, kept when it ends so that an old token
+# is refused with its reason. `version` is the item's version while the claim holds it; `state`:
+# active | answered | expired | cancelled | superseded. `callback`: a push handler's 202 (its
+# answer comes later, as a worker's would).
+claims = Table(
+    "feedproc_claims",
+    metadata,
+    Column("token", String(64), primary_key=True),
+    Column("item_id", BigId, nullable=False),
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
+    Column("queue", String(100), nullable=False),
+    Column("worker", String(120), nullable=False),
+    Column("gate", Integer, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("weight", Integer, nullable=False),
+    Column("lease_seconds", Float, nullable=False),
+    Column("state", String(12), nullable=False),
+    Column("callback", Boolean, nullable=False, server_default=false()),
+    Column("claimed_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=False),
+    Column("ended_at", UTCDateTime(), nullable=True),
+    Index("feedproc_claims_active", "queue", "state", "expires_at"),
+    Index("feedproc_claims_item", "item_id"),
 )
 
 events = Table(

@@ -1,0 +1,376 @@
+"""Pull workers: claims on the items of pull-mode queues, their heartbeats and answers, and the
+expiry of claims whose worker went silent.
+
+A claim is a lease on one item, on the database clock, held by a token. It holds while its row is
+`active` and unexpired and the item's version is the claim's: every other change of an item (a
+cancel, a partition retry, a watcher's answer) bumps its version and so supersedes the claim. An
+answer goes through the watchers' writer (`Answers._write_outcomes`) and the gate rules
+(`_settle`) in one transaction that holds the partition's lock, so the barrier is checked where
+the gate advances, exactly as for a watcher's group commit. Items are claimed only at their
+partition's current gate, never in a partition a watcher holds a lease on, and never while
+another claim holds them (`feedproc_items.claimed_until`).
+
+A claim that expires is a delivery that failed: it counts an attempt and is retried with backoff
+(or fails the item when its attempts run out), with a delivery record naming the worker.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy.engine import Connection
+
+from ..core import windows as timewindows
+from ..core.errors import NotFound, Refused, RetryLater, StaleClaim
+from ..core.models import Response
+from ..core.policy import RetryPolicy, outcome_of, validate
+from ..core.records import Kind, Outcome, ReadyItem
+from .answers import Answers
+from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
+from .dialects import db_now, seconds_from_now
+from .queues import Queues
+from .schema import claims, items, partitions
+
+MAX_CLAIM = 1000  # items per claim call, at most
+EXPIRED_PER_SWEEP = 200  # expired claims settled per transaction
+
+# The next `:max` claimable items of a queue on PostgreSQL: its partitions in lease order (priority,
+# then age), each one's items at its current gate in due order, locked with SKIP LOCKED so that
+# concurrent claimers never wait for each other nor take the same item. There is deliberately no
+# ORDER BY over the join: the nested loop yields the partitions in order, and the LIMIT stops it as
+# soon as it has enough (an outer sort would walk and lock every ready partition's items first).
+_PG_CANDIDATES = text(
+    """
+    SELECT i.id, i.version, i.partition_id, p.key, p.queue, i.gate, i.attempts, i.data, p.weight,
+           i.deliveries, i.lost, p.windows, p.window_tz, p.rank
+    FROM (SELECT id, key, queue, gate, weight, windows, window_tz,
+                 row_number() OVER (ORDER BY priority DESC, created_at, id) AS rank
+          FROM feedproc_partitions
+          WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
+            AND (not_before IS NULL OR not_before <= now())
+            AND (lease_owner IS NULL OR lease_expires_at < now())
+          ORDER BY priority DESC, created_at, id) AS p
+    CROSS JOIN LATERAL (
+        SELECT id, version, partition_id, gate, attempts, data, deliveries, lost, next_attempt_at
+        FROM feedproc_items
+        WHERE partition_id = p.id AND gate = p.gate AND status = 'available' AND next_attempt_at <= now()
+          AND claimed_until IS NULL
+        ORDER BY next_attempt_at, id
+        LIMIT :max
+        FOR UPDATE SKIP LOCKED
+    ) AS i
+    LIMIT :max
+    """
+)
+# SQLite's twin: its write transaction holds the database's lock, so a plain ordered join does.
+_CANDIDATES = (
+    select(
+        I.id,
+        I.version,
+        I.partition_id,
+        P.key,
+        P.queue,
+        I.gate,
+        I.attempts,
+        I.data,
+        P.weight,
+        I.deliveries,
+        I.lost,
+        P.windows,
+        P.window_tz,
+        P.priority,
+    )
+    .select_from(partitions.join(items, (I.partition_id == P.id) & (I.gate == P.gate)))
+    .where(
+        P.queue == bindparam("queue"),
+        P.status == IS_AVAILABLE,
+        P.ready_at.is_not(None),
+        P.ready_at <= db_now(),
+        (P.not_before.is_(None)) | (P.not_before <= db_now()),
+        (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
+        I.status == IS_AVAILABLE,
+        I.next_attempt_at <= db_now(),
+        I.claimed_until.is_(None),
+    )
+    .order_by(P.priority.desc(), P.created_at, P.id, I.next_attempt_at, I.id)
+    .limit(bindparam("max"))
+)
+_CLAIM_COLUMNS = (
+    C.token,
+    C.item_id,
+    C.partition_id,
+    C.queue,
+    C.worker,
+    C.gate,
+    C.version,
+    C.weight,
+    C.lease_seconds,
+    C.state,
+    C.claimed_at,
+    C.expires_at,
+    (C.expires_at > db_now()).label("live"),
+)
+
+
+class Pulling(Answers, Queues):
+    """Claims: `claim`, `heartbeat_claim`, `answer_claim`, `expire_claims`."""
+
+    def claim(
+        self, queue: str, worker: str, max_items: int, lease_seconds: float, policy: RetryPolicy
+    ) -> list[dict[str, Any]]:
+        """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each for
+        `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, data as bytes, token,
+        lease_expires_at). Claims that expired in the queue are settled first (`expire_claims`).
+        Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed."""
+        self.expire_claims(queue, policy)
+        with self.write() as conn:
+            settings = self._queue(conn, queue, lock=True)
+            if settings.mode != "pull":
+                raise Refused(f"queue {queue!r} is not in pull mode (feedproc queue set {queue} --mode pull)")
+            now = datetime.now(UTC)
+            if not settings.is_open(now):
+                return []
+            room = None
+            if settings.limited:
+                room = settings.limit - self._slots_in_use(conn, queue)
+                if room <= 0:
+                    return []
+            candidates: Any = self._twin(_PG_CANDIDATES, _CANDIDATES)
+            rows = list(conn.execute(candidates, {"queue": queue, "max": max_items}).all())
+            if self.postgres:
+                rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
+            chosen: list[Any] = []
+            for row in rows:
+                if row.windows and not timewindows.is_open(
+                    timewindows.parse_windows(row.windows), timewindows.zone(row.window_tz), now
+                ):
+                    continue
+                if room is not None:
+                    if row.weight > room:
+                        break
+                    room -= row.weight
+                chosen.append(row)
+            if not chosen:
+                return []
+            claimed = conn.execute(
+                update(items)
+                .where(I.id.in_([r.id for r in chosen]))
+                .values(claimed_until=seconds_from_now(lease_seconds), version=I.version + 1)
+                .returning(I.id, I.version, I.claimed_until)
+            ).all()
+            held = {r.id: (r.version, r.claimed_until) for r in claimed}
+            tokens = {r.id: secrets.token_urlsafe(24) for r in chosen}
+            conn.execute(
+                insert(claims).values(claimed_at=db_now(), expires_at=seconds_from_now(lease_seconds)),
+                [
+                    {
+                        "token": tokens[r.id],
+                        "item_id": r.id,
+                        "partition_id": r.partition_id,
+                        "queue": queue,
+                        "worker": worker,
+                        "gate": r.gate,
+                        "version": held[r.id][0],
+                        "weight": r.weight,
+                        "lease_seconds": float(lease_seconds),
+                        "state": "active",
+                    }
+                    for r in chosen
+                ],
+            )
+            return [
+                {
+                    "id": r.id,
+                    "partition": r.key,
+                    "queue": r.queue,
+                    "gate": r.gate,
+                    "attempt": r.attempts + 1,
+                    "data": bytes(r.data),
+                    "token": tokens[r.id],
+                    "lease_expires_at": iso(held[r.id][1]),
+                }
+                for r in chosen
+            ]
+
+    def heartbeat_claim(
+        self, item_id: int, token: str, *, progress: float | None = None, lease_seconds: float | None = None
+    ) -> str:
+        """Extend a claim by its lease (or `lease_seconds`) from now, keeping `progress` (0..1) when
+        given; the new expiry (ISO 8601). StaleClaim (409) when the token no longer holds the item."""
+        with self.write() as conn:
+            claim, _ = self._held(conn, item_id, token)
+            seconds = claim.lease_seconds if lease_seconds is None else float(lease_seconds)
+            until = seconds_from_now(seconds)
+            conn.execute(update(claims).where(C.token == token).values(expires_at=until, lease_seconds=seconds))
+            values: dict[str, Any] = {"claimed_until": until}
+            if progress is not None:
+                values["progress"] = progress
+            conn.execute(update(items).where(I.id == item_id).values(**values))
+            expires = conn.execute(select(C.expires_at).where(C.token == token)).scalar_one()
+            return iso(expires) or ""
+
+    def answer_claim(
+        self,
+        item_id: int,
+        token: str,
+        policy: RetryPolicy,
+        *,
+        response: Response | None = None,
+        error: BaseException | None = None,
+    ) -> dict[str, Any]:
+        """Write a worker's answer (a Response, or the failure it reported) for a claimed item, then
+        apply the gate rules to its partition, in one transaction. Returns what became of the item
+        (`outcome`: done, move, later, retry or fail). StaleClaim (409) when the token no longer
+        holds the item and InvalidAnswer for an answer that breaks the rules for it (a gate below
+        the item's, say): nothing is written."""
+        with self.write() as conn:
+            claim, item = self._held(conn, item_id, token)
+            ready = _ready(item, claim)
+            if response is not None:
+                validate(ready, response)  # InvalidAnswer: the worker hears why; nothing is written
+            outcome = outcome_of(ready, policy, response=response, error=error)
+            self._finish(conn, [(claim, item, outcome)], "answered")
+            self._settle(conn, claim.partition_id)
+            return {"id": item_id, "outcome": str(outcome.kind), "attempts": outcome.attempts, "error": outcome.error}
+
+    def release_claim(self, item_id: int, token: str) -> None:
+        """Hand a claimed item back unanswered (a worker stopping): it is ready again at once and
+        no attempt is counted. StaleClaim when the token no longer holds it."""
+        with self.write() as conn:
+            claim, _ = self._held(conn, item_id, token)
+            conn.execute(update(items).where(I.id == item_id).values(claimed_until=None, version=I.version + 1))
+            self._end_claims(conn, [token], "released")
+            self._settle(conn, claim.partition_id)
+
+    def expire_claims(self, queue: str | None, policy: RetryPolicy, *, limit: int = EXPIRED_PER_SWEEP) -> int:
+        """Settle up to `limit` claims (of `queue`, or every queue) that ran out without an answer:
+        each counts an attempt and is retried with backoff, or fails its item when its attempts
+        run out. Returns how many were settled."""
+        with self.write() as conn:
+            query = select(*_CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
+            if queue is not None:
+                query = query.where(C.queue == queue)
+            found = conn.execute(query.order_by(C.expires_at).limit(limit)).all()
+            if not found:
+                return 0
+            pids = sorted({c.partition_id for c in found})
+            conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
+            rows = {r.id: r for r in conn.execute(_item_rows([c.item_id for c in found])).all()}
+            finished: list[tuple[Any, Any, Outcome]] = []
+            for claim in found:
+                item = rows.get(claim.item_id)
+                reason = _stale_reason(claim, item, live=False)
+                if reason != "expired" or item is None:
+                    self._end_claims(conn, [claim.token], reason or "superseded")
+                    continue
+                seconds = f"{claim.lease_seconds:g}"
+                late = RetryLater(f"claim by worker {claim.worker} expired: no answer or heartbeat within {seconds}s")
+                finished.append((claim, item, outcome_of(_ready(item, claim), policy, error=late)))
+            if finished:
+                self._finish(conn, finished, "expired")
+                for pid in sorted({claim.partition_id for claim, _, _ in finished}):
+                    self._settle(conn, pid)
+            return len(found)
+
+    # ------------------------------------------------------------ helpers
+
+    def _held(self, conn: Connection, item_id: int, token: str) -> tuple[Any, Any]:
+        """The claim `token` on `item_id` and the item, the partition locked; raises NotFound for
+        an unknown token and StaleClaim when it no longer holds the item."""
+        claim = conn.execute(select(*_CLAIM_COLUMNS).where(C.token == token)).one_or_none()
+        if claim is None or claim.item_id != item_id:
+            raise NotFound(f"item {item_id} has no claim with this token")
+        conn.execute(select(P.id).where(P.id == claim.partition_id).with_for_update()).all()
+        item = conn.execute(_item_rows([item_id])).one_or_none()
+        reason = _stale_reason(claim, item, live=bool(claim.live))
+        if reason is not None:
+            said = {
+                "expired": f"the claim on item {item_id} expired",
+                "cancelled": f"item {item_id} was cancelled",
+                "superseded": f"item {item_id} changed since it was claimed (retried, or delivered elsewhere)",
+            }[reason]
+            if claim.state == "answered":
+                said = f"item {item_id} was answered already with this token"
+            raise StaleClaim(said, reason)
+        assert item is not None
+        return claim, item
+
+    def _finish(self, conn: Connection, done: Sequence[tuple[Any, Any, Outcome]], state: str) -> None:
+        """Write the outcomes of ending claims (the watchers' writer: version-guarded, children
+        exactly once, delivery records) and end the claims in `state`."""
+        now_us = int(datetime.now(UTC).timestamp() * 1e6)
+        by_worker: dict[str, list[Outcome]] = {}
+        for claim, item, outcome in done:
+            started = int(claim.claimed_at.timestamp() * 1e6)
+            outcome.n, outcome.attempt = item.deliveries + 1, item.attempts + 1
+            outcome.started_us, outcome.duration_us = started, max(now_us - started, 0)
+            if outcome.kind in (Kind.RETRY, Kind.FAIL):
+                outcome.detail = outcome.error
+            by_worker.setdefault(claim.worker, []).append(outcome)
+        for worker, outcomes in by_worker.items():
+            self._write_outcomes(conn, outcomes, worker)
+        ids = [item.id for _, item, _ in done]
+        conn.execute(update(items).where(I.id.in_(ids)).values(claimed_until=None))
+        self._end_claims(conn, [claim.token for claim, _, _ in done], state)
+
+    def _end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
+        conn.execute(update(claims).where(C.token.in_(tokens)).values(state=state, ended_at=db_now()))
+
+
+def _item_rows(ids: list[int]) -> Any:
+    return (
+        select(
+            I.id,
+            I.version,
+            I.partition_id,
+            I.gate,
+            I.status,
+            I.attempts,
+            I.deliveries,
+            I.lost,
+            P.key,
+            P.queue,
+            P.status.label("partition_status"),
+        )
+        .select_from(items.join(partitions, P.id == I.partition_id))
+        .where(I.id.in_(ids))
+    )
+
+
+def _stale_reason(claim: Any, item: Any | None, *, live: bool) -> str | None:
+    """Why `claim` no longer holds `item` ("expired", "cancelled", "superseded"), or None."""
+    if item is None or item.status == CANCELLED or item.partition_status == CANCELLED:
+        return "cancelled"
+    if claim.state in ("cancelled", "superseded", "expired"):
+        return str(claim.state)
+    if claim.state == "released":
+        return "superseded"
+    if claim.state != "active" or item.version != claim.version or item.status != AVAILABLE:
+        return "superseded"
+    if item.partition_status != AVAILABLE:  # failed meanwhile: answers wait for its retry
+        return "superseded"
+    if not live:
+        return "expired"
+    return None
+
+
+def _ready(item: Any, claim: Any) -> ReadyItem:
+    """The item as the rules of `core.policy` see a delivery of it (a claim has no lease epoch)."""
+    return ReadyItem(
+        item.id,
+        item.version,
+        item.partition_id,
+        item.key,
+        item.queue,
+        0,
+        item.gate,
+        item.attempts,
+        b"",
+        claim.weight,
+        item.deliveries,
+        item.lost,
+    )

@@ -1,0 +1,278 @@
+"""`RemoteWorker` (`feedproc work`): a pull worker that runs a Processor against the worker API of
+`feedproc serve`, with no database access and only a worker token.
+
+It claims items of a pull-mode queue (long-polling when none is ready), runs each through the
+processor with heartbeats that keep its claim, and sends the answer. A heartbeat or answer refused
+with 409 means the item is no longer this worker's (cancelled, expired, superseded): its call is
+cancelled (an `async def` processor gets `CancelledError`; a plain `def` one sees `item.cancelled`)
+and nothing is sent. On stop it claims nothing more, lets in-flight items finish for
+`shutdown_grace` seconds, then hands the rest back unanswered (no attempt counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from .core.errors import PermanentError, RetryLater
+from .core.models import Item, Response
+from .core.policy import describe
+from .processors import ProcessorLike, call_processor
+
+log = logging.getLogger("feedproc.worker")
+
+
+class Gone(Exception):
+    """The API refused a claim's token (409): the item is no longer this worker's."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RemoteWorker:
+    """Runs `processor` on the items of pull-mode `queue`, claimed from the API at `api_url`.
+
+    `token`: FEEDPROC_WORKER_TOKEN (or the API token). `concurrency`: items in flight at most.
+    `lease_seconds`: each claim's length, renewed by a heartbeat every third of it. `timeout`:
+    seconds a processor call may take (None: unbounded; heartbeats keep long work claimed).
+    """
+
+    def __init__(
+        self,
+        api_url: str,
+        queue: str,
+        processor: ProcessorLike,
+        *,
+        token: str | None = None,
+        worker: str | None = None,
+        concurrency: int = 10,
+        lease_seconds: float = 60.0,
+        claim_wait: float = 20.0,
+        timeout: float | None = None,
+        shutdown_grace: float = 30.0,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.queue = queue
+        self.processor = processor
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.claim_wait = claim_wait
+        self.timeout = timeout
+        self.shutdown_grace = shutdown_grace
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=claim_wait + 30)
+        self._stopping = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._tokens: dict[int, str] = {}
+        self.answered = 0
+
+    def stop(self) -> None:
+        """Claim nothing more; in-flight items finish (then `run` returns)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Claim and process until `stop()`; then finish or hand back what is in flight."""
+        start = getattr(self.processor, "start", None)
+        if start is not None:
+            await start()
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            close = getattr(self.processor, "close", None)
+            if close is not None:
+                await close()
+            await self._client.aclose()
+
+    async def _claim_loop(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            room = self.concurrency - len(self._tasks)
+            if room <= 0:  # every slot busy: wait for one to free (or for stop)
+                self._freed.clear()
+                await _first(self._freed.wait(), self._stopping.wait())
+                continue
+            try:
+                claimed = await self._claim(room)
+                backoff = 0.5
+            except (httpx.HTTPError, Gone, OSError) as error:
+                log.warning("claim failed (%s); trying again in %.1fs", error, backoff)
+                claimed = []
+                await self._pause(backoff)
+                backoff = min(backoff * 2, 30.0)
+            for entry in claimed:
+                task = asyncio.create_task(self._work(entry))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._freed.set()
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
+
+    async def _claim(self, room: int) -> list[dict[str, Any]]:
+        body = {"worker": self.worker, "max": room, "lease_seconds": self.lease_seconds, "wait": self.claim_wait}
+        claim = asyncio.ensure_future(self._post(f"/api/v1/queues/{self.queue}/claim", body))
+        await _first(claim, self._stopping.wait())
+        if not claim.done():  # stopped during the long poll: hang up (the server hands back what it claims then)
+            claim.cancel()
+            await asyncio.gather(claim, return_exceptions=True)
+            return []
+        items: list[dict[str, Any]] = claim.result().get("items", [])
+        if self._stopping.is_set():  # stopped as the claim came back: what it brought goes back
+            for entry in items:
+                await self._release(entry["id"], entry["token"])
+            return []
+        return items
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._client.post(path, json=body)
+        if response.status_code == 409:
+            payload = _json(response)
+            raise Gone(str(payload.get("reason") or "refused"), str(payload.get("error") or response.text))
+        if response.status_code >= 400:
+            raise httpx.HTTPStatusError(
+                f"{response.status_code} from {path}: {response.text[:300]}",
+                request=response.request,
+                response=response,
+            )
+        return _json(response)
+
+    async def _work(self, entry: dict[str, Any]) -> None:
+        item_id, token = int(entry["id"]), str(entry["token"])
+        self._tokens[item_id] = token
+        progress: list[float | None] = [None]
+        stop = threading.Event()
+        data = (
+            base64.b64decode(entry["data_base64"])
+            if "data_base64" in entry
+            else json.dumps(entry.get("data"), separators=(",", ":"), ensure_ascii=False).encode()
+        )
+
+        def report(fraction: float) -> None:
+            progress[0] = fraction
+
+        item = Item(item_id, entry["partition"], entry["queue"], entry["gate"], entry["attempt"], data, report, stop)
+        call = asyncio.ensure_future(call_processor(self.processor, item, self.timeout))
+        beat = asyncio.ensure_future(self._heartbeats(item_id, token, progress, call, stop))
+        try:
+            try:
+                result: Response | BaseException = await call
+            except asyncio.CancelledError:
+                if not stop.is_set():
+                    raise  # the worker itself is being cancelled
+                return  # the item is no longer ours (409): nothing to send
+            except Exception as error:
+                result = error
+            finally:
+                beat.cancel()
+            try:
+                await self._post(f"/api/v1/items/{item_id}/answer", {"token": token, **answer_body(result)})
+                self.answered += 1
+            except Gone as gone:
+                log.info("answer for item %s refused: %s (%s)", item_id, gone, gone.reason)
+            except (httpx.HTTPError, OSError) as error:  # the claim expires and the item is retried
+                log.warning("could not send the answer for item %s: %s", item_id, error)
+        finally:
+            self._tokens.pop(item_id, None)
+
+    async def _heartbeats(
+        self, item_id: int, token: str, progress: list[float | None], call: asyncio.Future[Any], stop: threading.Event
+    ) -> None:
+        interval = max(self.lease_seconds / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            body: dict[str, Any] = {"token": token}
+            if progress[0] is not None:
+                body["progress"] = progress[0]
+            try:
+                await self._post(f"/api/v1/items/{item_id}/heartbeat", body)
+            except Gone as gone:
+                log.info("item %s is no longer this worker's (%s): stopping its call", item_id, gone.reason)
+                stop.set()
+                call.cancel()
+                return
+            except (httpx.HTTPError, OSError) as error:
+                log.warning("heartbeat for item %s failed: %s", item_id, error)
+
+    async def _drain(self) -> None:
+        """In-flight items get `shutdown_grace` seconds; the rest are cancelled and handed back."""
+        if not self._tasks:
+            return
+        deadline = time.monotonic() + self.shutdown_grace
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.wait(set(self._tasks), timeout=max(deadline - time.monotonic(), 0.01))
+        left = dict(self._tokens)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for item_id, token in left.items():
+            await self._release(item_id, token)
+
+    async def _release(self, item_id: int, token: str) -> None:
+        try:
+            await self._post(f"/api/v1/items/{item_id}/release", {"token": token})
+        except (httpx.HTTPError, Gone, OSError) as error:  # its claim expires instead
+            log.warning("could not hand item %s back: %s", item_id, error)
+
+
+def answer_body(result: Response | BaseException) -> dict[str, Any]:
+    """A processor's result as the answer fields of the worker API (the handler contract's)."""
+    if isinstance(result, BaseException):
+        if isinstance(result, PermanentError):
+            return {"error": {"message": describe(result), "no_retry": True}}
+        body: dict[str, Any] = {"error": {"message": describe(result)}}
+        if isinstance(result, RetryLater) and result.after is not None:
+            body["retry_after"] = result.after
+        return body
+    answer: dict[str, Any] = {"done": True} if result.done else {"gate": result.gate}
+    if result.data is not None:
+        try:
+            answer["data"] = json.loads(result.data)
+        except ValueError:
+            answer["data_base64"] = base64.b64encode(result.data).decode()
+    if result.items:
+        try:
+            answer["items"] = [{"gate": c.gate, "data": json.loads(c.data)} for c in result.children]
+        except ValueError:
+            return {"error": {"message": "a pull worker's child items need JSON data"}}
+    if result.retry_after is not None:
+        answer["retry_after"] = result.retry_after
+    if result.progress is not None:
+        answer["progress"] = result.progress
+    return answer
+
+
+async def _first(*waits: Any) -> None:
+    """Until the first of `waits` (awaitables) is done; the others are cancelled (a future is kept)."""
+    futures = [asyncio.ensure_future(w) for w in waits]
+    _, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for future in pending:
+        if not isinstance(waits[futures.index(future)], asyncio.Future):
+            future.cancel()
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        value = response.json()
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
