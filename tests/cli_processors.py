@@ -1,4 +1,5 @@
-"""Processors for the command line's end-to-end tests: `feedproc watch --processor cli_processors:NAME`.
+"""Processors for the command line's end-to-end tests: `feedproc watch --processor cli_processors:NAME`
+(and `feedproc work --processor ...`).
 
 Watcher subprocesses import this module through PYTHONPATH (tests/ is on it, see support.feedproc_env).
 """
@@ -60,3 +61,40 @@ class DiesOnPoison(Processor):
             os._exit(1)
         await asyncio.sleep(0.01)
         return Response(done=True)
+
+
+class FansOutThenLogs(Processor):
+    """Pull-worker fan-out: gate 0 fans out three children to gate 1; every gate-1 delivery is logged
+    (`log_delivery`), takes $FEEDPROC_TEST_DELAY s, then completes."""
+
+    def __init__(self) -> None:
+        self.delay = float(os.environ.get(DELAY_VARIABLE, "0.05"))
+
+    async def process(self, item: Item) -> Response:
+        if item.gate == 0:
+            return Response(gate=1, items=[(1, {"child": n}) for n in range(3)])
+        log_delivery(item)
+        await asyncio.sleep(self.delay)
+        return Response(done=True, data={"by": os.getpid()})
+
+
+class SleepsUntilCancelled(Processor):
+    """Starts, writes `started <id>` to the delivery log, sleeps for an hour; on cancellation writes
+    `cancelled <id>` (the test reads that the cancel reached the work)."""
+
+    async def process(self, item: Item) -> Response:
+        _append(f"started {item.id}")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _append(f"cancelled {item.id}")
+            raise
+        return Response(done=True)
+
+
+def _append(line: str) -> None:
+    fd = os.open(os.environ[LOG_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)

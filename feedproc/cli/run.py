@@ -70,6 +70,13 @@ def watch(
         float,
         typer.Option(min=0.0, metavar="MS", help="Milliseconds a batch short of N waits for more items."),
     ] = 0.0,
+    callback_url: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="feedproc serve's URL: requests carry a token and answer_url, and a handler may answer 202 and later.",
+        ),
+    ] = None,
     retention: Annotated[
         str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
     ] = None,
@@ -124,12 +131,15 @@ def watch(
         assert handler is not None
         if not handler.startswith(("http://", "https://")):
             raise InvalidInput(f"--handler {redact_url(handler)!r} is not an http:// or https:// URL")
+        if callback_url is not None and not callback_url.startswith(("http://", "https://")):
+            raise InvalidInput(f"--callback-url {redact_url(callback_url)!r} is not an http:// or https:// URL")
         target = HTTPProcessor(
             handler,
             timeout=timeout,
             headers=headers,
             max_connections=max(concurrency, 10),
             max_answer_bytes=max_answer_bytes,
+            callback_url=callback_url,
         )
     logs.configure(log_level, log_format)
     for value in headers.values():

@@ -75,6 +75,16 @@ class RetryLater(Exception):
         self.after = after
 
 
+class Accepted(Exception):
+    """A handler answered `202 {"accepted": true}`: it will send the item's answer later to the
+    worker API with `token`, within `lease_seconds` (heartbeats extend it)."""
+
+    def __init__(self, token: str, lease_seconds: float) -> None:
+        super().__init__(f"accepted: the answer comes later (within {lease_seconds:g}s)")
+        self.token = token
+        self.lease_seconds = lease_seconds
+
+
 class InvalidAnswer(Exception):
     """A processor's answer does not follow the contract (a transient failure)."""
 

@@ -14,7 +14,14 @@ from typing import Any
 from . import windows as timewindows
 from .models import NewItem
 
-RECORD_OUTCOMES = {"done": "done", "move": "moved", "later": "not yet", "retry": "retry", "fail": "failed"}
+RECORD_OUTCOMES = {
+    "done": "done",
+    "move": "moved",
+    "later": "not yet",
+    "retry": "retry",
+    "fail": "failed",
+    "accepted": "accepted",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class Kind(StrEnum):
     LATER = "later"  # "not yet": same gate, ask again after a delay
     RETRY = "retry"  # transient failure, another attempt after a backoff
     FAIL = "fail"  # permanent failure, or attempts ran out
+    ACCEPTED = "accepted"  # a handler's 202: it answers later, through the API, within `delay` seconds
 
 
 @dataclass(slots=True)
@@ -88,6 +96,7 @@ class Outcome:
     started_us: int | None = None  # when the processor was called: epoch microseconds, the watcher's clock
     duration_us: int | None = None  # microseconds the call took
     detail: str | None = None  # the error with its traceback or the answer's start, for the record
+    token: str | None = None  # ACCEPTED: the token the request carried, for the handler's later answer
 
 
 @dataclass(slots=True)

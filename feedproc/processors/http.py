@@ -7,6 +7,7 @@ import asyncio
 import base64
 import functools
 import json
+import secrets
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
@@ -16,7 +17,7 @@ from multidict import MultiMapping
 
 from .. import tracing
 from .._version import __version__
-from ..core.errors import InvalidAnswer, RetryLater
+from ..core.errors import Accepted, InvalidAnswer, RetryLater
 from ..core.models import Item, Response
 from ..redact import redact_text, redact_url, url_secrets
 from .answers import read_answer, read_batch_answer
@@ -25,6 +26,8 @@ from .calling import Processor
 MAX_ANSWER_BYTES = 10 * 1024 * 1024  # an answer's body, decoded, at most (`feedproc watch --max-answer-bytes`)
 ACCEPT_ENCODING = "gzip, deflate"  # what read_body inflates within the size limit
 JSON_CONTENT = {"Content-Type": "application/json"}
+ACCEPTED_LEASE = 3600.0  # seconds a 202's answer may take when the handler does not say
+MAX_ACCEPTED_LEASE = 7 * 24 * 3600
 
 
 class HTTPProcessor(Processor):
@@ -50,10 +53,14 @@ class HTTPProcessor(Processor):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 100,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        callback_url: str | None = None,
     ) -> None:
         if max_answer_bytes < 1:
             raise ValueError("max_answer_bytes must be at least 1")
         self.url = url
+        # Where a handler that answers 202 sends its answer later (`feedproc serve`'s base URL):
+        # with it, each request carries a `token` and an `answer_url`.
+        self.callback_url = callback_url.rstrip("/") if callback_url else None
         self.shown_url = redact_url(url)
         self._secrets = url_secrets(url)
         self.timeout = timeout
@@ -90,7 +97,15 @@ class HTTPProcessor(Processor):
             await session.close()
 
     async def process(self, item: Item) -> Response:
-        status, headers, content = await self._send(request_body(item), self.max_answer_bytes)
+        if self.callback_url is None:
+            status, headers, content = await self._send(request_body(item), self.max_answer_bytes)
+            return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
+        token = secrets.token_urlsafe(24)
+        answer_url = f"{self.callback_url}/api/v1/items/{item.id}/answer"
+        body = request_body(item)[:-1] + b',"token":"%s","answer_url":%s}' % (token.encode(), _json_string(answer_url))
+        status, headers, content = await self._send(body, self.max_answer_bytes)
+        if status == 202:
+            raise Accepted(token, read_acceptance(content))
         return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
 
     async def deliver_batch(self, items: list[Item]) -> list[Response | Exception]:
@@ -251,6 +266,21 @@ class _Decoder:
 
 
 _IDENTITY = _Decoder()
+
+
+def read_acceptance(content: bytes) -> float:
+    """The lease a `202 {"accepted": true, "lease_seconds": S}` answer asks for (default an hour,
+    at most a week); InvalidAnswer for anything else."""
+    try:
+        parsed = json.loads(content) if content else None
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    if not isinstance(parsed, dict) or parsed.get("accepted") is not True:
+        raise InvalidAnswer('a 202 answer must be {"accepted": true[, "lease_seconds": S]}')
+    seconds = parsed.get("lease_seconds", ACCEPTED_LEASE)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_ACCEPTED_LEASE:
+        raise InvalidAnswer(f"lease_seconds must be from 1 to {MAX_ACCEPTED_LEASE}, got {seconds!r}")
+    return float(seconds)
 
 
 def request_body(item: Item) -> bytes:

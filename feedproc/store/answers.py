@@ -21,7 +21,7 @@ from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
 from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
-from .schema import attempts, inflight, items, partitions
+from .schema import attempts, claims, inflight, items, partitions
 
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
@@ -223,6 +223,9 @@ class Answers(GateWriter):
         did not complete its item (the completing one is recorded on the item row) and failures."""
         rows, completed, children, history, records, trimmed = [], [], [], [], [], []
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
+        accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
+        if accepted:
+            kept = [o for o in kept if o.kind != Kind.ACCEPTED]
         for o in kept:
             if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
                 c.gate < o.gate for c in o.children
@@ -297,8 +300,12 @@ class Answers(GateWriter):
             matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows:
             matched += self._twin(_update_items_pg, _update_items_sqlite)(conn, rows, watcher_id)
-        if matched != len(kept):
-            raise StaleWrite(f"only {matched} of {len(kept)} item updates matched their expected version")
+        if accepted:
+            matched += self._accept(conn, accepted, watcher_id)
+        if matched != len(kept) + len(accepted):
+            raise StaleWrite(
+                f"only {matched} of {len(kept) + len(accepted)} item updates matched their expected version"
+            )
         if children:
             self._insert_rows(conn, children)
         if records:
@@ -306,6 +313,46 @@ class Answers(GateWriter):
         if trimmed:
             conn.execute(delete(attempts).where(tuple_(A.item_id, A.n).in_([tuple_(i, n) for i, n in trimmed])))
         self._events(conn, history)
+
+    def _accept(self, conn: Connection, accepted: list[Outcome], watcher_id: str) -> int:
+        """Items whose handler answered 202: each is claimed for its answer, as a pull worker's
+        item is (`pulling.py`), under the token its request carried, until the lease it asked for
+        ends; until then no one delivers it. Returns how many matched their version."""
+        matched = 0
+        for o in accepted:
+            version = conn.execute(
+                update(items)
+                .where(I.id == o.item_id, I.version == o.version, I.status == IS_AVAILABLE)
+                .values(
+                    claimed_until=seconds_from_now(o.delay),
+                    next_attempt_at=seconds_from_now(o.delay),
+                    version=I.version + 1,
+                    updated_at=db_now(),
+                )
+                .returning(I.version)
+            ).scalar_one_or_none()
+            if version is None:
+                continue
+            matched += 1
+            queue, weight = conn.execute(select(P.queue, P.weight).where(P.id == o.partition_id)).one()
+            conn.execute(
+                insert(claims).values(
+                    token=o.token,
+                    item_id=o.item_id,
+                    partition_id=o.partition_id,
+                    queue=queue,
+                    worker=watcher_id,
+                    gate=o.gate,
+                    version=version,
+                    weight=weight,
+                    lease_seconds=o.delay,
+                    state="active",
+                    callback=True,
+                    claimed_at=_from_micros(o.started_us) or db_now(),
+                    expires_at=seconds_from_now(o.delay),
+                )
+            )
+        return matched
 
     def _settle_after_answers(
         self,

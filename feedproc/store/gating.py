@@ -46,7 +46,7 @@ def gate_facts(pid: Any, gate: Any) -> tuple[ColumnElement[Any], ...]:
     )
 
 
-def _earliest_due(pid: Any, gate: Any) -> Any:
+def earliest_due(pid: Any, gate: Any) -> Any:
     """When the first available item of partition `pid` at `gate` is due (a partition's ready_at)."""
     return (
         select(func.min(I.next_attempt_at))
@@ -173,11 +173,11 @@ class GateWriter(StoreBase):
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
             # The new gate is the lowest one above with available items (GateFacts.next_gate), where
             # the rules keep the partition (STAY): set its ready_at now instead of settling again.
-            self._touch(conn, pid, gate=outcome.gate, ready_at=_earliest_due(pid, outcome.gate))
+            self._touch(conn, pid, gate=outcome.gate, ready_at=earliest_due(pid, outcome.gate))
             if advanced is not None:
                 advanced.append((pid, row.gate, outcome.gate))
         elif outcome.move is Move.STAY:
-            conn.execute(update(partitions).where(P.id == pid).values(ready_at=_earliest_due(pid, row.gate)))
+            conn.execute(update(partitions).where(P.id == pid).values(ready_at=earliest_due(pid, row.gate)))
         if outcome.move in (Move.ADVANCE, Move.STAY):
             if watcher is None:  # a producer made work ready: wake the queue's watchers
                 notify_ready(conn, row.queue)

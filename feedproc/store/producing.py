@@ -22,7 +22,7 @@ from ..core.models import NewItem, check_key, check_queue
 from .base import AVAILABLE, CANCELLED, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, I, P, is_unique_violation
 from .dialects import db_now
 from .gating import GateWriter
-from .notify import notify_finished
+from .notify import notify_finished, notify_wanted
 from .schema import items, partitions
 
 NewItems = Iterable[NewItem | tuple[int, bytes] | dict[str, Any]]
@@ -146,6 +146,8 @@ class Producing(GateWriter):
             self._touch(conn, row.id, status=CANCELLED, ready_at=None, **NO_LEASE)
             self._event(conn, row.id, "cancelled", detail={"items": count})
             notify_finished(conn, key)
+            if row.lease_owner is not None:  # its watcher reads its leases now, and cancels the calls running
+                notify_wanted(conn, row.lease_owner)
 
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns the new gate."""

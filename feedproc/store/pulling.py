@@ -32,6 +32,7 @@ from ..core.records import Kind, Outcome, ReadyItem
 from .answers import Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
 from .dialects import db_now, seconds_from_now
+from .gating import earliest_due
 from .queues import Queues
 from .schema import claims, items, partitions
 
@@ -159,9 +160,15 @@ class Pulling(Answers, Queues):
             claimed = conn.execute(
                 update(items)
                 .where(I.id.in_([r.id for r in chosen]))
-                .values(claimed_until=seconds_from_now(lease_seconds), version=I.version + 1)
+                .values(
+                    claimed_until=seconds_from_now(lease_seconds),
+                    next_attempt_at=seconds_from_now(lease_seconds),  # not due for anyone meanwhile
+                    version=I.version + 1,
+                )
                 .returning(I.id, I.version, I.claimed_until)
             ).all()
+            pids = sorted({r.partition_id for r in chosen})  # their ready_at: the next item not claimed
+            conn.execute(update(partitions).where(P.id.in_(pids)).values(ready_at=earliest_due(P.id, P.gate)))
             held = {r.id: (r.version, r.claimed_until) for r in claimed}
             tokens = {r.id: secrets.token_urlsafe(24) for r in chosen}
             conn.execute(
@@ -206,7 +213,7 @@ class Pulling(Answers, Queues):
             seconds = claim.lease_seconds if lease_seconds is None else float(lease_seconds)
             until = seconds_from_now(seconds)
             conn.execute(update(claims).where(C.token == token).values(expires_at=until, lease_seconds=seconds))
-            values: dict[str, Any] = {"claimed_until": until}
+            values: dict[str, Any] = {"claimed_until": until, "next_attempt_at": until}
             if progress is not None:
                 values["progress"] = progress
             conn.execute(update(items).where(I.id == item_id).values(**values))
@@ -242,7 +249,11 @@ class Pulling(Answers, Queues):
         no attempt is counted. StaleClaim when the token no longer holds it."""
         with self.write() as conn:
             claim, _ = self._held(conn, item_id, token)
-            conn.execute(update(items).where(I.id == item_id).values(claimed_until=None, version=I.version + 1))
+            conn.execute(
+                update(items)
+                .where(I.id == item_id)
+                .values(claimed_until=None, next_attempt_at=db_now(), version=I.version + 1)
+            )
             self._end_claims(conn, [token], "released")
             self._settle(conn, claim.partition_id)
 
@@ -250,11 +261,15 @@ class Pulling(Answers, Queues):
         """Settle up to `limit` claims (of `queue`, or every queue) that ran out without an answer:
         each counts an attempt and is retried with backoff, or fails its item when its attempts
         run out. Returns how many were settled."""
+        query = select(*_CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
+        if queue is not None:
+            query = query.where(C.queue == queue)
+        query = query.order_by(C.expires_at).limit(limit)
+        with self.read() as conn:  # the common case, none: a read, not a write transaction
+            if conn.execute(query.with_only_columns(C.token)).first() is None:
+                return 0
         with self.write() as conn:
-            query = select(*_CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
-            if queue is not None:
-                query = query.where(C.queue == queue)
-            found = conn.execute(query.order_by(C.expires_at).limit(limit)).all()
+            found = conn.execute(query.with_for_update(skip_locked=True)).all()
             if not found:
                 return 0
             pids = sorted({c.partition_id for c in found})

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import traceback
 from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
+from ..core.errors import Accepted, RetryLater
 from ..core.models import Item, Response
 from ..core.policy import outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
 from ..processors import HTTPProcessor, call_batch, call_processor
 from .config import TRACEBACK_KEPT
 from .leases import Leasing
+from .state import CANCELLED_CALL
 
 log = logging.getLogger("feedproc.watcher")
 
@@ -93,22 +96,37 @@ class Delivering(Leasing):
     async def _run_one(self, ready: ReadyItem, lease: Lease) -> None:
         """Deliver one item and queue its outcome, with its record, for the next group commit."""
         self.busy.add(ready.id)
+        stop = threading.Event()
         item = Item(
-            ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
+            ready.id,
+            ready.partition,
+            ready.queue,
+            ready.gate,
+            ready.attempts + 1,
+            ready.data,
+            self._reporter(ready),
+            stop,
         )
         failure: Exception | None = None
         timeout = lease.item_timeout or self.config.item_timeout
         started_us = time.time_ns() // 1000
         started = time.perf_counter_ns()
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[ready.id] = (ready.partition_id, task, stop)
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
                 try:
                     result = await call_processor(self.processor, item, timeout)
                 except asyncio.CancelledError:
-                    raise
+                    if not self._was_cancelled(task):
+                        raise  # the watcher is stopping
+                    result = RetryLater(CANCELLED_CALL)
                 except Exception as error:  # a call past its item timeout is a RetryLater, like any transient one
                     result = error
+                finally:
+                    self._running.pop(ready.id, None)
                 elapsed = time.perf_counter_ns() - started
                 self.metrics.latency.observe(elapsed / 1e9)
                 outcome, failure = self._outcome_of(ready, result)
@@ -129,9 +147,14 @@ class Delivering(Leasing):
     async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
         """Deliver a batch in one call (`call_batch`) and queue each item's outcome, with its record.
         Every item's record has the batch's start and duration; failures are each item's own."""
+        stop, task = threading.Event(), asyncio.current_task()
+        assert task is not None
         for ready in batch:
             self.busy.add(ready.id)
-        items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
+            self._running[ready.id] = (ready.partition_id, task, stop)
+        items = [
+            Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r), stop) for r in batch
+        ]
         timeout = lease.item_timeout or self.config.item_timeout
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         first = batch[0]
@@ -140,7 +163,9 @@ class Delivering(Leasing):
                 try:
                     results = await call_batch(self.processor, items, timeout)
                 except asyncio.CancelledError:
-                    raise
+                    if not self._was_cancelled(task):
+                        raise  # the watcher is stopping
+                    results = [RetryLater(CANCELLED_CALL)] * len(batch)
                 except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
                     log.exception(
                         "internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id}
@@ -153,6 +178,7 @@ class Delivering(Leasing):
         finally:
             for ready in batch:
                 self.busy.discard(ready.id)
+                self._running.pop(ready.id, None)
         for ready, item, (outcome, failure) in zip(batch, items, outcomes, strict=True):
             self.metrics.latency.observe(elapsed / 1e9)
             self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
@@ -165,6 +191,19 @@ class Delivering(Leasing):
                 return outcome_of(ready, self.policy, response=result), None
             except Exception as error:
                 result = error
+        if isinstance(result, Accepted):  # the handler answers later, through the API
+            outcome = Outcome(
+                ready.id,
+                ready.version,
+                ready.partition_id,
+                ready.epoch,
+                ready.gate,
+                Kind.ACCEPTED,
+                delay=result.lease_seconds,
+                attempts=ready.attempts,
+                token=result.token,
+            )
+            return outcome, None
         return outcome_of(ready, self.policy, error=result), result
 
     def _queue_outcome(

@@ -81,6 +81,13 @@ class Leasing(WatcherState):
             statuses = {}
         for lease in lost:
             event = _FINISHED_EVENTS.get(statuses.get(lease.partition_id, ""))
+            if statuses.get(lease.partition_id) == "cancelled" and (calls := self._cancel_calls(lease.partition_id)):
+                log.info(
+                    "partition %s was cancelled: cancelled %d call(s) in progress",
+                    lease.key,
+                    calls,
+                    extra={"event": "calls_cancelled", "key": lease.key, "watcher": self.id},
+                )
             if event is not None:
                 log.info(
                     "partition %s is %s; no longer dispatching it",
@@ -187,6 +194,18 @@ class Leasing(WatcherState):
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
         await self._lease_more(steal=True)
+        await self._expire_claims()
+
+    async def _expire_claims(self) -> None:
+        """Settle the claims of this queue that ran out: handlers that answered 202 and never
+        answered (each counts an attempt), or pull workers gone silent. Cheap when there are none."""
+        try:
+            expired = await self._db_call(self._db, self.store.expire_claims, self.config.queue, self.policy)
+        except Exception as error:  # settled at a later maintenance
+            log.warning("could not settle expired claims: %s", error)
+            return
+        if expired:
+            log.info("settled %d expired claim(s)", expired, extra={"event": "claims_expired", "watcher": self.id})
 
     async def _lease_more(self, *, steal: bool) -> None:
         """Lease ready partitions up to capacity; with `steal`, when none is free, ask for a fair share."""

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import Counter, deque
@@ -64,6 +65,9 @@ class _Health:
             self.down_since = None
 
 
+CANCELLED_CALL = "the call was cancelled: its partition was cancelled"
+
+
 class WatcherState:
     """The watcher's state; the parts (leases, fetching, delivery, writing) are mixins over it."""
 
@@ -77,6 +81,10 @@ class WatcherState:
         self.owned: dict[int, Lease] = {}
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
         self.busy: set[int] = set()  # items a worker is processing now
+        # The calls running now, by item: (partition, the worker task awaiting it, the item's stop
+        # event); a cancelled partition's are cancelled (`Delivering._cancel_calls`).
+        self._running: dict[int, tuple[int, asyncio.Task[Any], threading.Event]] = {}
+        self._cancelled_calls: set[asyncio.Task[Any]] = set()
         self.results: list[Outcome] = []
         self.processed = 0
         # prometheus-client metrics in a registry of this watcher's own, served by /metrics
@@ -167,6 +175,32 @@ class WatcherState:
         )
         self._slots_reported = 0
         self._wake.set()  # a limited queue: claim what is still running at once
+
+    def _cancel_calls(self, partition_id: int) -> int:
+        """Cancel the calls running for items of a partition that was cancelled: an `async def`
+        processor's call (and the HTTP processor's request) gets CancelledError, a plain `def` one
+        sees `item.cancelled`. Their outcomes are dropped by the group commit (no lease). Returns
+        how many were cancelled."""
+        cancelled = 0
+        for item_id, (pid, task, stop) in list(self._running.items()):
+            if pid != partition_id:
+                continue
+            del self._running[item_id]
+            stop.set()
+            cancelled += 1
+            if task not in self._cancelled_calls:
+                self._cancelled_calls.add(task)
+                task.cancel(CANCELLED_CALL)
+        return cancelled
+
+    def _was_cancelled(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the CancelledError `task` caught is `_cancel_calls`' (then it is taken back:
+        the worker goes on) rather than the watcher stopping."""
+        if task not in self._cancelled_calls:
+            return False
+        self._cancelled_calls.discard(task)
+        task.uncancel()
+        return True
 
     def _forget(self, pid: int) -> None:
         """Stop holding partition `pid` (released, handed over or lost); drop its buffered items."""

@@ -1,0 +1,266 @@
+"""Pull workers over the API (both databases): the worker API of `feedproc serve` through real HTTP,
+and `feedproc work` processes claiming from `feedproc serve` processes, killed with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from feedproc import Feed
+
+from ..api_support import AUTH, ApiServer, ServeProcess
+from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
+from ..support import feedproc_env, wait_until
+
+WORKER_TOKEN = "worker-token-9876543210"
+WORKER_AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
+QUEUE = "gpu"
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[ApiServer]:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.close()
+    server = ApiServer(db_url, worker_token=WORKER_TOKEN)
+    yield server
+    server.close()
+
+
+def claim(api: ApiServer, **fields: object) -> httpx.Response:
+    body = {"worker": "w1", **fields}
+    return api.client.post(f"/api/v1/queues/{QUEUE}/claim", json=body, headers=WORKER_AUTH)
+
+
+def add(api: ApiServer, key: str, *data: object) -> None:
+    response = api.post("/api/v1/partitions", {"key": key, "queue": QUEUE, "items": [{"data": d} for d in data]})
+    assert response.status_code == 201, response.text
+
+
+# ---------------------------------------------------------------- the worker API
+
+
+def test_a_worker_claims_heartbeats_and_answers_over_http(api: ApiServer) -> None:
+    add(api, "doc-1", {"page": 1})
+    response = claim(api, max=5, lease_seconds=30)
+    assert response.status_code == 200, response.text
+    (item,) = response.json()["items"]
+    assert (item["partition"], item["queue"], item["gate"], item["attempt"], item["data"]) == (
+        "doc-1",
+        QUEUE,
+        0,
+        1,
+        {"page": 1},
+    )
+    beat = api.client.post(
+        f"/api/v1/items/{item['id']}/heartbeat", json={"token": item["token"], "progress": 0.5}, headers=WORKER_AUTH
+    )
+    assert beat.status_code == 200 and beat.json()["lease_expires_at"] >= item["lease_expires_at"]
+    done = api.client.post(
+        f"/api/v1/items/{item['id']}/answer",
+        json={"token": item["token"], "done": True, "data": {"label": "invoice"}},
+        headers=WORKER_AUTH,
+    )
+    assert done.status_code == 200 and done.json()["outcome"] == "done"
+    assert api.get("/api/v1/partitions/doc-1").json()["status"] == "complete"
+    assert api.get(f"/api/v1/items/{item['id']}").json()["data"] == {"label": "invoice"}
+
+
+def test_a_stale_token_is_409_with_its_reason_and_changes_nothing(api: ApiServer) -> None:
+    add(api, "doc-1", 1)
+    (item,) = claim(api).json()["items"]
+    api.post("/api/v1/partitions/doc-1/cancel")
+    refused = api.client.post(
+        f"/api/v1/items/{item['id']}/answer", json={"token": item["token"], "done": True}, headers=WORKER_AUTH
+    )
+    assert refused.status_code == 409
+    assert refused.json()["reason"] == "cancelled" and "cancelled" in refused.json()["error"]
+    assert api.get(f"/api/v1/items/{item['id']}").json()["status"] == "cancelled"
+
+
+def test_a_malformed_answer_is_400_and_the_claim_still_holds(api: ApiServer) -> None:
+    add(api, "doc-1", 1)
+    (item,) = claim(api).json()["items"]
+    url = f"/api/v1/items/{item['id']}/answer"
+    bad = api.client.post(url, json={"token": item["token"], "gate": "two"}, headers=WORKER_AUTH)
+    assert bad.status_code == 400 and "gate" in bad.json()["error"]
+    missing = api.client.post(url, json={"done": True}, headers=WORKER_AUTH)
+    assert missing.status_code == 400 and "token" in missing.json()["error"]
+    ok = api.client.post(url, json={"token": item["token"], "done": True}, headers=WORKER_AUTH)
+    assert ok.status_code == 200
+
+
+def test_claiming_from_a_push_queue_is_409(api: ApiServer) -> None:
+    response = api.client.post("/api/v1/queues/default/claim", json={"worker": "w"}, headers=WORKER_AUTH)
+    assert response.status_code == 409 and "pull mode" in response.json()["error"]
+
+
+@pytest.mark.sqlite_only
+def test_the_worker_token_allows_only_the_worker_api(api: ApiServer) -> None:
+    assert claim(api).status_code == 200
+    producer = api.client.post("/api/v1/partitions", json={"key": "x", "items": []}, headers=WORKER_AUTH)
+    assert producer.status_code == 401
+    assert api.client.post(f"/api/v1/queues/{QUEUE}/claim", json={"worker": "w"}, headers=AUTH).status_code == 200
+    anonymous = api.client.post(f"/api/v1/queues/{QUEUE}/claim", json={"worker": "w"})
+    assert anonymous.status_code == 401
+
+
+@pytest.mark.sqlite_only
+def test_the_worker_api_is_in_the_openapi_document(api: ApiServer) -> None:
+    paths = api.get("/api/v1/openapi.json").json()["paths"]
+    for path in (
+        "/api/v1/queues/{queue}/claim",
+        "/api/v1/items/{item_id}/heartbeat",
+        "/api/v1/items/{item_id}/answer",
+        "/api/v1/items/{item_id}/release",
+    ):
+        assert "post" in paths[path], path
+
+
+def test_a_long_poll_returns_as_soon_as_work_is_added(api: ApiServer, db_url: str) -> None:
+    import threading
+
+    result: dict[str, object] = {}
+
+    def poll() -> None:
+        started = time.monotonic()
+        result["response"] = claim(api, wait=20)
+        result["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(0.5)  # the poll is waiting (nothing to claim yet); an event cannot say so from outside
+    add(api, "late", 1)
+    thread.join(timeout=30)
+    response = result["response"]
+    assert isinstance(response, httpx.Response) and len(response.json()["items"]) == 1
+    assert result["seconds"] < 5  # woken by the notification (PostgreSQL) or the 1 s re-claim (SQLite)
+
+
+# ---------------------------------------------------------------- feedproc work against feedproc serve
+
+
+class WorkProcess:
+    """A real `feedproc work` process."""
+
+    def __init__(self, api_url: str, log_dir: Path, name: str, *args: str, **env: str) -> None:
+        self.log_path = log_dir / f"{name}.log"
+        out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "feedproc", "work", "--api", api_url, "--queue", QUEUE, "--worker", name, *args],
+            env=feedproc_env("sqlite:///unused.db", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN, **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+
+def deliveries(log: Path) -> list[list[str]]:
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    for n in range(6):
+        feed.add_partition(f"upload-{n}", [(0, json.dumps({"upload": n}).encode())], queue=QUEUE)
+    log = tmp_path / "deliveries.log"
+    env = {LOG_VARIABLE: str(log), DELAY_VARIABLE: "0.3"}
+    for n in range(2):
+        (tmp_path / f"s{n}").mkdir()
+    servers = [ServeProcess(db_url, tmp_path / f"s{n}", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN) for n in range(2)]
+    workers: list[WorkProcess] = []
+    try:
+        args = ("--processor", "cli_processors:FansOutThenLogs", "--lease-seconds", "2", "--concurrency", "3")
+        victim = WorkProcess(servers[0].url, tmp_path, "victim", *args, **env)
+        wait_until(lambda: deliveries(log), timeout=60, what="the first gate-1 delivery")
+        victim.process.send_signal(signal.SIGKILL)  # mid-item: its claims must expire and be retried
+        victim.process.wait(timeout=10)
+        workers = [WorkProcess(servers[n % 2].url, tmp_path, f"w{n}", *args, **env) for n in range(3)]
+        wait_until(
+            lambda: feed.summary()["partitions"].get("complete") == 6, timeout=120, what="all partitions complete"
+        )
+        for worker in workers:
+            assert worker.stop() == 0, worker.log_path.read_text()
+    finally:
+        for worker in workers:
+            worker.stop()
+        for server in servers:
+            server.stop()
+    calls = Counter(int(fields[2]) for fields in deliveries(log))
+    assert len(calls) == 24  # 6 uploads, each moved to gate 1 with its 3 children
+    redelivered = [item for item, n in calls.items() if n > 1]
+    for item_id in redelivered:  # only what the killed worker held, each with its expired claim on record
+        history = feed.item(item_id)["history"]
+        assert any("claim by worker victim expired" in (h["error"] or "") for h in history), history
+    for key in (f"upload-{n}" for n in range(6)):
+        assert feed.status(key)["status"] == "complete"
+    feed.close()
+
+
+def test_cancelling_a_partition_cancels_the_pull_workers_call(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.add_partition("long", [(0, b"{}")], queue=QUEUE)
+    log = tmp_path / "calls.log"
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
+    worker = WorkProcess(
+        server.url,
+        tmp_path,
+        "w",
+        "--processor",
+        "cli_processors:SleepsUntilCancelled",
+        "--lease-seconds",
+        "1.5",
+        **{LOG_VARIABLE: str(log)},
+    )
+    try:
+        wait_until(lambda: log.exists() and "started" in log.read_text(), timeout=60, what="the call to start")
+        feed.cancel("long")
+        wait_until(lambda: "cancelled" in log.read_text(), timeout=10, what="the call to be cancelled")
+        assert worker.stop() == 0
+    finally:
+        worker.stop()
+        server.stop()
+    assert "refused" not in worker.log_path.read_text()  # nothing was sent for it
+    feed.close()
+
+
+@pytest.mark.sqlite_only
+def test_work_refuses_malformed_arguments(tmp_path: Path) -> None:
+    for args, code in (
+        (["--api", "ftp://x", "--processor", "m:a"], 2),
+        (["--api", "http://127.0.0.1:1"], 2),
+        (["--api", "http://127.0.0.1:1", "--processor", "m:a", "--handler", "http://x/"], 2),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "feedproc", "work", *args],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == code, (args, result.stderr)
+        assert result.stderr.count("\n") == 1, result.stderr
