@@ -252,6 +252,11 @@ def _data(raw: bytes) -> dict[str, Any]:
         return {"data_base64": base64.b64encode(raw).decode()}
 
 
+def _fast_json(body: dict[str, Any]) -> Any:
+    """`body` as a JSON response, encoded by `json` alone (its values are JSON types already)."""
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
 def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]:
     """A page and the cursor of the next one (None on the last page)."""
     return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
@@ -425,7 +430,9 @@ async def claim(queue: QueuePath, body: ClaimRequest, request: Request) -> dict[
         if claimed or remaining <= 0:
             break
         await board.wait(remaining)
-    return {"items": [{**{k: v for k, v in c.items() if k != "data"}, **_data(c["data"])} for c in claimed]}
+    # A ready-made JSON body: FastAPI's encoder walks every value in Python (a third of the time of
+    # a claim of 100 items).
+    return _fast_json({"items": [{**{k: v for k, v in c.items() if k != "data"}, **_data(c["data"])} for c in claimed]})
 
 
 @api.post("/items/{item_id}/heartbeat", dependencies=Working, tags=["workers"])
@@ -458,6 +465,41 @@ def answer(
         raise ApiError(400, "token: the claim's token (a string) is required")
     fields = {k: v for k, v in body.items() if k != "token"}
     return _feed(request).answer(item_id, token, fields)
+
+
+class AnswerBatch(BaseModel):
+    """Many answers at once, each `{"id", "token", <answer fields>}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    answers: list[dict[str, Any]] = Field(..., min_length=1, max_length=1000)
+
+
+@api.post("/answers", dependencies=Working, tags=["workers"])
+def answer_many(body: AnswerBatch, request: Request) -> dict[str, Any]:
+    """Answer many claimed items in one transaction (a worker's group commit). Each answer is
+    judged alone: `results` holds, in order, `{"id", "status": 200, "outcome", ...}` or
+    `{"id", "status": 400 | 404 | 409, "error"[, "reason"]}`; the refused ones change nothing."""
+    results: list[dict[str, Any] | None] = [None] * len(body.answers)
+    batch: list[tuple[int, str, dict[str, Any]]] = []
+    where: list[int] = []
+    for n, entry in enumerate(body.answers):
+        item_id, token = entry.get("id"), entry.get("token")
+        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 1 <= item_id <= INT64:
+            results[n] = {"id": item_id, "status": 400, "error": "id: an item id is required"}
+        elif not isinstance(token, str) or not 1 <= len(token) <= 64:
+            results[n] = {"id": item_id, "status": 400, "error": "token: the claim's token (a string) is required"}
+        else:
+            batch.append((item_id, token, {k: v for k, v in entry.items() if k not in ("id", "token")}))
+            where.append(n)
+    for n, result in zip(where, _feed(request).answer_many(batch) if batch else [], strict=True):
+        item_id = body.answers[n]["id"]
+        if isinstance(result, FeedprocError):
+            results[n] = {"id": item_id, "status": result.http_status, "error": str(result)}
+            if isinstance(result, StaleClaim):
+                results[n]["reason"] = result.reason  # type: ignore[index]
+        else:
+            results[n] = {"status": 200, **result}
+    return _fast_json({"results": results})
 
 
 class TokenOnly(BaseModel):

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
+from .core.errors import FeedprocError, InvalidAnswer, InvalidInput, PermanentError, RetryLater
 from .core.models import NewItem, Response
 from .core.policy import RetryPolicy
 from .core.records import QueueSettings
-from .store import MAX_CLAIM, Store
+from .store import MAX_CLAIM, ClaimAnswer, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 
@@ -232,24 +232,41 @@ class Feed:
     def answer(self, item_id: int, token: str, answer: Mapping[str, Any] | Response) -> dict[str, Any]:
         """Answer a claimed item: a Response, or an answer object of the handler contract (done /
         gate / data or data_base64 / items / retry_after / progress / Go Feed's complete and
-        response, or `error`:
-        {"message", "no_retry"} or a message). A failure is retried with backoff or, with
-        no_retry or out of attempts, fails the item. Returns what became of it. InvalidInput for
-        a malformed answer and StaleClaim for a token that no longer holds the item: nothing
-        changes then."""
-        response: Response | None = None
-        failure: BaseException | None = None
-        if isinstance(answer, Response):
-            response = answer
-        else:
+        response, or `error`: {"message", "no_retry"} or a message). A failure is retried with
+        backoff or, with no_retry or out of attempts, fails the item. Returns what became of it.
+        InvalidInput for a malformed answer and StaleClaim for a token that no longer holds the
+        item: nothing changes then."""
+        (result,) = self.answer_many([(item_id, token, answer)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def answer_many(
+        self, answers: Sequence[tuple[int, str, Mapping[str, Any] | Response]]
+    ) -> list[dict[str, Any] | FeedprocError]:
+        """`answer` for many claimed items in one transaction: each one's result, or the error that
+        refused it alone (InvalidInput, StaleClaim, NotFound); the others are written."""
+        results: list[dict[str, Any] | FeedprocError | None] = [None] * len(answers)
+        valid: list[tuple[int, ClaimAnswer]] = []
+        for n, (item_id, token, answer) in enumerate(answers):
+            if isinstance(answer, Response):
+                valid.append((n, (item_id, token, answer, None)))
+                continue
             try:
-                response, failure = read_worker_answer(answer), None
+                valid.append((n, (item_id, token, read_worker_answer(answer), None)))
             except (PermanentError, RetryLater) as reported:
-                failure = reported
-        try:
-            return self.store.answer_claim(item_id, token, self.policy, response=response, error=failure)
-        except InvalidAnswer as error:
-            raise InvalidInput(str(error)) from None
+                valid.append((n, (item_id, token, None, reported)))
+            except InvalidInput as invalid:
+                results[n] = invalid
+        written = self.store.answer_claims([a for _, a in valid], self.policy) if valid else []
+        for (n, _), result in zip(valid, written, strict=True):
+            if isinstance(result, InvalidAnswer):
+                results[n] = InvalidInput(str(result))
+            elif isinstance(result, FeedprocError) or not isinstance(result, Exception):
+                results[n] = result
+            else:
+                raise result
+        return [r for r in results if r is not None]
 
     def release(self, item_id: int, token: str) -> None:
         """Hand a claimed item back unanswered (ready again at once, no attempt counted)."""

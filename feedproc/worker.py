@@ -29,6 +29,7 @@ from .core.policy import describe
 from .processors import ProcessorLike, call_processor
 
 log = logging.getLogger("feedproc.worker")
+ANSWERS_PER_REQUEST = 200  # answers sent in one request (one transaction on the server) at most
 
 
 class Gone(Exception):
@@ -76,6 +77,7 @@ class RemoteWorker:
         self._freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._tokens: dict[int, str] = {}
+        self._outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()  # answers to send; None: done
         self.answered = 0
 
     def stop(self) -> None:
@@ -87,10 +89,14 @@ class RemoteWorker:
         start = getattr(self.processor, "start", None)
         if start is not None:
             await start()
+        sender = asyncio.create_task(self._send_answers(), name="answers")
         try:
             await self._claim_loop()
             await self._drain()
+            await self._outbox.put(None)
+            await sender
         finally:
+            sender.cancel()
             close = getattr(self.processor, "close", None)
             if close is not None:
                 await close()
@@ -184,15 +190,43 @@ class RemoteWorker:
                 result = error
             finally:
                 beat.cancel()
-            try:
-                await self._post(f"/api/v1/items/{item_id}/answer", {"token": token, **answer_body(result)})
-                self.answered += 1
-            except Gone as gone:
-                log.info("answer for item %s refused: %s (%s)", item_id, gone, gone.reason)
-            except (httpx.HTTPError, OSError) as error:  # the claim expires and the item is retried
-                log.warning("could not send the answer for item %s: %s", item_id, error)
+            await self._outbox.put({"id": item_id, "token": token, **answer_body(result)})
         finally:
             self._tokens.pop(item_id, None)
+
+    async def _send_answers(self) -> None:
+        """Send answers as they come, many per request (`POST /api/v1/answers`, one transaction
+        on the server): while one request is out, the next batch gathers."""
+        while True:
+            batch = [await self._outbox.get()]
+            while len(batch) < ANSWERS_PER_REQUEST and not self._outbox.empty():
+                batch.append(self._outbox.get_nowait())
+            last = batch[-1] is None
+            answers = [a for a in batch if a is not None]
+            if answers:
+                await self._post_answers(answers)
+            if last:
+                return
+
+    async def _post_answers(self, answers: list[dict[str, Any]]) -> None:
+        for attempt in range(3):
+            try:
+                results = (await self._post("/api/v1/answers", {"answers": answers})).get("results", [])
+                break
+            except (httpx.HTTPError, OSError) as error:  # their claims expire and the items are retried
+                if attempt == 2:
+                    log.warning("could not send %d answers: %s", len(answers), error)
+                    return
+                await asyncio.sleep(0.5 * 2**attempt)
+        for result in results:
+            if result.get("status") == 200:
+                self.answered += 1
+            elif result.get("status") == 409:
+                log.info(
+                    "answer for item %s refused: %s (%s)", result.get("id"), result.get("error"), result.get("reason")
+                )
+            else:
+                log.warning("answer for item %s refused: %s", result.get("id"), result.get("error"))
 
     async def _heartbeats(
         self, item_id: int, token: str, progress: list[float | None], call: asyncio.Future[Any], stop: threading.Event

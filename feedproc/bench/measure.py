@@ -78,7 +78,7 @@ class DbFacts:
 
     items: list[ItemRow]  # in id order
     partitions: dict[int, tuple[str, str]]  # id -> (key, status)
-    leased: dict[int, float]  # partition id -> first `leased` event time
+    leased: dict[int, float]  # partition id -> first `leased` event time (pull: its first claim)
     entered: dict[tuple[int, int], float]  # (partition id, gate) -> gate_advanced event time
 
 
@@ -89,6 +89,11 @@ _PARTITIONS = "SELECT id, key, status FROM feedproc_partitions WHERE id > :after
 _EVENTS = (
     "SELECT partition_id, kind, detail, at FROM feedproc_events"
     " WHERE kind IN ('leased', 'gate_advanced') AND partition_id > :after"
+)
+
+
+_FIRST_CLAIMS = (
+    "SELECT partition_id, min(claimed_at) FROM feedproc_claims WHERE partition_id > :after GROUP BY partition_id"
 )
 
 
@@ -118,6 +123,8 @@ def read_db(url: str, after: tuple[int, int] = (0, 0)) -> DbFacts:
                     leased[pid] = min(leased.get(pid, math.inf), _utc(at).timestamp())
                 else:
                     entered[(pid, json.loads(detail)["to"])] = _utc(at).timestamp()
+            for pid, at in conn.execute(text(_FIRST_CLAIMS), {"after": after[0]}):  # pull workers' "lease"
+                leased[pid] = min(leased.get(pid, math.inf), _utc(at).timestamp())
     finally:
         own.dispose()
     return DbFacts(rows, parts, leased, entered)

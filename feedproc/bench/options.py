@@ -9,8 +9,10 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http", "http-batch")
+WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
 HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"]}  # through the bench handler, with these options
+PULL_WORKLOADS = {"pull"}  # a pull-mode queue: `feedproc work` processes claim through one `feedproc serve`
+PULL_CLAIM = 100  # a pull worker's concurrency, so its claims ask for up to this many items
 PEERS = ("pgqueuer", "procrastinate")
 DIR_ENV = "FEEDPROC_BENCH_DIR"  # where a bench watcher writes its call log and statement counts
 STATS_ENV = "FEEDPROC_BENCH_STATS"  # set: watch_main counts SQLAlchemy statements

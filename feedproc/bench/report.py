@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .options import PULL_CLAIM, PULL_WORKLOADS
+
 
 def summary(result: dict[str, Any]) -> str:
     drain = result.get("drain") or {}
@@ -132,6 +134,13 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {run['db']} | {run['workload']} | {run['watchers']} | {_num(rate)} | {_num(ceiling)} "
                 f"| {rate / ceiling:.0%} |"
             )
+    if any(r["workload"] in PULL_WORKLOADS for r in report["runs"]):
+        lines += [
+            "",
+            f"pull: the same items in a pull-mode queue, drained by `watchers` x `feedproc work --concurrency "
+            f"{PULL_CLAIM}` processes (the no-op processor; claims of up to {PULL_CLAIM} items, answers sent many "
+            "per request) through one `feedproc serve`; its drain starts at the first claim.",
+        ]
     lines += ["", *LEGEND]
     problems = [
         f"- {r['system']} {r['db']} {r['workload']} x{r['watchers']}: {p}"

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from .options import (
     HTTP_WORKLOADS,
     PACED_TICK,
     PGQUEUER_CONSUMERS,
+    PULL_CLAIM,
+    PULL_WORKLOADS,
     STATS_ENV,
     WARMUP,
     BenchFailed,
@@ -129,6 +132,8 @@ class Bench:
                 took = time.perf_counter() - started
                 self.log(f"  {opts.finished:,} finished items put in the tables in {took:.1f}s")
             with Feed(url) as feed:
+                if workload in PULL_WORKLOADS:
+                    feed.set_queue("default", mode="pull")
                 shapes = partition_shapes(workload, opts.partitions, opts.items)
                 started = time.perf_counter()
                 for n, shape in enumerate(shapes):
@@ -149,10 +154,11 @@ class Bench:
                 proc = handler.start([sys.executable, script, "--port", "0", "--log", log], dict(os.environ), "handler")
                 target = ["--handler", self._handler_url(folder / "handler.out", proc), *HTTP_WORKLOADS[workload]]
 
-            drain = self._drain(url, place, folder / "drain", target, watchers, total)
+            pull = workload in PULL_WORKLOADS
+            drain = self._drain(url, place, folder / "drain", target, watchers, total, pull=pull)
             result["drain"] = drain
             window = drain_window(read_db(url, self.after), total)
-            if opts.latency_seconds > 0 and window is not None:
+            if opts.latency_seconds > 0 and window is not None and not pull:  # pull: the drain only
                 rate = total / (window[1] - window[0])
                 result["paced"] = self._paced(url, folder / "paced", target, workload, watchers, rate / 2, committed)
             if handler is not None:
@@ -237,12 +243,56 @@ class Bench:
             time.sleep(0.05)
         raise BenchFailed(f"the {what} did not finish within {self.options.timeout:g}s")
 
+    def _pull_workers(self, url: str, folder: Path, count: int) -> Processes:
+        """One `feedproc serve` and `count` `feedproc work` processes (the no-op processor, claiming
+        up to PULL_CLAIM items at once) instead of watchers."""
+        folder.mkdir(parents=True, exist_ok=True)
+        procs = Processes(folder)
+        token = "bench-worker-token"
+        env = dict(os.environ, FEEDPROC_DATABASE_URL=url, FEEDPROC_WORKER_TOKEN=token, **{DIR_ENV: str(folder)})
+        server = procs.start(
+            [sys.executable, "-m", "feedproc", "serve", "--port", "0", "--log-level", "WARNING"], env, "serve"
+        )
+        api = self._served_url(folder / "serve.out", server)
+        command = [
+            sys.executable,
+            "-m",
+            "feedproc",
+            "work",
+            "--api",
+            api,
+            "--processor",
+            _PROCESSOR,
+            "--concurrency",
+            str(PULL_CLAIM),
+            "--lease-seconds",
+            "60",
+            "--shutdown-grace",
+            "10",
+            "--log-level",
+            "WARNING",
+        ]
+        for n in range(count):
+            procs.start(command, env, f"worker-{n}")
+        return procs
+
+    def _served_url(self, out: Path, proc: subprocess.Popen[bytes]) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = re.search(r"http://[0-9.]+:\d+", out.read_text() if out.exists() else "")
+            if found:
+                return found.group(0)
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise BenchFailed("feedproc serve did not start")
+
     def _drain(
-        self, url: str, place: Place, folder: Path, target: list[str], watchers: int, total: int
+        self, url: str, place: Place, folder: Path, target: list[str], watchers: int, total: int, *, pull: bool = False
     ) -> dict[str, Any]:
         before = pg_stats(url) if place.postgres else None
         poller = Poller(url)
-        procs = self._watchers(url, folder, target, watchers)
+        procs = self._pull_workers(url, folder, watchers) if pull else self._watchers(url, folder, target, watchers)
         try:
             self._wait(poller, procs, _UNFINISHED, "drain")
         finally:

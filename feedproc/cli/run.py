@@ -365,8 +365,11 @@ def bench(
         ),
     ] = None,
     workload: Annotated[
-        str, typer.Option(help="Comma-separated: flat, fan, http, http-batch (--batch 100).")
-    ] = "flat,fan,http,http-batch",
+        str,
+        typer.Option(
+            help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve)."
+        ),
+    ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[
         str | None, typer.Option(help="Comma-separated numbers of watcher processes (default 1,2,4; --quick 1).")
     ] = None,

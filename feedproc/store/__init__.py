@@ -36,7 +36,7 @@ from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
 from .producing import Producing
-from .pulling import MAX_CLAIM, Pulling
+from .pulling import MAX_CLAIM, ClaimAnswer, Pulling
 from .queues import Queues
 from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
 from .retention import Retention
@@ -47,6 +47,7 @@ __all__ = [
     "MAX_CLAIM",
     "MAX_PAGE",
     "RECORDS_KEPT",
+    "ClaimAnswer",
     "Store",
     "alembic_config",
     "migrations_path",

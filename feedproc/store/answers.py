@@ -77,6 +77,7 @@ _PG_COMPLETE_ITEMS = DriverStatement(
         started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
         duration = v.duration * CAST(1e-6 AS double precision),
         delivered_by = :watcher,
+        claimed_until = NULL,
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS bigint[]),
@@ -84,6 +85,7 @@ _PG_COMPLETE_ITEMS = DriverStatement(
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
 )
+# Every answer ends the item's claim, if a pull worker or a callback handler held one (`pulling.py`).
 # Every other answer. One statement per batch of answers on PostgreSQL: the outcomes arrive as
 # arrays. The version match is the guard (every change of an item's status bumps its version, so an
 # item dispatched while available is still available if its version is unchanged). There is
@@ -119,6 +121,7 @@ _PG_UPDATE_ITEMS = text(
         started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
         duration = v.duration * CAST(1e-6 AS double precision),
         delivered_by = :watcher,
+        claimed_until = NULL,
         version = i.version + 1,
         updated_at = now()
     FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
@@ -151,6 +154,7 @@ _UPDATE_ITEM = (
         started_at=bindparam("b_started", type_=items.c.started_at.type),
         duration=bindparam("b_duration", type_=items.c.duration.type),
         delivered_by=bindparam("b_watcher"),
+        claimed_until=None,
         version=I.version + 1,
         updated_at=db_now(),
     )

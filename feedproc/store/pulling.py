@@ -25,18 +25,19 @@ from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
-from ..core.errors import NotFound, Refused, RetryLater, StaleClaim
+from ..core.errors import InvalidAnswer, NotFound, Refused, RetryLater, StaleClaim
 from ..core.models import Response
 from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem
 from .answers import Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
-from .dialects import db_now, seconds_from_now
-from .gating import earliest_due
+from .dialects import db_now, pg_bigint_array, seconds_from_now
 from .queues import Queues
 from .schema import claims, items, partitions
 
-MAX_CLAIM = 1000  # items per claim call, at most
+MAX_CLAIM = 1000  # items per claim call (and answers per call), at most
+#: A worker's answer: item id, claim token, and the Response or the failure it reported.
+ClaimAnswer = tuple[int, str, Response | None, BaseException | None]
 EXPIRED_PER_SWEEP = 200  # expired claims settled per transaction
 
 # The next `:max` claimable items of a queue on PostgreSQL: its partitions in lease order (priority,
@@ -117,6 +118,28 @@ _CLAIM_COLUMNS = (
 )
 
 
+# The same reads and the claims' end on PostgreSQL, with arrays instead of one bound parameter per
+# value (an answer batch of 100: 1.9 and 2.2 ms for the expanded IN lists, measured with engine events).
+_PG_CLAIMS_OF = text(
+    """
+    SELECT token, item_id, partition_id, queue, worker, gate, version, weight, lease_seconds, state,
+           claimed_at, expires_at, expires_at > now() AS live
+    FROM feedproc_claims WHERE token = ANY(CAST(:tokens AS varchar[]))
+    """
+)
+_PG_ITEMS_OF = text(
+    """
+    SELECT i.id, i.version, i.partition_id, i.gate, i.status, i.attempts, i.deliveries, i.lost, p.key, p.queue,
+           p.status AS partition_status
+    FROM feedproc_items AS i JOIN feedproc_partitions AS p ON p.id = i.partition_id
+    WHERE i.id = ANY(CAST(:ids AS bigint[]))
+    """
+)
+_PG_END_CLAIMS = text(
+    "UPDATE feedproc_claims SET state = :state, ended_at = now() WHERE token = ANY(CAST(:tokens AS varchar[]))"
+)
+
+
 class Pulling(Answers, Queues):
     """Claims: `claim`, `heartbeat_claim`, `answer_claim`, `expire_claims`."""
 
@@ -129,7 +152,9 @@ class Pulling(Answers, Queues):
         Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed."""
         self.expire_claims(queue, policy)
         with self.write() as conn:
-            settings = self._queue(conn, queue, lock=True)
+            settings = self._queue(conn, queue)
+            if settings.limited:  # claims count against the limit: one claimer at a time decides
+                settings = self._queue(conn, queue, lock=True)
             if settings.mode != "pull":
                 raise Refused(f"queue {queue!r} is not in pull mode (feedproc queue set {queue} --mode pull)")
             now = datetime.now(UTC)
@@ -167,8 +192,6 @@ class Pulling(Answers, Queues):
                 )
                 .returning(I.id, I.version, I.claimed_until)
             ).all()
-            pids = sorted({r.partition_id for r in chosen})  # their ready_at: the next item not claimed
-            conn.execute(update(partitions).where(P.id.in_(pids)).values(ready_at=earliest_due(P.id, P.gate)))
             held = {r.id: (r.version, r.claimed_until) for r in claimed}
             tokens = {r.id: secrets.token_urlsafe(24) for r in chosen}
             conn.execute(
@@ -232,17 +255,52 @@ class Pulling(Answers, Queues):
         """Write a worker's answer (a Response, or the failure it reported) for a claimed item, then
         apply the gate rules to its partition, in one transaction. Returns what became of the item
         (`outcome`: done, move, later, retry or fail). StaleClaim (409) when the token no longer
-        holds the item and InvalidAnswer for an answer that breaks the rules for it (a gate below
-        the item's, say): nothing is written."""
+        holds the item, NotFound for an unknown token, InvalidAnswer for an answer that breaks the
+        rules for it (a gate below the item's, say): nothing is written then."""
+        (result,) = self.answer_claims([(item_id, token, response, error)], policy)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def answer_claims(self, answers: Sequence[ClaimAnswer], policy: RetryPolicy) -> list[dict[str, Any] | Exception]:
+        """`answer_claim` for many answers in one transaction (a worker's group commit): each
+        answer's result, or the error that refused it alone (StaleClaim, NotFound, InvalidAnswer)."""
+        results: list[dict[str, Any] | Exception] = []
         with self.write() as conn:
-            claim, item = self._held(conn, item_id, token)
-            ready = _ready(item, claim)
-            if response is not None:
-                validate(ready, response)  # InvalidAnswer: the worker hears why; nothing is written
-            outcome = outcome_of(ready, policy, response=response, error=error)
-            self._finish(conn, [(claim, item, outcome)], "answered")
-            self._settle(conn, claim.partition_id)
-            return {"id": item_id, "outcome": str(outcome.kind), "attempts": outcome.attempts, "error": outcome.error}
+            found = {c.token: c for c in self._claims_of(conn, sorted({a[1] for a in answers}))}
+            pids = sorted({c.partition_id for c in found.values()})
+            conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
+            rows = {r.id: r for r in self._items_of(conn, [c.item_id for c in found.values()])}
+            done: list[tuple[Any, Any, Outcome]] = []
+            used: set[str] = set()
+            for item_id, token, response, error in answers:
+                claim = found.get(token)
+                if claim is None or claim.item_id != item_id:
+                    results.append(NotFound(f"item {item_id} has no claim with this token"))
+                    continue
+                item = rows.get(item_id)
+                refusal = _refusal(item_id, claim, item, answered=token in used)
+                if refusal is not None:
+                    results.append(refusal)
+                    continue
+                ready = _ready(item, claim)
+                try:
+                    if response is not None:
+                        validate(ready, response)  # the worker hears why; nothing is written for it
+                except InvalidAnswer as invalid:
+                    results.append(invalid)
+                    continue
+                outcome = outcome_of(ready, policy, response=response, error=error)
+                used.add(token)
+                done.append((claim, item, outcome))
+                results.append(
+                    {"id": item_id, "outcome": str(outcome.kind), "attempts": outcome.attempts, "error": outcome.error}
+                )
+            if done:
+                self._finish(conn, done, "answered")
+                for pid in sorted({claim.partition_id for claim, _, _ in done}):
+                    self._settle(conn, pid)
+        return results
 
     def release_claim(self, item_id: int, token: str) -> None:
         """Hand a claimed item back unanswered (a worker stopping): it is ready again at once and
@@ -301,17 +359,9 @@ class Pulling(Answers, Queues):
             raise NotFound(f"item {item_id} has no claim with this token")
         conn.execute(select(P.id).where(P.id == claim.partition_id).with_for_update()).all()
         item = conn.execute(_item_rows([item_id])).one_or_none()
-        reason = _stale_reason(claim, item, live=bool(claim.live))
-        if reason is not None:
-            said = {
-                "expired": f"the claim on item {item_id} expired",
-                "cancelled": f"item {item_id} was cancelled",
-                "superseded": f"item {item_id} changed since it was claimed (retried, or delivered elsewhere)",
-            }[reason]
-            if claim.state == "answered":
-                said = f"item {item_id} was answered already with this token"
-            raise StaleClaim(said, reason)
-        assert item is not None
+        refusal = _refusal(item_id, claim, item)
+        if refusal is not None:
+            raise refusal
         return claim, item
 
     def _finish(self, conn: Connection, done: Sequence[tuple[Any, Any, Outcome]], state: str) -> None:
@@ -327,13 +377,24 @@ class Pulling(Answers, Queues):
                 outcome.detail = outcome.error
             by_worker.setdefault(claim.worker, []).append(outcome)
         for worker, outcomes in by_worker.items():
-            self._write_outcomes(conn, outcomes, worker)
-        ids = [item.id for _, item, _ in done]
-        conn.execute(update(items).where(I.id.in_(ids)).values(claimed_until=None))
+            self._write_outcomes(conn, outcomes, worker)  # which clears the items' claimed_until
         self._end_claims(conn, [claim.token for claim, _, _ in done], state)
 
     def _end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
-        conn.execute(update(claims).where(C.token.in_(tokens)).values(state=state, ended_at=db_now()))
+        if self.postgres:
+            conn.execute(_PG_END_CLAIMS, {"tokens": tokens, "state": state})
+        else:
+            conn.execute(update(claims).where(C.token.in_(tokens)).values(state=state, ended_at=db_now()))
+
+    def _claims_of(self, conn: Connection, tokens: list[str]) -> list[Any]:
+        if self.postgres:
+            return list(conn.execute(_PG_CLAIMS_OF, {"tokens": tokens}))
+        return list(conn.execute(select(*_CLAIM_COLUMNS).where(C.token.in_(tokens))))
+
+    def _items_of(self, conn: Connection, ids: list[int]) -> list[Any]:
+        if self.postgres:
+            return list(conn.execute(_PG_ITEMS_OF, {"ids": pg_bigint_array(ids)}))
+        return list(conn.execute(_item_rows(ids)))
 
 
 def _item_rows(ids: list[int]) -> Any:
@@ -354,6 +415,21 @@ def _item_rows(ids: list[int]) -> Any:
         .select_from(items.join(partitions, P.id == I.partition_id))
         .where(I.id.in_(ids))
     )
+
+
+def _refusal(item_id: int, claim: Any, item: Any | None, *, answered: bool = False) -> StaleClaim | None:
+    """The StaleClaim refusing `claim` on `item` (None: it holds). `answered`: earlier in this batch."""
+    reason = "superseded" if answered else _stale_reason(claim, item, live=bool(claim.live))
+    if reason is None:
+        return None
+    said = {
+        "expired": f"the claim on item {item_id} expired",
+        "cancelled": f"item {item_id} was cancelled",
+        "superseded": f"item {item_id} changed since it was claimed (retried, or delivered elsewhere)",
+    }[reason]
+    if answered or claim.state == "answered":
+        said = f"item {item_id} was answered already with this token"
+    return StaleClaim(said, reason)
 
 
 def _stale_reason(claim: Any, item: Any | None, *, live: bool) -> str | None:

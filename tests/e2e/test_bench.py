@@ -38,7 +38,7 @@ def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: 
     report = json.loads(report_file.read_text())
     dbs = ["sqlite", "postgresql"] if admin_url else ["sqlite"]
     assert sorted((r["db"], r["workload"]) for r in report["runs"]) == sorted(
-        (db, workload) for db in dbs for workload in ("flat", "fan", "http", "http-batch")
+        (db, workload) for db in dbs for workload in ("flat", "fan", "http", "http-batch", "pull")
     )
     for run in report["runs"]:
         where = f"{run['db']} {run['workload']}"
