@@ -264,3 +264,31 @@ def test_work_refuses_malformed_arguments(tmp_path: Path) -> None:
         )
         assert result.returncode == code, (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_stopping_worker_hands_back_what_it_could_not_finish(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.add_partition("long", [(0, b"{}")], queue=QUEUE)
+    log = tmp_path / "calls.log"
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
+    worker = WorkProcess(
+        server.url,
+        tmp_path,
+        "w",
+        "--processor",
+        "cli_processors:SleepsUntilCancelled",
+        "--shutdown-grace",
+        "0.5",
+        **{LOG_VARIABLE: str(log)},
+    )
+    try:
+        wait_until(lambda: log.exists() and "started" in log.read_text(), timeout=60, what="the call to start")
+        assert worker.stop() == 0, worker.log_path.read_text()
+        assert "cancelled" in log.read_text()  # its call was cancelled at the end of the grace
+        (again,) = feed.claim(QUEUE, "next")  # handed back: ready at once, no attempt counted
+        assert again["attempt"] == 1
+    finally:
+        worker.stop()
+        server.stop()
+    feed.close()
