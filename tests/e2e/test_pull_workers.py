@@ -4,6 +4,7 @@ and `feedproc work` processes claiming from `feedproc serve` processes, killed w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -220,7 +221,10 @@ def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(d
     feed.close()
 
 
-def test_cancelling_a_partition_cancels_the_pull_workers_call(db_url: str, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def one_long_item(db_url: str, tmp_path: Path, *worker_args: str) -> Iterator[tuple[Feed, Path, WorkProcess]]:
+    """Partition "long" with one item, claimed by a `feedproc work` whose call sleeps until it is
+    cancelled (writing `started`/`cancelled` to the call log); yields once the call has started."""
     feed = Feed(db_url)
     feed.set_queue(QUEUE, mode="pull")
     feed.add_partition("long", [(0, b"{}")], queue=QUEUE)
@@ -232,20 +236,32 @@ def test_cancelling_a_partition_cancels_the_pull_workers_call(db_url: str, tmp_p
         "w",
         "--processor",
         "cli_processors:SleepsUntilCancelled",
-        "--lease-seconds",
-        "1.5",
+        *worker_args,
         **{LOG_VARIABLE: str(log)},
     )
     try:
         wait_until(lambda: log.exists() and "started" in log.read_text(), timeout=60, what="the call to start")
-        feed.cancel("long")
-        wait_until(lambda: "cancelled" in log.read_text(), timeout=10, what="the call to be cancelled")
-        assert worker.stop() == 0
+        yield feed, log, worker
     finally:
         worker.stop()
         server.stop()
+        feed.close()
+
+
+def test_cancelling_a_partition_cancels_the_pull_workers_call(db_url: str, tmp_path: Path) -> None:
+    with one_long_item(db_url, tmp_path, "--lease-seconds", "1.5") as (feed, log, worker):
+        feed.cancel("long")
+        wait_until(lambda: "cancelled" in log.read_text(), timeout=10, what="the call to be cancelled")
+        assert worker.stop() == 0
     assert "refused" not in worker.log_path.read_text()  # nothing was sent for it
-    feed.close()
+
+
+def test_a_stopping_worker_hands_back_what_it_could_not_finish(db_url: str, tmp_path: Path) -> None:
+    with one_long_item(db_url, tmp_path, "--shutdown-grace", "0.5") as (feed, log, worker):
+        assert worker.stop() == 0, worker.log_path.read_text()
+        assert "cancelled" in log.read_text()  # its call was cancelled at the end of the grace
+        (again,) = feed.claim(QUEUE, "next")  # handed back: ready at once, no attempt counted
+        assert again["attempt"] == 1
 
 
 @pytest.mark.sqlite_only
@@ -264,31 +280,3 @@ def test_work_refuses_malformed_arguments(tmp_path: Path) -> None:
         )
         assert result.returncode == code, (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
-
-
-def test_a_stopping_worker_hands_back_what_it_could_not_finish(db_url: str, tmp_path: Path) -> None:
-    feed = Feed(db_url)
-    feed.set_queue(QUEUE, mode="pull")
-    feed.add_partition("long", [(0, b"{}")], queue=QUEUE)
-    log = tmp_path / "calls.log"
-    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
-    worker = WorkProcess(
-        server.url,
-        tmp_path,
-        "w",
-        "--processor",
-        "cli_processors:SleepsUntilCancelled",
-        "--shutdown-grace",
-        "0.5",
-        **{LOG_VARIABLE: str(log)},
-    )
-    try:
-        wait_until(lambda: log.exists() and "started" in log.read_text(), timeout=60, what="the call to start")
-        assert worker.stop() == 0, worker.log_path.read_text()
-        assert "cancelled" in log.read_text()  # its call was cancelled at the end of the grace
-        (again,) = feed.claim(QUEUE, "next")  # handed back: ready at once, no attempt counted
-        assert again["attempt"] == 1
-    finally:
-        worker.stop()
-        server.stop()
-    feed.close()
