@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import update
@@ -110,10 +111,19 @@ def test_the_queue_limit_counts_claims_by_weight(pull: Feed) -> None:
     assert pull.claim(QUEUE, "w", max_items=10) == []
 
 
-def test_a_closed_window_claims_nothing(pull: Feed) -> None:
-    add(pull, "p", (0, b"a"), windows="00:00-00:01", window_tz="Pacific/Kiritimati")
-    add(pull, "q", (0, b"b"))
-    assert [c["partition"] for c in pull.claim(QUEUE, "w", max_items=10)] in (["q"], ["p", "q"])
+def test_a_partition_whose_window_is_closed_is_not_claimed(pull: Feed) -> None:
+    later = datetime.now(UTC) + timedelta(hours=2)  # a window that opens in two hours
+    window = f"{later:%H}:00-{(later + timedelta(hours=1)):%H}:00"
+    add(pull, "closed", (0, b"a"), windows=window)
+    add(pull, "open", (0, b"b"))
+    assert [c["partition"] for c in pull.claim(QUEUE, "w", max_items=10)] == ["open"]
+
+
+def test_a_queue_whose_window_is_closed_claims_nothing(pull: Feed) -> None:
+    later = datetime.now(UTC) + timedelta(hours=2)
+    pull.set_queue(QUEUE, windows=f"{later:%H}:00-{(later + timedelta(hours=1)):%H}:00")
+    add(pull, "p", (0, b"a"))
+    assert pull.claim(QUEUE, "w") == []
 
 
 @pytest.mark.parametrize(
