@@ -387,6 +387,45 @@ def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
     return {"gate": gate, "partition": feed.status(key)}
 
 
+class ItemSelection(BaseModel):
+    """Items to act on: by id, or every failed or available item of a partition (at one gate)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[Annotated[int, Field(ge=1, le=INT64, strict=True)]] | None = Field(None, min_length=1, max_length=1000)
+    partition: str | None = Field(None, description="a partition key")
+    gate: int | None = Field(None, ge=0, le=INT32, strict=True)
+
+
+ItemAction = Literal["retry", "skip", "cancel"]
+
+
+@api.post("/items/{action}", dependencies=Mutating, tags=["actions"])
+def act_on_items(action: ItemAction, body: ItemSelection, request: Request) -> dict[str, Any]:
+    """Retry (due now, attempts reset), skip (complete without processing) or cancel items, named by
+    `ids` or as every failed or available item of `partition` (at `gate`); recorded in each item's
+    deliveries and the history as done by "api". 409 (nothing changes) when a named item is not
+    failed or available or its partition is finished."""
+    if (body.ids is None) == (body.partition is None):
+        raise ApiError(400, "give ids or partition, not both")
+    if body.gate is not None and body.partition is None:
+        raise ApiError(400, "gate goes with partition")
+    key = _key(body.partition) if body.partition is not None else None
+    return _feed(request).act_on_items(action, ids=body.ids, key=key, gate=body.gate, by="api")
+
+
+def _one_item_action(action: str) -> Any:
+    def act(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
+        return _feed(request).act_on_items(action, ids=[item_id], by="api")
+
+    act.__doc__ = f"{action.capitalize()} one item (see POST /items/{action}); 409 unless failed or available."
+    act.__name__ = f"{action}_item"
+    return act
+
+
+for _action in ("retry", "skip", "cancel"):
+    api.post(f"/items/{{item_id}}/{_action}", dependencies=Mutating, tags=["actions"])(_one_item_action(_action))
+
+
 @api.get("/watchers", tags=["watchers"])
 def list_watchers(request: Request) -> dict[str, Any]:
     """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""

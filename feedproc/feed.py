@@ -104,6 +104,22 @@ class Feed:
         """Cancel `key` and its available items; refused for a complete partition."""
         self.store.cancel(key)
 
+    def act_on_items(
+        self,
+        action: str,
+        *,
+        ids: Sequence[int] | None = None,
+        key: str | None = None,
+        gate: int | None = None,
+        by: str = "python",
+    ) -> dict[str, Any]:
+        """Retry (due now, attempts reset), skip (complete without processing) or cancel items:
+        those named by `ids`, or every failed or available item of partition `key` (at `gate`).
+        Recorded in each item's deliveries and the partition's history with `by`; a call in
+        progress for a skipped or cancelled item is cancelled. Refused (nothing changes) when a
+        named item is not failed or available, or its partition is finished."""
+        return self.store.act_on_items(action, ids=ids, key=key, gate=gate, by=by)
+
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
         return self.store.checkpoint(key)

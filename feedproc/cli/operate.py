@@ -1,4 +1,4 @@
-"""Operator commands that read and wait: status, items, item, queue set/show, wait."""
+"""Operator commands: status, items, item (show, retry, skip, cancel), queue set/show, wait."""
 
 from __future__ import annotations
 
@@ -76,22 +76,53 @@ def list_items(
 
 
 @app.command("item")
-def show_item(
-    item_id: Annotated[int, typer.Argument(metavar="ID", help="The item's id.")],
+def item_command(
+    words: Annotated[
+        list[str],
+        typer.Argument(metavar="[retry|skip|cancel] ID...", help="An item to show, or an action and its items."),
+    ],
+    partition: Annotated[
+        str | None, typer.Option(metavar="KEY", help="An action on every failed or available item of KEY.")
+    ] = None,
+    gate: Annotated[int | None, typer.Option(min=0, max=2**31 - 1, help="With --partition: only at this gate.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Show one item: its data and every delivery (attempt, gate, watcher, times, outcome, error)."""
+    """Show one item (its data and every delivery), or act on items: retry (due now, attempts
+    reset), skip (complete it without processing) or cancel, by id or with --partition KEY [--gate G]."""
     from ..report import item_json, print_item
 
-    if not 0 < item_id < 2**63:
-        raise InvalidInput(f"item id {item_id} is out of range")
+    action = words[0] if words and words[0] in ("retry", "skip", "cancel") else None
+    ids = [_item_id(word) for word in (words[1:] if action else words)]
+    if action is None:
+        if len(ids) != 1 or partition is not None or gate is not None:
+            raise InvalidInput("show one item: feedproc item ID (or act: feedproc item retry|skip|cancel ID...)")
+        with _feed(db) as feed:
+            item = feed.item(ids[0])
+        if as_json:
+            typer.echo(json.dumps(item_json(item), ensure_ascii=False))
+        else:
+            print_item(item)
+        return
+    if (partition is None) == (not ids):
+        raise InvalidInput(f"{action}: name the items (IDs) or --partition KEY, not both")
+    if gate is not None and partition is None:
+        raise InvalidInput("--gate goes with --partition")
+    if partition is not None:
+        check_key(partition)
     with _feed(db) as feed:
-        item = feed.item(item_id)
+        done = feed.act_on_items(action, ids=ids or None, key=partition, gate=gate, by="cli")
     if as_json:
-        typer.echo(json.dumps(item_json(item), ensure_ascii=False))
+        typer.echo(json.dumps(done))
     else:
-        print_item(item)
+        where = ", ".join(done["partitions"]) or "no partition"
+        typer.echo(f"{done['action']}: {done['items']} item(s) in {where}")
+
+
+def _item_id(word: str) -> int:
+    if not word.isdigit() or not 0 < int(word[:20]) < 2**63:
+        raise InvalidInput(f"{word!r} is not an item id (a positive integer)")
+    return int(word)
 
 
 queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: concurrency limit, time windows, push or pull.")

@@ -109,6 +109,7 @@ class Applied:
     advanced: int = 0  # gate advances the batch caused (for metrics)
     advances: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, from gate, to gate)
     moves: dict[int, str] = field(default_factory=dict)  # released partitions: "complete", "fail" or "wait"
+    superseded: list[int] = field(default_factory=list)  # items an operator changed meanwhile: answers dropped
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 Callers:
 
 * producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status
-  (`producing.py`, `reading.py`);
+  (`producing.py`, `reading.py`); operators: retry, skip or cancel single items (`actions.py`);
 * operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), cleanup
   (`retention.py`);
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
@@ -28,6 +28,7 @@ cursor) and in the statements each module keeps side by side as twins, chosen by
 
 from __future__ import annotations
 
+from .actions import ITEM_ACTIONS, ItemActions
 from .answers import RECORDS_KEPT, Answers
 from .base import StoreBase, alembic_config, migrations_path
 from .dispatch import Dispatch
@@ -44,6 +45,7 @@ from .retention import Retention
 __all__ = [
     "FAILED_ITEMS_SHOWN",
     "INSERT_CHUNK",
+    "ITEM_ACTIONS",
     "MAX_CLAIM",
     "MAX_PAGE",
     "RECORDS_KEPT",
@@ -55,6 +57,17 @@ __all__ = [
 
 
 class Store(
-    Producing, Reading, Operators, Leasing, LostDeliveries, Dispatch, Pulling, Answers, Queues, Retention, StoreBase
+    Producing,
+    ItemActions,
+    Reading,
+    Operators,
+    Leasing,
+    LostDeliveries,
+    Dispatch,
+    Pulling,
+    Answers,
+    Queues,
+    Retention,
+    StoreBase,
 ):
     """feedproc's database access. Thread-safe: each call takes its own pooled connection."""

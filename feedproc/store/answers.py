@@ -202,6 +202,23 @@ class Answers(GateWriter):
         settled by the gate rules; partitions that finish, go idle, or have nothing due within
         `idle_after` seconds are released.
         """
+        try:
+            return self._apply_once(watcher_id, outcomes, idle_after)
+        except StaleWrite:
+            # An item changed under its lease since it was fetched: an operator retried, skipped or
+            # cancelled it (items of a leased partition change only so). Its answer is dropped,
+            # the others are written; the common path reads no versions.
+            current = self._versions([o.item_id for o in outcomes])
+            kept = [o for o in outcomes if current.get(o.item_id) == o.version]
+            applied = self._apply_once(watcher_id, kept, idle_after) if kept else Applied()
+            applied.superseded = [o.item_id for o in outcomes if current.get(o.item_id) != o.version]
+            return applied
+
+    def _versions(self, ids: list[int]) -> dict[int, int]:
+        with self.read() as conn:
+            return dict(conn.execute(select(I.id, I.version).where(I.id.in_(ids))).all())
+
+    def _apply_once(self, watcher_id: str, outcomes: Sequence[Outcome], idle_after: float) -> Applied:
         applied = Applied()
         if not outcomes:
             return applied

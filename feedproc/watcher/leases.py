@@ -195,6 +195,23 @@ class Leasing(WatcherState):
         await self._hand_over_wanted()
         await self._lease_more(steal=True)
         await self._expire_claims()
+        await self._cancel_finished_calls()
+
+    async def _cancel_finished_calls(self) -> None:
+        """Cancel the calls of running items an operator skipped or cancelled meanwhile."""
+        if not self._running:
+            return
+        try:
+            done = await self._db_call(self._db, self.store.finished_items, list(self._running))
+        except Exception as error:  # looked at again at the next maintenance
+            log.warning("could not read the states of the items in progress: %s", error)
+            return
+        if done and (calls := self._cancel_calls(item_ids=done)):
+            log.info(
+                "cancelled %d call(s) of items skipped or cancelled by an operator",
+                calls,
+                extra={"event": "calls_cancelled", "watcher": self.id},
+            )
 
     async def _expire_claims(self) -> None:
         """Settle the claims of this queue that ran out: handlers that answered 202 and never

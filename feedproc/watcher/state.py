@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -65,7 +65,7 @@ class _Health:
             self.down_since = None
 
 
-CANCELLED_CALL = "the call was cancelled: its partition was cancelled"
+CANCELLED_CALL = "the call was cancelled: its item or its partition was cancelled (or skipped)"
 
 
 class WatcherState:
@@ -82,7 +82,7 @@ class WatcherState:
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
         self.busy: set[int] = set()  # items a worker is processing now
         # The calls running now, by item: (partition, the worker task awaiting it, the item's stop
-        # event); a cancelled partition's are cancelled (`Delivering._cancel_calls`).
+        # event); `_cancel_calls` cancels those of a cancelled partition, or of skipped or cancelled items.
         self._running: dict[int, tuple[int, asyncio.Task[Any], threading.Event]] = {}
         self._cancelled_calls: set[asyncio.Task[Any]] = set()
         self.results: list[Outcome] = []
@@ -176,14 +176,15 @@ class WatcherState:
         self._slots_reported = 0
         self._wake.set()  # a limited queue: claim what is still running at once
 
-    def _cancel_calls(self, partition_id: int) -> int:
-        """Cancel the calls running for items of a partition that was cancelled: an `async def`
-        processor's call (and the HTTP processor's request) gets CancelledError, a plain `def` one
-        sees `item.cancelled`. Their outcomes are dropped by the group commit (no lease). Returns
-        how many were cancelled."""
+    def _cancel_calls(self, partition_id: int | None = None, item_ids: Iterable[int] = ()) -> int:
+        """Cancel the calls running for the items of a cancelled partition, or for `item_ids` (items
+        an operator skipped or cancelled): an `async def` processor's call (and the HTTP processor's
+        request) gets CancelledError, a plain `def` one sees `item.cancelled`. Their outcomes are
+        dropped by the group commit (no lease, or a new item version). Returns how many."""
+        named = set(item_ids)
         cancelled = 0
         for item_id, (pid, task, stop) in list(self._running.items()):
-            if pid != partition_id:
+            if pid != partition_id and item_id not in named:
                 continue
             del self._running[item_id]
             stop.set()

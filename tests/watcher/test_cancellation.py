@@ -19,7 +19,7 @@ from ..support import wait_status, wait_until, watching
 
 
 class Hangs(Processor):
-    """Partition "stuck" hangs until cancelled (and says so); any other completes at once."""
+    """Gate 0 of partition "stuck" hangs until cancelled (and says so); any other item completes at once."""
 
     def __init__(self) -> None:
         self.started = threading.Event()
@@ -27,7 +27,7 @@ class Hangs(Processor):
         self.done: list[str] = []
 
     async def process(self, item: Item) -> Response:
-        if item.partition == "stuck":
+        if item.partition == "stuck" and item.gate == 0:
             self.started.set()
             try:
                 await asyncio.sleep(3600)
@@ -111,3 +111,16 @@ def test_cancelling_a_partition_aborts_its_http_request(db_url: str, feed: Feed,
         assert silent.received.wait(30)
         feed.cancel("stuck")
         wait_until(silent.aborted.is_set, timeout=10, what="the request to be aborted")
+
+
+def test_skipping_an_item_in_progress_cancels_its_call_and_its_partition_goes_on(db_url: str, feed: Feed) -> None:
+    processor = Hangs()
+    feed.add_partition("stuck", [(0, b"{}"), (1, b"{}")])
+    with watching(db_url, processor, concurrency=1, lease_seconds=3) as running:
+        assert processor.started.wait(30)
+        (item,) = feed.items("stuck", gate=0)
+        feed.act_on_items("skip", ids=[item["id"]], by="test")
+        assert processor.cancelled.wait(10), "the call was not cancelled"
+        wait_status(feed, "stuck", "complete")  # gate 1's item ran: the worker was free again
+        assert running.watcher.fatal is None
+    assert [h["outcome"] for h in feed.item(item["id"])["history"]] == ["skipped"]
