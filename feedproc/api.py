@@ -78,6 +78,10 @@ class NewPartition(BaseModel):
     open: bool = Field(False, strict=True, description="leave unsealed: more items may be added")
     manual_checkpoint: bool = Field(False, strict=True)
     not_before: str | None = Field(None, description="ISO 8601; without a zone it is UTC")
+    weight: int = Field(1, ge=1, le=INT32, strict=True, description="share of the queue's limit per item in flight")
+    item_timeout: float | None = Field(None, gt=0, le=86400 * 7, description="seconds a processor call may take")
+    windows: list[str] | None = Field(None, max_length=24, description='windows of the day, e.g. ["22:00-06:00"]')
+    timezone: str | None = Field(None, max_length=64, description="the windows' time zone (default UTC)")
 
 
 class NewItems(BaseModel):
@@ -282,6 +286,10 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         sealed=not body.open,
         manual_checkpoint=body.manual_checkpoint,
         not_before=_not_before(body.not_before),
+        weight=body.weight,
+        item_timeout=body.item_timeout,
+        windows=body.windows,
+        window_tz=body.timezone,
     )
     return {"added": count, "partition": feed.status(body.key)}
 
@@ -424,6 +432,64 @@ def _one_item_action(action: str) -> Any:
 
 for _action in ("retry", "skip", "cancel"):
     api.post(f"/items/{{item_id}}/{_action}", dependencies=Mutating, tags=["actions"])(_one_item_action(_action))
+
+
+class QueueChange(BaseModel):
+    """`feedproc queue set` (and pause / resume) as JSON; fields left out keep their value."""
+
+    model_config = ConfigDict(extra="forbid")
+    limit: int | None = Field(None, ge=0, le=INT32, strict=True, description="sum of weights in flight; 0: none")
+    windows: list[str] | None = Field(None, max_length=24, description="windows of the day; [] removes them")
+    timezone: str | None = Field(None, max_length=64)
+    mode: Literal["push", "pull"] | None = None
+    paused: bool | None = Field(None, strict=True)
+
+
+@api.get("/queues", tags=["queues"])
+def list_queues(request: Request) -> dict[str, Any]:
+    """Every queue with settings or unfinished partitions: mode, limit, slots in use, windows, paused."""
+    return {"queues": _feed(request).queues()}
+
+
+@api.get("/queues/{name}", tags=["queues"])
+def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """One queue's settings and state."""
+    return _feed(request).queue(name)
+
+
+@api.put("/queues/{name}", dependencies=Mutating, tags=["queues"])
+def change_queue(
+    name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
+) -> dict[str, Any]:
+    """Change a queue's limit, windows, time zone, mode or pause (`feedproc queue set|pause|resume`)."""
+    feed = _feed(request)
+    feed.set_queue(
+        name,
+        limit=body.limit,
+        windows=body.windows or None,
+        window_tz=body.timezone,
+        clear_windows=body.windows == [],
+        mode=body.mode,
+        paused=body.paused,
+        by="api",
+    )
+    return feed.queue(name)
+
+
+@api.post("/queues/{name}/pause", dependencies=Mutating, tags=["queues"])
+def pause_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """Pause a queue fleet-wide: in-flight items finish, nothing new is dispatched or claimed."""
+    feed = _feed(request)
+    feed.set_queue(name, paused=True, by="api")
+    return feed.queue(name)
+
+
+@api.post("/queues/{name}/resume", dependencies=Mutating, tags=["queues"])
+def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """Resume a paused queue."""
+    feed = _feed(request)
+    feed.set_queue(name, paused=False, by="api")
+    return feed.queue(name)
 
 
 @api.get("/watchers", tags=["watchers"])

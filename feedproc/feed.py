@@ -143,12 +143,23 @@ class Feed:
         window_tz: str | None = None,
         clear_windows: bool = False,
         mode: str | None = None,
+        paused: bool | None = None,
+        by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
         and workers; < 1 means none), its windows of the day and/or its mode ("push": watchers
-        deliver its items; "pull": workers claim them); arguments left None keep their value."""
+        deliver its items; "pull": workers claim them) and/or whether it is `paused` (nothing new is
+        dispatched or claimed, fleet-wide; in-flight items finish); arguments left None keep their
+        value. `by` is recorded with a pause."""
         return self.store.set_queue(
-            name, limit=limit, windows=windows, window_tz=window_tz, clear_windows=clear_windows, mode=mode
+            name,
+            limit=limit,
+            windows=windows,
+            window_tz=window_tz,
+            clear_windows=clear_windows,
+            mode=mode,
+            paused=paused,
+            by=by,
         )
 
     def queue(self, name: str) -> dict[str, Any]:

@@ -125,7 +125,9 @@ def _item_id(word: str) -> int:
     return int(word)
 
 
-queue_app = typer.Typer(no_args_is_help=True, help="Queue settings: concurrency limit, time windows, push or pull.")
+queue_app = typer.Typer(
+    no_args_is_help=True, help="Queue settings: concurrency limit, time windows, push or pull, pause and resume."
+)
 app.add_typer(queue_app, name="queue")
 
 
@@ -161,6 +163,22 @@ def queue_set(
     typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}")
 
 
+@queue_app.command("pause")
+def queue_pause(name: str, db: DbOption = None) -> None:
+    """Pause queue NAME fleet-wide: in-flight items finish, nothing new is dispatched or claimed."""
+    with _feed(db) as feed:
+        feed.set_queue(name, paused=True, by="cli")
+    typer.echo(f"queue {name}: paused")
+
+
+@queue_app.command("resume")
+def queue_resume(name: str, db: DbOption = None) -> None:
+    """Resume a paused queue."""
+    with _feed(db) as feed:
+        feed.set_queue(name, paused=False, by="cli")
+    typer.echo(f"queue {name}: resumed")
+
+
 @queue_app.command("show")
 def queue_show(
     name: Annotated[str | None, typer.Argument(help="One queue; omit for all.")] = None,
@@ -182,7 +200,8 @@ def queue_show(
             windows_text = f"windows {q['windows']} {q['timezone']} ({state})"
         else:
             windows_text = "no windows"
-        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}")
+        paused = f", paused since {q['paused_at']} by {q['paused_by']}" if q["paused"] else ""
+        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{paused}")
 
 
 @app.command()

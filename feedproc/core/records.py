@@ -141,6 +141,9 @@ class QueueSettings:
     windows: str | None = None
     window_tz: str | None = None
     mode: str = "push"
+    paused: bool = False  # nothing new dispatched or claimed until resumed
+    paused_at: datetime | None = None
+    paused_by: str | None = None
 
     @property
     def limited(self) -> bool:
@@ -155,13 +158,17 @@ class QueueSettings:
         return timewindows.zone(self.window_tz)
 
     def is_open(self, at: datetime) -> bool:
-        return timewindows.is_open(self.parsed, self.zone, at)
+        """Whether the queue may dispatch at `at`: not paused, and in one of its windows (if any)."""
+        return not self.paused and timewindows.is_open(self.parsed, self.zone, at)
 
     def describe(self, now: datetime, in_use: int | None = None) -> dict[str, Any]:
         opens = timewindows.next_opening(self.parsed, self.zone, now)
         return {
             "name": self.name,
             "mode": self.mode,
+            "paused": self.paused,
+            "paused_at": self.paused_at.isoformat() if self.paused_at else None,
+            "paused_by": self.paused_by,
             "limit": self.limit if self.limited else None,
             "slots_in_use": in_use,
             "windows": self.windows,

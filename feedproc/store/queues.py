@@ -47,9 +47,12 @@ class Queues(StoreBase):
         window_tz: str | None = None,
         clear_windows: bool = False,
         mode: str | None = None,
+        paused: bool | None = None,
+        by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
-        A limit < 1 means no limit; `mode` is "push" or "pull". Returns the settings now stored."""
+        A limit < 1 means no limit; `mode` is "push" or "pull"; `paused` stops all new dispatch
+        and claims fleet-wide (recorded with `by`). Returns the settings now stored."""
         check_queue(name)
         if mode is not None and mode not in QUEUE_MODES:
             raise InvalidInput(f"mode must be push or pull, got {mode!r}")
@@ -66,6 +69,8 @@ class Queues(StoreBase):
                 "window_tz": current.window_tz,
                 "mode": current.mode if mode is None else mode,
             }
+            if paused is not None and paused != current.paused:  # who paused it, and when, is kept
+                values.update(paused=paused, paused_at=db_now() if paused else None, paused_by=by if paused else None)
             if clear_windows:
                 values.update(windows=None, window_tz=None)
             if parsed is not None:
@@ -103,13 +108,17 @@ class Queues(StoreBase):
             return self._queue(conn, name).describe(utcnow(), self._slots_in_use(conn, name))
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
-        query = select(Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode).where(Q.name == name)
+        query = select(Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode, Q.paused, Q.paused_at, Q.paused_by).where(
+            Q.name == name
+        )
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
         row = conn.execute(query).one_or_none()
         if row is None:
             return QueueSettings(name)
-        return QueueSettings(name, row.concurrency_limit, row.windows, row.window_tz, row.mode)
+        return QueueSettings(
+            name, row.concurrency_limit, row.windows, row.window_tz, row.mode, row.paused, row.paused_at, row.paused_by
+        )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
         """Weights in flight for `queue`: the slots of its live watchers (other than `besides`) and

@@ -155,6 +155,10 @@ queues = Table(
     Column("window_tz", String(64), nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("mode", String(8), nullable=False, server_default=text("'push'")),  # push | pull (0005)
+    # Paused: nothing new dispatched or claimed, fleet-wide, until resumed (0006).
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("paused_at", UTCDateTime(), nullable=True),
+    Column("paused_by", String(120), nullable=True),
 )
 
 # What each partition's lease holder has taken for delivery and not yet answered (0004), one row per

@@ -63,7 +63,8 @@ class Fetching(Leasing):
     async def _fill_buffer(self) -> None:
         if self._isolating:
             return  # a suspect is delivered alone
-        if self.queue_settings.windows is not None and not self.queue_settings.is_open(datetime.now(UTC)):
+        settings = self.queue_settings
+        if settings.paused or (settings.windows is not None and not settings.is_open(datetime.now(UTC))):
             return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited:
             return await self._fill_within_limit()

@@ -183,10 +183,17 @@ class Leasing(WatcherState):
         if time.monotonic() - self._settings_read_at >= cfg.poll_interval:  # not on every early maintenance
             settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
             self._settings_read_at = time.monotonic()
-        if settings.limited and (not self.queue_settings.limited or settings.limit < self.queue_settings.limit):
-            # A limit set or lowered while items wait in the buffer: they hold no slot, so give them
-            # back (they are fetched again through the slot claim) instead of dispatching them.
+        lowered = settings.limited and (not self.queue_settings.limited or settings.limit < self.queue_settings.limit)
+        if lowered or (settings.paused and not self.queue_settings.paused):
+            # A limit set or lowered, or the queue paused, while items wait in the buffer: give them
+            # back (fetched again through the slot claim, or once resumed) instead of dispatching them.
             self._drop_buffered(lambda item: True)
+            if settings.paused:
+                log.info(
+                    "queue %s is paused: in-flight items finish, nothing new starts",
+                    cfg.queue,
+                    extra={"event": "queue_paused", "watcher": self.id},
+                )
         self.queue_settings = settings
         await self._defer_closed()
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)

@@ -10,7 +10,7 @@ import pytest
 
 from feedproc import Feed
 
-from ..api_support import ApiServer
+from ..api_support import TOKEN, ApiServer
 from ..support import run_cli
 
 
@@ -84,3 +84,45 @@ def test_the_api_refuses_an_action_on_a_finished_item_with_a_json_409(api: ApiSe
     assert api.post("/api/v1/items/skip", {"ids": [item], "partition": "p"}).status_code == 400
     assert api.post("/api/v1/items/delete", {"ids": [item]}).status_code == 422
     assert api.post(f"/api/v1/items/{item}/retry", auth=False).status_code == 401
+
+
+def test_the_api_reads_changes_pauses_and_resumes_queues(api: ApiServer, feed: Feed) -> None:
+    changed = api.client.put(
+        "/api/v1/queues/imports",
+        json={"limit": 5, "windows": ["22:00-06:00"], "timezone": "Europe/Paris", "mode": "pull"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["limit"], changed.json()["windows"], changed.json()["mode"]) == (5, "22:00-06:00", "pull")
+    paused = api.post("/api/v1/queues/imports/pause")
+    assert paused.status_code == 200 and paused.json()["paused"] and paused.json()["paused_by"] == "api"
+    assert feed.queue("imports")["paused"]
+    listed = api.get("/api/v1/queues").json()["queues"]
+    assert [q["name"] for q in listed if q["paused"]] == ["imports"]
+    assert not api.post("/api/v1/queues/imports/resume").json()["paused"]
+    cleared = api.client.put(
+        "/api/v1/queues/imports", json={"windows": []}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert cleared.json()["windows"] is None and cleared.json()["limit"] == 5
+    bad = api.client.put("/api/v1/queues/imports", json={"limit": -1}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bad.status_code == 422 and "error" in bad.json()
+
+
+def test_the_api_creates_a_partition_with_every_scheduling_control(api: ApiServer, feed: Feed) -> None:
+    response = api.post(
+        "/api/v1/partitions",
+        {
+            "key": "nightly",
+            "items": [{"data": 1}],
+            "weight": 3,
+            "item_timeout": 12.5,
+            "windows": ["22:00-06:00", "12:00-13:00"],
+            "timezone": "Europe/Paris",
+        },
+    )
+    assert response.status_code == 201, response.text
+    schedule = feed.status("nightly")["schedule"]
+    assert (schedule["weight"], schedule["item_timeout"]) == (3, 12.5)
+    assert (schedule["windows"], schedule["timezone"]) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
+    bad = api.post("/api/v1/partitions", {"key": "bad", "windows": ["25:00-06:00"]})
+    assert bad.status_code == 400 and "window" in bad.json()["error"]
