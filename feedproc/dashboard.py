@@ -89,8 +89,8 @@ def _overview(feed: Feed, status: str | None, prefix: str | None, after: str | N
     if status not in STATUSES:
         status = None
     # Filters come from the address bar: anything a key could not contain is dropped, never sent on.
-    prefix = prefix if prefix and KEY_PATTERN.match(prefix) else None
-    after = after if after and KEY_PATTERN.match(after) else None
+    prefix = prefix if prefix and KEY_PATTERN.fullmatch(prefix) else None
+    after = after if after and KEY_PATTERN.fullmatch(after) else None
     partitions = feed.partitions(status=status, prefix=prefix or None, after=after or None, limit=PAGE)
     for p in partitions:
         p["bars"] = gate_bars(p["gates"], p["gate"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -17,16 +18,15 @@ ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
 
 
 class Feed:
-    """A handle on one feedproc database.
+    """A handle on one feedproc database: `url`, else $FEEDPROC_DATABASE_URL, else sqlite:///feedproc.db.
 
     >>> feed = Feed("sqlite:///feedproc.db")
     >>> feed.migrate()
     >>> feed.add_partition("upload-42", items=[(0, b'{"file": "a.pdf"}')], priority=5)
     """
 
-    def __init__(
-        self, url: str = "sqlite:///feedproc.db", *, pool_size: int = 5, policy: RetryPolicy | None = None
-    ) -> None:
+    def __init__(self, url: str | None = None, *, pool_size: int = 5, policy: RetryPolicy | None = None) -> None:
+        url = url or os.environ.get("FEEDPROC_DATABASE_URL") or "sqlite:///feedproc.db"
         self.store = Store(url, pool_size=pool_size)
         self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
 
@@ -48,9 +48,9 @@ class Feed:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def migrate(self) -> None:
-        """Create or upgrade the schema (idempotent)."""
-        self.store.migrate()
+    def migrate(self) -> tuple[str | None, str | None]:
+        """Create or upgrade the schema (idempotent); the revisions before (None: none) and after."""
+        return self.store.migrate()
 
     def add_partition(
         self,
@@ -124,11 +124,12 @@ class Feed:
         """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
         return self.store.checkpoint(key)
 
-    def cleanup(self, older_than: float, *, include_failed: bool = False) -> dict[str, int]:
+    def cleanup(self, older_than: float, *, include_failed: bool = False, dry_run: bool = False) -> dict[str, int]:
         """Delete complete and cancelled (and, if asked, failed) partitions last changed more than
-        `older_than` seconds ago, with their items and history, in bounded batches."""
+        `older_than` seconds ago, with their items and history, in bounded batches; with
+        `dry_run`, count what would go and delete nothing."""
         statuses = ("complete", "cancelled", "failed") if include_failed else ("complete", "cancelled")
-        return self.store.cleanup(older_than, statuses=statuses)
+        return self.store.cleanup(older_than, statuses=statuses, dry_run=dry_run)
 
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""

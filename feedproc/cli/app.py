@@ -17,7 +17,7 @@ import typer
 
 from .. import logs
 from .._version import __version__
-from ..core.errors import InvalidInput
+from ..core.errors import InvalidInput, Refused
 from ..core.models import NewItem, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
@@ -58,10 +58,24 @@ def database_url(db: str | None) -> str:
     return db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL") or DEFAULT_DB
 
 
-def _feed(db: str | None) -> Any:
+def _feed(db: str | None, *, create: bool = False) -> Any:
+    """A Feed on the command's database. A SQLite file that does not exist is created only by
+    `migrate` (`create`): any other command refuses, rather than leave an empty file behind."""
     from ..feed import Feed
 
-    return Feed(database_url(db))
+    url = database_url(db)
+    path = sqlite_path(url)
+    if path is not None and not create and not Path(path).exists():
+        raise Refused(f"no database at {path}: create it with feedproc migrate (or give --db)")
+    return Feed(url)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a `sqlite:///PATH` URL (None: another database, or SQLite in memory)."""
+    if not url.startswith("sqlite:"):
+        return None
+    path = url.split("?", 1)[0].removeprefix("sqlite://").removeprefix("/")
+    return path or None if path != ":memory:" else None
 
 
 def _print_version(value: bool) -> None:
@@ -119,9 +133,12 @@ def parse_time(value: str | None) -> datetime | None:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(value: str, option: str) -> float:
-    """`90`, `90s`, `15m`, `12h`, `7d`, `2w` -> seconds."""
+def parse_duration(value: str, option: str, *, unit_required: bool = False) -> float:
+    """`90`, `90s`, `15m`, `12h`, `7d`, `2w` -> seconds. With `unit_required`, a bare number is
+    refused (for ages in days, `7` meaning seven seconds would be a trap)."""
     text = value.strip().lower()
+    if unit_required and (not text or text[-1] not in _UNITS):
+        raise InvalidInput(f"{option} {value!r}: give a unit, like 90s, 15m, 12h, 7d or 2w")
     number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "s")
     try:
         seconds = float(number) * _UNITS[unit]

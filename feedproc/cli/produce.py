@@ -21,9 +21,12 @@ from .app import (
 @app.command()
 def migrate(db: DbOption = None) -> None:
     """Create or upgrade the schema (idempotent)."""
-    with _feed(db) as feed:
-        feed.migrate()
-    typer.echo("schema is up to date")
+    with _feed(db, create=True) as feed:
+        before, after = feed.migrate()
+    if before == after:
+        typer.echo(f"schema is up to date (revision {after})")
+    else:
+        typer.echo(f"schema migrated from {before or 'nothing'} to revision {after}")
 
 
 @app.command()
@@ -50,6 +53,8 @@ def add(
     """Create partition KEY with its items, in one transaction."""
     when = parse_time(not_before)
     timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
+    if items is None and not open_:  # a sealed partition without items completes at once: surely a slip
+        raise InvalidInput("add needs --items FILE|- (or --open, to add its items later)")
     with _feed(db) as feed:
         count = feed.add_partition(
             key,
@@ -113,10 +118,12 @@ def checkpoint(key: str, db: DbOption = None) -> None:
 def cleanup(
     older_than: Annotated[str, typer.Option(help="Age of the last change, e.g. 7d, 12h, 30m.")],
     include_failed: Annotated[bool, typer.Option(help="Delete failed partitions too.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")] = False,
     db: DbOption = None,
 ) -> None:
     """Delete finished partitions with their items and history, in bounded batches."""
-    seconds = parse_duration(older_than, "--older-than")
+    seconds = parse_duration(older_than, "--older-than", unit_required=True)
     with _feed(db) as feed:
-        deleted = feed.cleanup(seconds, include_failed=include_failed)
-    typer.echo(f"deleted {deleted['partitions']} partitions, {deleted['items']} items, {deleted['events']} events")
+        deleted = feed.cleanup(seconds, include_failed=include_failed, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    typer.echo(f"{verb} {deleted['partitions']} partitions, {deleted['items']} items, {deleted['events']} events")

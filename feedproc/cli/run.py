@@ -117,7 +117,7 @@ def watch(
             retry_delay=retry_delay,
             max_retry_delay=max_retry_delay,
             shutdown_grace=shutdown_grace,
-            retention=parse_duration(retention, "--retention") if retention else None,
+            retention=parse_duration(retention, "--retention", unit_required=True) if retention else None,
             item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
             batch=batch,
             batch_wait=batch_wait / 1000,

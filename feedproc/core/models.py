@@ -40,13 +40,13 @@ STATUSES = tuple(s.value for s in Status)
 
 def check_key(key: str) -> str:
     """Return `key` if it is a valid partition key, else raise InvalidInput."""
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):  # `$` alone would let "key\n" through
         raise InvalidInput(f"invalid partition key {key!r}: use 1-200 characters of A-Z a-z 0-9 . _ : / -")
     return key
 
 
 def check_queue(queue: str) -> str:
-    if not isinstance(queue, str) or not QUEUE_PATTERN.match(queue):
+    if not isinstance(queue, str) or not QUEUE_PATTERN.fullmatch(queue):
         raise InvalidInput(f"invalid queue name {queue!r}: use 1-100 characters of A-Z a-z 0-9 . _ : / -")
     return queue
 

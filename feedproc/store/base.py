@@ -97,14 +97,17 @@ class StoreBase:
 
     # ------------------------------------------------------------ schema
 
-    def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision (idempotent)."""
+    def migrate(self) -> tuple[str | None, str | None]:
+        """Create or upgrade the schema to the newest revision (idempotent); the revisions before
+        (None: no schema) and after."""
         from alembic import command
 
+        before = self.schema_revision()
         config = alembic_config(self.url)
         with translated_errors(), self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+        return before, self.schema_revision()
 
     def schema_revision(self) -> str | None:
         """The schema revision in the database, or None when it has no feedproc schema."""

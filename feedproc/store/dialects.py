@@ -23,9 +23,12 @@ from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Engine, Float, create_engine, event, make_url
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
+
+from ..core.errors import InvalidInput
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
@@ -130,11 +133,28 @@ def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datet
 
 
 def normalize_url(url: str | URL) -> URL:
-    """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs; leave others as given."""
-    parsed = make_url(url) if isinstance(url, str) else url
+    """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs; leave others as given.
+    InvalidInput for what is not a database URL at all (a bare file name, say)."""
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise InvalidInput(
+                f"{redact_db_url(url)!r} is not a database URL: use sqlite:///PATH or postgresql://HOST/DB"
+            ) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
+
+
+def redact_db_url(url: str) -> str:
+    """A database URL as it may be shown: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url if "@" not in url else "***@" + url.rsplit("@", 1)[1]
 
 
 def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) -> Engine:
@@ -143,6 +163,10 @@ def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) ->
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
     if parsed.get_backend_name() == "postgresql":
+        try:
+            import psycopg  # noqa: F401 - asked here so that a missing driver says how to get it
+        except ImportError:
+            raise InvalidInput("PostgreSQL needs its driver: pip install 'feedproc[postgres]'") from None
         return create_engine(
             parsed,
             # Producers test a pooled connection before use; watchers skip the round trip (a
@@ -153,7 +177,7 @@ def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) ->
             future=True,
             connect_args={"connect_timeout": 10, "application_name": "feedproc"},
         )
-    raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql://")
+    raise InvalidInput(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://")
 
 
 def _sqlite_engine(url: URL) -> Engine:

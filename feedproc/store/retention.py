@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 
 from .base import CANCELLED, COMPLETE, A, C, E, F, I, P, StoreBase
 from .dialects import seconds_from_now
@@ -21,10 +21,25 @@ class Retention(StoreBase):
         statuses: Sequence[str] = (COMPLETE, CANCELLED),
         batch: int = 5000,
         partitions_per_batch: int = 100,
+        dry_run: bool = False,
     ) -> dict[str, int]:
         """Delete partitions finished more than `older_than` seconds ago, with their items and
-        history, in bounded transactions (never one giant delete). Returns what was deleted."""
+        history, in bounded transactions (never one giant delete). Returns what was deleted (with
+        `dry_run`, what would be, and nothing is)."""
         deleted = {"partitions": 0, "items": 0, "events": 0, "attempts": 0, "claims": 0}
+        if dry_run:  # what would go: counted, not loaded
+            old = select(P.id).where(P.status.in_(list(statuses)), P.updated_at < seconds_from_now(-older_than))
+            with self.read() as conn:
+                for table, column, key in (
+                    (partitions, P.id, "partitions"),
+                    (items, I.partition_id, "items"),
+                    (events, E.partition_id, "events"),
+                    (attempts, A.partition_id, "attempts"),
+                    (claims, C.partition_id, "claims"),
+                ):
+                    query = select(func.count()).select_from(table).where(column.in_(old.scalar_subquery()))
+                    deleted[key] = int(conn.execute(query).scalar_one())
+            return deleted
         while True:
             with self.write() as conn:
                 ids = list(

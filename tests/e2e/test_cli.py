@@ -119,7 +119,9 @@ def test_version_flag_prints_the_version() -> None:
 def test_db_option_is_used_before_or_after_the_subcommand(db_url: str, feed: Feed, position: str) -> None:
     # The environment points at an unreachable database: only --db can make this succeed.
     args = (
-        ["--db", db_url, "add", "via-flag"] if position == "before-subcommand" else ["add", "via-flag", "--db", db_url]
+        ["--db", db_url, "add", "via-flag", "--open"]
+        if position == "before-subcommand"
+        else ["add", "via-flag", "--open", "--db", db_url]
     )
     ok(run_cli(UNREACHABLE, *args))
     assert feed.status("via-flag")["key"] == "via-flag"
@@ -128,7 +130,7 @@ def test_db_option_is_used_before_or_after_the_subcommand(db_url: str, feed: Fee
 def test_database_url_comes_from_the_environment_without_db(db_url: str, feed: Feed, tmp_path: Path) -> None:
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    ok(run_cli(db_url, "add", "via-env", cwd=cwd))
+    ok(run_cli(db_url, "add", "via-env", "--open", cwd=cwd))
     assert feed.status("via-env")["key"] == "via-env"
     assert not (cwd / "feedproc.db").exists()  # the default database was not used
 
@@ -164,10 +166,11 @@ def test_add_reads_items_from_standard_input(db_url: str, feed: Feed) -> None:
     assert feed.status("from-stdin")["gate"] == 2
 
 
-def test_add_without_items_creates_an_empty_sealed_partition_that_is_complete(db_url: str, feed: Feed) -> None:
-    ok(run_cli(db_url, "add", "empty"))
+def test_add_without_items_is_refused_unless_the_partition_stays_open(db_url: str, feed: Feed) -> None:
+    assert_error(run_cli(db_url, "add", "empty"), 2, "--items")  # sealed and empty: it would complete at once
+    ok(run_cli(db_url, "add", "empty", "--open"))
     status = feed.status("empty")
-    assert (status["status"], status["gate"], status["items"]["total"]) == ("complete", 0, 0)
+    assert (status["status"], status["sealed"], status["items"]["total"]) == ("available", False, 0)
 
 
 @pytest.mark.parametrize("given", ["2031-05-06T07:08:09", "2031-05-06T09:08:09+02:00"])
@@ -426,7 +429,7 @@ def test_bad_key_characters_are_malformed_input(db_url: str, feed: Feed, key: st
 @before_any_database_access
 def test_longest_key_with_every_allowed_character_is_accepted(db_url: str, feed: Feed) -> None:
     key = ("Az09._:/-" * 23)[:200]
-    ok(run_cli(db_url, "add", key))
+    ok(run_cli(db_url, "add", key, "--open"))
     assert feed.status(key)["key"] == key
 
 
@@ -564,7 +567,7 @@ def test_checkpoint_with_no_higher_gate_holding_work_is_refused(db_url: str, fee
     "args",
     [
         pytest.param(["status"], id="status"),
-        pytest.param(["add", "k"], id="add"),
+        pytest.param(["add", "k", "--open"], id="add"),
         pytest.param(["migrate"], id="migrate"),
         pytest.param(["watch", "--handler", "http://127.0.0.1:9/"], id="watch"),
     ],
@@ -592,7 +595,7 @@ def table_names(url: str) -> list[str]:
     "args",
     [
         pytest.param(["status"], id="status"),
-        pytest.param(["add", "k"], id="add"),
+        pytest.param(["add", "k", "--open"], id="add"),
         pytest.param(["watch", "--handler", "http://127.0.0.1:9/", "--poll-interval", "0.1"], id="watch"),
     ],
 )

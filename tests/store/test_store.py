@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused, StaleWrite
+from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused
 from feedproc.core.models import NewItem
 from feedproc.core.records import Kind
 from feedproc.store import INSERT_CHUNK, Store
@@ -674,28 +674,26 @@ def test_an_answer_under_a_stale_lease_epoch_is_dropped(store):
     assert store.status("p") == before
 
 
-def test_a_stale_item_version_raises_stale_write_and_the_batch_writes_nothing(store):
+def test_a_stale_item_version_drops_only_that_answer_and_writes_the_rest(store):
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     first, second = lease_and_fetch(store)
     store.apply(A, [answer(second, Kind.LATER)])  # a newer version of `second`
-    before = store.status("p", history=50)
-    rows_before = item_rows(store, "p")
-    batch = [answer(first, Kind.DONE, children=(NewItem(1, b"child"),)), fail(second)]
-    with pytest.raises(StaleWrite):
-        store.apply(A, batch)
-    assert store.status("p", history=50) == before
-    assert item_rows(store, "p") == rows_before
+    second_before = [r for r in item_rows(store, "p") if r.id == second.id]
+    applied = store.apply(A, [answer(first, Kind.DONE, children=(NewItem(1, b"child"),)), fail(second)])
+    assert (applied.written, applied.superseded) == ([first.id], [second.id])
+    assert [r for r in item_rows(store, "p") if r.id == second.id] == second_before
+    assert [r.data for r in item_rows(store, "p") if r.parent_id == first.id] == [b"child"]
 
 
-def test_a_repeated_answer_raises_stale_write_and_its_children_are_inserted_once(store):
+def test_a_repeated_answer_is_superseded_and_its_children_are_inserted_once(store):
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     ready = lease_and_fetch(store)[0]
     outcome = answer(ready, Kind.DONE, children=(NewItem(1, b"c0"), NewItem(2, b"c1")))
     assert store.apply(A, [outcome]).written == [ready.id]
-    with pytest.raises(StaleWrite):
-        store.apply(A, [outcome])
+    again = store.apply(A, [outcome])
+    assert (again.written, again.superseded) == ([], [ready.id])
     children = [(r.gate, r.data, r.parent_id, r.parent_gate, r.seq) for r in item_rows(store, "p") if r.parent_id]
     assert children == [(1, b"c0", ready.id, 0, 0), (2, b"c1", ready.id, 0, 1)]
 

@@ -118,7 +118,7 @@ def test_a_plain_def_call_waiting_for_a_free_thread_is_not_timed(db_url: str, fe
 
 
 def test_add_item_timeout_option_is_stored_and_shown_in_status(db_url: str) -> None:
-    result = run_cli(db_url, "add", "job", "--item-timeout", "90s", "--weight", "3")
+    result = run_cli(db_url, "add", "job", "--item-timeout", "90s", "--weight", "3", "--open")
     assert result.returncode == 0, result.stderr
     status = json.loads(run_cli(db_url, "status", "job", "--json").stdout)
     assert status["schedule"]["item_timeout"] == 90
@@ -126,7 +126,7 @@ def test_add_item_timeout_option_is_stored_and_shown_in_status(db_url: str) -> N
 
 
 def test_a_non_positive_item_timeout_is_malformed_input(db_url: str) -> None:
-    result = run_cli(db_url, "add", "job", "--item-timeout", "0")
+    result = run_cli(db_url, "add", "job", "--item-timeout", "0", "--open")
     assert result.returncode == 2
     assert "--item-timeout" in result.stderr
     watch = run_cli(db_url, "watch", "--handler", "http://127.0.0.1:9/x", "--item-timeout", "-1")
@@ -502,12 +502,21 @@ def test_a_queue_window_closed_now_holds_all_its_partitions_until_it_is_removed(
 
 
 def test_window_options_are_checked_and_stored(db_url: str) -> None:
-    bad = run_cli(db_url, "add", "job", "--window", "25:00-06:00")
+    bad = run_cli(db_url, "add", "job", "--window", "25:00-06:00", "--open")
     assert bad.returncode == 2 and "window" in bad.stderr
     zone = run_cli(db_url, "queue", "set", "q", "--window", "22:00-06:00", "--timezone", "Nowhere/Land")
     assert zone.returncode == 2 and "time zone" in zone.stderr
     ok = run_cli(
-        db_url, "add", "job", "--window", "22:00-06:00", "--window", "12:00-13:00", "--timezone", "Europe/Paris"
+        db_url,
+        "add",
+        "job",
+        "--window",
+        "22:00-06:00",
+        "--window",
+        "12:00-13:00",
+        "--timezone",
+        "Europe/Paris",
+        "--open",
     )
     assert ok.returncode == 0, ok.stderr
     schedule = json.loads(run_cli(db_url, "status", "job", "--json").stdout)["schedule"]
@@ -520,12 +529,12 @@ def test_window_options_are_checked_and_stored(db_url: str) -> None:
 
 
 def test_an_infinite_item_timeout_is_malformed_input(db_url: str) -> None:
-    result = run_cli(db_url, "add", "job", "--item-timeout", "inf")
+    result = run_cli(db_url, "add", "job", "--item-timeout", "inf", "--open")
     assert result.returncode == 2 and "--item-timeout" in result.stderr
 
 
 def test_a_time_zone_without_windows_is_malformed_and_changes_nothing(db_url: str, feed: Feed) -> None:
-    result = run_cli(db_url, "add", "job", "--timezone", "Europe/Paris")
+    result = run_cli(db_url, "add", "job", "--timezone", "Europe/Paris", "--open")
     assert result.returncode == 2 and "--window" in result.stderr
     assert run_cli(db_url, "status", "job").returncode == 1
     queue = run_cli(db_url, "queue", "set", "q", "--timezone", "Europe/Paris")

@@ -1,0 +1,92 @@
+"""The command line's edges found by trying it as a newcomer (issue 18): database URLs that are not
+usable, stray SQLite files, ages without units, a cleanup that can be rehearsed, a migrate that says
+what it did, and a `Feed()` that reads the environment as the CLI does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from feedproc import Feed
+from feedproc.store.dialects import seconds_from_now
+from feedproc.store.schema import partitions
+
+from ..support import run_cli
+from .test_cli import assert_error, ok
+
+
+def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m feedproc ARGS` with no database configured at all (unless `env` says)."""
+    base = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "feedproc", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("mysql://x/y", "unsupported database 'mysql'"), ("feedproc.db", "not a database URL")],
+)
+def test_an_unusable_database_url_is_one_line_and_exit_2(url: str, says: str, tmp_path: Path) -> None:
+    assert_error(cli("--db", url, "status", cwd=tmp_path), 2, says)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.sqlite_only
+def test_postgresql_without_its_driver_says_how_to_install_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "sitecustomize.py"  # this interpreter, as if psycopg were not installed
+    blocker.write_text("import sys\nsys.modules['psycopg'] = None\n")
+    result = cli("--db", "postgresql://u@127.0.0.1:1/x", "status", PYTHONPATH=str(tmp_path))
+    assert_error(result, 2, "pip install 'feedproc[postgres]'")
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("args", [["status"], ["items", "k"], ["item", "1"], ["queue", "show"], ["wait", "k"]])
+def test_read_commands_leave_no_stray_sqlite_file(args: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nothing-here.db"
+    assert_error(cli("--db", f"sqlite:///{missing}", *args), 1, "feedproc migrate")
+    assert not missing.exists()
+
+
+@pytest.mark.sqlite_only
+def test_migrate_says_from_which_revision_to_which(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    first = ok(cli("--db", url, "migrate")).strip()
+    assert first.startswith("schema migrated from nothing to revision ")
+    again = ok(cli("--db", url, "migrate")).strip()
+    assert again == f"schema is up to date (revision {first.rsplit(' ', 1)[1]})"
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("age", ["7", "30", "1.5"])
+def test_an_age_without_a_unit_is_refused(db_url: str, age: str) -> None:
+    assert_error(run_cli(db_url, "cleanup", "--older-than", age), 2, "unit")
+
+
+def test_cleanup_dry_run_counts_and_deletes_nothing(db_url: str, feed: Feed) -> None:
+    feed.add_partition("done", [])  # sealed and empty: complete at once
+    with feed.store.write() as conn:  # finished an hour ago
+        conn.execute(update(partitions).values(updated_at=seconds_from_now(-3600)))
+    rehearsal = ok(run_cli(db_url, "cleanup", "--older-than", "30m", "--dry-run"))
+    assert rehearsal.startswith("would delete 1 partitions, 0 items")
+    assert feed.status("done")["status"] == "complete"
+    assert ok(run_cli(db_url, "cleanup", "--older-than", "30m")).startswith("deleted 1 partitions")
+
+
+def test_feed_without_a_url_reads_the_environment(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDPROC_DATABASE_URL", db_url)
+    with Feed() as feed:
+        feed.add_partition("from-env", [(0, b"1")])
+    with Feed(db_url) as same:
+        assert same.status("from-env")["key"] == "from-env"
