@@ -55,7 +55,14 @@ ItemsOption = Annotated[
 
 
 def database_url(db: str | None) -> str:
-    return db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL") or DEFAULT_DB
+    """--db, else $FEEDPROC_DATABASE_URL, else the default SQLite file; with
+    $FEEDPROC_REQUIRE_DATABASE_URL set (the container image), no default: one must be given."""
+    given = db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL")
+    if given:
+        return given
+    if os.environ.get("FEEDPROC_REQUIRE_DATABASE_URL"):
+        raise Refused("no database: set FEEDPROC_DATABASE_URL (or give --db)")
+    return DEFAULT_DB
 
 
 def _feed(db: str | None, *, create: bool = False) -> Any:
