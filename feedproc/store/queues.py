@@ -21,7 +21,22 @@ from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
 from ..core.models import check_queue
 from ..core.records import Lease, ProgressReport, QueueSettings
-from .base import ACTIVE_CLAIM, AVAILABLE, IS_AVAILABLE, NO_LEASE, C, F, I, P, Q, StoreBase, W, iso, utcnow
+from .base import (
+    ACTIVE_CLAIM,
+    CANCELLED,
+    COMPLETE,
+    IS_AVAILABLE,
+    NO_LEASE,
+    C,
+    F,
+    I,
+    P,
+    Q,
+    StoreBase,
+    W,
+    iso,
+    utcnow,
+)
 from .dialects import db_now
 from .notify import notify_ready
 from .schema import inflight, items, partitions, queues, watchers
@@ -206,7 +221,7 @@ class Queues(StoreBase):
         per_gate, done_all, total_all = {}, 0, 0
         for gate, by_status in counts.items():  # the per-gate counts `status` read already
             total = sum(by_status.values())
-            done = total - by_status.get(AVAILABLE, 0)
+            done = by_status.get(COMPLETE, 0) + by_status.get(CANCELLED, 0)  # a failed item is not done
             n, mean = in_flight.get(int(gate), (0, None))
             per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
             done_all, total_all = done_all + done, total_all + total

@@ -92,3 +92,8 @@ def test_a_watchers_answer_for_a_skipped_item_is_dropped_and_the_rest_written(fe
     assert applied.superseded == [first.id] and applied.written == [second.id]
     assert feed.item(first.id)["data"] == b"1"  # the skip stands; the late answer changed nothing
     assert feed.status("p")["status"] == "complete"
+
+
+def test_a_failed_item_is_not_counted_as_done_in_the_progress(feed: Feed) -> None:
+    failed_partition(feed)  # gate 0: one failed, one complete
+    assert feed.status("p")["progress"]["gates"]["0"]["done"] == 1
