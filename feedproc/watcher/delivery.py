@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import traceback
 from datetime import UTC, datetime
@@ -96,16 +95,8 @@ class Delivering(Leasing):
     async def _run_one(self, ready: ReadyItem, lease: Lease) -> None:
         """Deliver one item and queue its outcome, with its record, for the next group commit."""
         self.busy.add(ready.id)
-        stop = threading.Event()
         item = Item(
-            ready.id,
-            ready.partition,
-            ready.queue,
-            ready.gate,
-            ready.attempts + 1,
-            ready.data,
-            self._reporter(ready),
-            stop,
+            ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
         failure: Exception | None = None
         timeout = lease.item_timeout or self.config.item_timeout
@@ -113,7 +104,7 @@ class Delivering(Leasing):
         started = time.perf_counter_ns()
         task = asyncio.current_task()
         assert task is not None
-        self._running[ready.id] = (ready.partition_id, task, stop)
+        self._running[ready.id] = (ready.partition_id, task, (item,))
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
@@ -147,14 +138,12 @@ class Delivering(Leasing):
     async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
         """Deliver a batch in one call (`call_batch`) and queue each item's outcome, with its record.
         Every item's record has the batch's start and duration; failures are each item's own."""
-        stop, task = threading.Event(), asyncio.current_task()
+        task = asyncio.current_task()
         assert task is not None
+        items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
         for ready in batch:
             self.busy.add(ready.id)
-            self._running[ready.id] = (ready.partition_id, task, stop)
-        items = [
-            Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r), stop) for r in batch
-        ]
+            self._running[ready.id] = (ready.partition_id, task, tuple(items))
         timeout = lease.item_timeout or self.config.item_timeout
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         first = batch[0]

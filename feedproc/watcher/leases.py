@@ -18,6 +18,9 @@ from ..core.records import Lease
 from .state import WatcherState
 
 log = logging.getLogger("feedproc.watcher")
+# Seconds between a watcher's looks at claims that expired and at items an operator skipped or
+# cancelled while in flight: two reads on the thread that fetches, so not at every maintenance.
+CLAIM_CHECK_EVERY = 1.0
 _FINISHED_EVENTS = {"complete": "partition_completed", "failed": "partition_failed", "cancelled": "partition_cancelled"}
 
 
@@ -201,8 +204,10 @@ class Leasing(WatcherState):
             await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
         await self._hand_over_wanted()
         await self._lease_more(steal=True)
-        await self._expire_claims()
-        await self._cancel_finished_calls()
+        if time.monotonic() >= self._next_claim_check:  # not at every maintenance: they share the poll thread
+            self._next_claim_check = time.monotonic() + CLAIM_CHECK_EVERY
+            await self._expire_claims()
+            await self._cancel_finished_calls()
 
     async def _cancel_finished_calls(self) -> None:
         """Cancel the calls of running items an operator skipped or cancelled meanwhile."""

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from tenacity import RetryCallState, wait_random_exponential
 
+from ..core.models import Item
 from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
 from ..metrics import WatcherMetrics
 from ..processors import HTTPProcessor, ProcessorLike
@@ -66,6 +67,8 @@ class _Health:
 
 
 CANCELLED_CALL = "the call was cancelled: its item or its partition was cancelled (or skipped)"
+STOPPED = threading.Event()  # what `item.stop` becomes when its call is cancelled (`item.cancelled`)
+STOPPED.set()
 
 
 class WatcherState:
@@ -81,10 +84,11 @@ class WatcherState:
         self.owned: dict[int, Lease] = {}
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
         self.busy: set[int] = set()  # items a worker is processing now
-        # The calls running now, by item: (partition, the worker task awaiting it, the item's stop
-        # event); `_cancel_calls` cancels those of a cancelled partition, or of skipped or cancelled items.
-        self._running: dict[int, tuple[int, asyncio.Task[Any], threading.Event]] = {}
+        # The calls running now, by item: (partition, the worker task awaiting it, the Items of the
+        # call); `_cancel_calls` cancels those of a cancelled partition, or of skipped or cancelled items.
+        self._running: dict[int, tuple[int, asyncio.Task[Any], tuple[Item, ...]]] = {}
         self._cancelled_calls: set[asyncio.Task[Any]] = set()
+        self._next_claim_check = 0.0  # monotonic time of the next look at expired claims and finished items
         self.results: list[Outcome] = []
         self.processed = 0
         # prometheus-client metrics in a registry of this watcher's own, served by /metrics
@@ -183,11 +187,12 @@ class WatcherState:
         dropped by the group commit (no lease, or a new item version). Returns how many."""
         named = set(item_ids)
         cancelled = 0
-        for item_id, (pid, task, stop) in list(self._running.items()):
+        for item_id, (pid, task, items) in list(self._running.items()):
             if pid != partition_id and item_id not in named:
                 continue
             del self._running[item_id]
-            stop.set()
+            for item in items:  # no Event per delivery (1.5 us each): the stopped ones share one
+                item.stop = STOPPED
             cancelled += 1
             if task not in self._cancelled_calls:
                 self._cancelled_calls.add(task)
