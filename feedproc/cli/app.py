@@ -165,8 +165,38 @@ def parse_headers(values: list[str]) -> dict[str, str]:
         name, sep, content = value.partition(":")
         if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
             raise InvalidInput(f"--header {value!r}: expected 'Name: value'")
+        if any(c in content for c in "\r\n\0"):  # a second header (or request) smuggled into one
+            raise InvalidInput(f"--header {name.strip()!r}: its value may not contain CR, LF or NUL")
         headers[name.strip()] = content.strip()
     return headers
+
+
+def check_http_url(url: str, option: str) -> str:
+    """`url` if it is an http(s) URL with a host; InvalidInput naming `option` otherwise."""
+    from urllib.parse import urlsplit
+
+    from ..redact import redact_url
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        host = None
+    if parts.scheme not in ("http", "https") or not host:
+        raise InvalidInput(f"{option} {redact_url(url)!r} is not an http:// or https:// URL with a host")
+    return url
+
+
+def env_token(name: str) -> str | None:
+    """A bearer token from the environment: None when unset; InvalidInput when set but unusable
+    (empty, blank, with spaces or shorter than 16 characters), rather than silently no token."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if len(value) < 16 or any(c.isspace() for c in value):
+        raise InvalidInput(f"{name} must be at least 16 characters without spaces (try: openssl rand -hex 24)")
+    return value
 
 
 # ---------------------------------------------------------------- entry point

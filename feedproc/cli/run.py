@@ -21,7 +21,9 @@ from .app import (
     LogLevelOption,
     _global,
     app,
+    check_http_url,
     database_url,
+    env_token,
     parse_duration,
     parse_headers,
 )
@@ -99,7 +101,6 @@ def watch(
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
     from ..processors import HTTPProcessor, load_processor
-    from ..redact import redact_url
     from ..watcher import Watcher, WatcherConfig
 
     if (handler is None) == (processor is None):
@@ -129,10 +130,9 @@ def watch(
         target = load_processor(processor)
     else:
         assert handler is not None
-        if not handler.startswith(("http://", "https://")):
-            raise InvalidInput(f"--handler {redact_url(handler)!r} is not an http:// or https:// URL")
-        if callback_url is not None and not callback_url.startswith(("http://", "https://")):
-            raise InvalidInput(f"--callback-url {redact_url(callback_url)!r} is not an http:// or https:// URL")
+        check_http_url(handler, "--handler")
+        if callback_url is not None:
+            check_http_url(callback_url, "--callback-url")
         target = HTTPProcessor(
             handler,
             timeout=timeout,
@@ -234,8 +234,8 @@ def work(
     if (handler is None) == (processor is None):
         raise InvalidInput("work needs exactly one of --handler URL or --processor module:attr")
     for name, url in (("--api", api), ("--handler", handler)):
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise InvalidInput(f"{name} {redact_url(url)!r} is not an http:// or https:// URL")
+        if url is not None:
+            check_http_url(url, name)
     _check_log_options(log_level, log_format)
     if processor is not None:
         sys.path.insert(0, os.getcwd())
@@ -307,8 +307,8 @@ def serve(
     from ..feed import Feed
 
     _check_log_options(log_level, log_format)
-    token = os.environ.get("FEEDPROC_API_TOKEN") or None
-    worker_token = os.environ.get("FEEDPROC_WORKER_TOKEN") or None
+    token = env_token("FEEDPROC_API_TOKEN")
+    worker_token = env_token("FEEDPROC_WORKER_TOKEN")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:

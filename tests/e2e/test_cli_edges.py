@@ -90,3 +90,31 @@ def test_feed_without_a_url_reads_the_environment(db_url: str, monkeypatch: pyte
         feed.add_partition("from-env", [(0, b"1")])
     with Feed(db_url) as same:
         assert same.status("from-env")["key"] == "from-env"
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["watch", "--handler", "http://"], "with a host"),
+        (["watch", "--handler", "http://h:99999/"], "with a host"),
+        (["watch", "--handler", "http://h/", "--callback-url", "ftp://x/"], "--callback-url"),
+        (["watch", "--handler", "http://h/", "--header", "X-Token: a\rInjected: b"], "CR, LF"),
+        (["work", "--api", "https://", "--processor", "m:a"], "--api"),
+    ],
+)
+def test_unusable_urls_and_headers_are_refused_at_start(db_url: str, args: list[str], says: str) -> None:
+    assert_error(run_cli(db_url, *args), 2, says)
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("token", ["", "   ", "short", "has a space in it 123456"])
+def test_serve_refuses_an_unusable_api_token(db_url: str, token: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "feedproc", "--db", db_url, "serve", "--port", "0"],
+        env={**os.environ, "FEEDPROC_API_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_error(result, 2, "FEEDPROC_API_TOKEN")
