@@ -505,6 +505,52 @@ def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) 
     return {"items": _feed(request).recent_failures(limit=limit)}
 
 
+class FailedSelection(BaseModel):
+    """Failed partitions to retry in bulk: by queue, key prefix and error text (all optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    queue: str | None = Field(None, pattern=QUEUE_PATTERN.pattern)
+    prefix: str | None = Field(None, max_length=200)
+    error: str | None = Field(None, min_length=1, max_length=200)
+    limit: int = Field(100, ge=1, le=500, strict=True)
+
+
+@api.post("/failures/retry", dependencies=Mutating, tags=["actions"])
+def retry_failures(body: FailedSelection, request: Request) -> dict[str, Any]:
+    """Retry failed partitions in bulk, up to `limit` in key order, each as `POST
+    /partitions/{key}/retry` would: `{"retried": [{"key", "retried"}...]}` with the count of items
+    put back to work per partition."""
+    prefix = _key(body.prefix) if body.prefix else None
+    return {"retried": _feed(request).retry_failed(queue=body.queue, prefix=prefix, error=body.error, limit=body.limit)}
+
+
+@api.get("/running", tags=["partitions"])
+def running(
+    request: Request,
+    queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> dict[str, Any]:
+    """Items in flight now, longest running first: watcher deliveries and worker or callback claims,
+    with gate, attempt, who has it, elapsed seconds (once a heartbeat reported it) and progress."""
+    return {"items": _feed(request).running(queue=queue, limit=limit)}
+
+
+@api.get("/throughput", tags=["partitions"])
+def throughput(
+    request: Request,
+    span: Literal["hour", "day"] = "hour",
+    queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
+) -> dict[str, Any]:
+    """Items added, processed, completed and failed per minute (last hour) or per 15 minutes (last
+    day), with the backlog at the end of each step: the dashboard's charts."""
+    seconds, step = SPANS[span]
+    return _feed(request).throughput(seconds=seconds, step=step, queue=queue)
+
+
+#: Chart spans: (seconds, step).
+SPANS = {"hour": (3600, 60), "day": (86400, 900)}
+
+
 # ---------------------------------------------------------------- the worker API
 
 Working = [Depends(require_worker_token)]
@@ -629,15 +675,18 @@ def create_app(
     feed: Feed, *, token: str | None = None, worker_token: str | None = None, max_body: int = DEFAULT_MAX_BODY
 ) -> FastAPI:
     """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
+    from fastapi_offline import FastAPIOffline
+
     from . import dashboard
 
-    app = FastAPI(
+    app = FastAPIOffline(  # the docs' Swagger UI and Redoc assets come from the package, not a CDN
         title="feedproc",
         version=__version__,
         description=(__doc__ or "").split("\n\n", 1)[1],
         openapi_url="/api/v1/openapi.json",
         docs_url="/api/v1/docs",
-        redoc_url=None,
+        redoc_url="/api/v1/redoc",
+        static_url="/api/v1/docs-assets",
     )
     app.state.feed = feed
     app.state.token = token or None
@@ -702,6 +751,9 @@ async def _feedproc_error(request: Request, error: FeedprocError) -> JSONRespons
 
 
 async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    """422 names what is wrong with a well-formed request; a body that is not JSON at all is a 400."""
+    if any(problem.get("type") == "json_invalid" for problem in error.errors()):
+        return _error(400, "the request body is not valid JSON")
     problems = []
     for problem in error.errors()[:5]:
         where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body")

@@ -99,9 +99,9 @@ def test_malformed_items_are_422_and_write_nothing(api: ApiServer, feed: Feed, i
 
 
 @before_any_database_access
-def test_a_body_that_is_not_json_is_422(api: ApiServer) -> None:
+def test_a_body_that_is_not_json_is_400(api: ApiServer) -> None:
     response = api.post("/api/v1/partitions", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert "JSON" in error_of(response, 422)
+    assert "JSON" in error_of(response, 400)
 
 
 @before_any_database_access
