@@ -100,6 +100,23 @@ class Feed:
         """Put a failed partition and its failed items (attempts reset) back to work."""
         return self.store.retry(key)
 
+    def retry_failed(
+        self, *, queue: str | None = None, prefix: str | None = None, error: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Retry failed partitions in bulk: up to `limit` (at most 500) of them, filtered as in
+        `partitions`, each in its own transaction. Returns `{"key", "retried": items}` per partition;
+        one that stopped being failed meanwhile is left out."""
+        from .core.errors import Refused
+
+        limit = max(1, min(limit, 500))
+        done = []
+        for partition in self.partitions(status="failed", queue=queue, prefix=prefix, error=error, limit=limit):
+            try:
+                done.append({"key": partition["key"], "retried": self.retry(partition["key"])})
+            except Refused:
+                continue
+        return done
+
     def cancel(self, key: str) -> None:
         """Cancel `key` and its available items; refused for a complete partition."""
         self.store.cancel(key)
@@ -206,9 +223,36 @@ class Feed:
         prefix: str | None = None,
         after: str | None = None,
         limit: int = 50,
+        sort: str = "key",
+        error: str | None = None,
+        offset: int = 0,
     ) -> list[dict[str, Any]]:
-        """Partitions by key (at most `limit`, after the key `after`), filtered by queue, status and key prefix."""
-        return self.store.list_partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
+        """Partitions (at most `limit`) filtered by queue, status, key prefix and the text of a failed
+        item's error, sorted by `key` (pass the last key as `after` for the next page), `activity`
+        (most recently updated first), `priority` (highest first) or `age` (oldest first), the last
+        three a page at a time by `offset`."""
+        return self.store.list_partitions(
+            queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
+        )
+
+    def running(self, *, queue: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        """Items in flight now (watchers' deliveries and workers' claims), longest running first:
+        item, partition, queue, gate, attempt, by, via, started_at, elapsed (seconds) and progress."""
+        return self.store.running(queue=queue, limit=limit)
+
+    def throughput(self, *, seconds: int = 3600, step: int = 60, queue: str | None = None) -> dict[str, Any]:
+        """Items added, processed, completed and failed per `step` seconds over the last `seconds`,
+        with the backlog at the end of each step (the dashboard's charts)."""
+        return self.store.throughput(seconds=seconds, step=step, queue=queue)
+
+    def backlog_by_gate(self, queue: str) -> dict[int, int]:
+        """A queue's available items by gate."""
+        return self.store.backlog_by_gate(queue)
+
+    def timings(self, key: str) -> dict[str, Any]:
+        """Per gate of a partition: p50/p95 delivery durations and time spent there; the current
+        gate's pace and ETA."""
+        return self.store.timings(key)
 
     def partition_counts(self) -> dict[str, int]:
         """Partitions by status (a cheap count for dashboards)."""

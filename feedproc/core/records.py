@@ -114,13 +114,15 @@ class Applied:
 
 @dataclass(frozen=True, slots=True)
 class ProgressReport:
-    """How far an item in flight has got, as its processor reported (written with the heartbeat)."""
+    """How far an item in flight has got, as its processor reported, and when its delivery started
+    (written with the heartbeat; None leaves what is stored)."""
 
     item_id: int
     partition_id: int
     epoch: int
     gate: int
-    fraction: float
+    fraction: float | None
+    started_us: int | None = None  # epoch microseconds, the watcher's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +221,17 @@ def decode_inflight(entries: str) -> dict[int, tuple[int, bool]]:
         for item_id in span:
             wanted[item_id] = (int(parts[1]), alone)
     return wanted
+
+
+def tally_outcomes(outcomes: Iterable[Outcome]) -> dict[str, int]:
+    """Throughput counts of written answers: `processed` (all), `completed`, `failed`, and `added`
+    (the children they fanned out)."""
+    counts = {"processed": 0, "completed": 0, "failed": 0, "added": 0}
+    for outcome in outcomes:
+        counts["processed"] += 1
+        if outcome.kind == Kind.DONE:
+            counts["completed"] += 1
+        elif outcome.kind == Kind.FAIL:
+            counts["failed"] += 1
+        counts["added"] += len(outcome.children)
+    return counts

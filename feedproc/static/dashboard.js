@@ -1,8 +1,10 @@
-// feedproc dashboard: refresh the live part of the page, and send retry/cancel with the API token.
-// Server-rendered (escaped) HTML is swapped in; anything this script writes itself uses textContent.
+// feedproc dashboard: refresh the live part of the page, draw the charts, and send actions to the
+// API with the API token. Server-rendered (escaped) HTML is swapped in; anything this script writes
+// itself uses textContent.
 (function () {
   "use strict";
   const TOKEN = "feedproc-api-token";
+  const CHART_REFRESH_MS = 15000;
   const live = document.getElementById("live");
   const flash = document.getElementById("flash");
   const state = document.getElementById("live-state");
@@ -21,12 +23,21 @@
 
   let busy = false;
   async function refresh() {
-    if (!src || busy) return;
+    if (!src || busy || document.hidden) return;
     busy = true;
     try {
       const response = await fetch(src, { headers: { Accept: "text/html" }, cache: "no-store" });
       if (response.ok) {
-        live.innerHTML = await response.text();
+        const html = await response.text();
+        // Never swap under the operator's typing; keep open tracebacks open.
+        const focused = document.activeElement;
+        const typing = live.contains(focused) && /^(INPUT|SELECT|TEXTAREA)$/.test(focused.tagName);
+        if (!typing) {
+          const open = new Set();
+          live.querySelectorAll("details").forEach((d, i) => { if (d.open) open.add(i); });
+          live.innerHTML = html;
+          live.querySelectorAll("details").forEach((d, i) => { if (open.has(i)) d.open = true; });
+        }
         state.className = "live-dot";
         state.textContent = "live";
       } else {
@@ -41,40 +52,146 @@
     }
   }
 
-  async function act(button) {
-    const key = button.dataset.key;
-    const action = button.dataset.action;
-    const token = tokenInput.value.trim();
-    if (!token) {
-      say("Enter the API token (FEEDPROC_API_TOKEN) to " + action + " partitions.", "error");
+  function token(what) {
+    const value = tokenInput.value.trim();
+    if (!value) {
+      say("Enter the API token (FEEDPROC_API_TOKEN) to " + what + ".", "error");
       tokenInput.focus();
-      return;
     }
-    if (action === "cancel" && !window.confirm("Cancel partition " + key + "?")) return;
-    button.disabled = true;
+    return value;
+  }
+
+  async function post(path, body, what, done) {
+    const value = token(what);
+    if (!value) return;
     try {
-      const response = await fetch("/api/v1/partitions/" + encodeURIComponent(key) + "/" + action, {
+      const headers = { Authorization: "Bearer " + value };
+      if (body !== undefined) headers["Content-Type"] = "application/json";
+      const response = await fetch("/api/v1" + path, {
         method: "POST",
-        headers: { Authorization: "Bearer " + token },
+        headers: headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
       });
-      const body = await response.json().catch(() => ({}));
-      if (response.ok) {
-        say(action === "retry" ? "Retrying " + key + ": " + body.retried + " failed items are available again."
-                               : "Cancelled " + key + ".", "ok");
-      } else {
-        say(action + " " + key + ": " + (body.error || "HTTP " + response.status), "error");
-      }
+      const answer = await response.json().catch(() => ({}));
+      if (response.ok) say(done(answer), "ok");
+      else say(what + ": " + (answer.error || "HTTP " + response.status), "error");
     } catch (error) {
-      say(action + " " + key + ": " + error, "error");
+      say(what + ": " + error, "error");
     } finally {
-      button.disabled = false;
       refresh();
     }
   }
 
-  document.addEventListener("click", (event) => {
-    const button = event.target.closest("button[data-action]");
-    if (button) act(button);
+  function actOnPartition(button) {
+    const key = button.dataset.key;
+    const action = button.dataset.action;
+    if (action === "cancel" && !window.confirm("Cancel partition " + key + "?")) return;
+    return post("/partitions/" + encodeURIComponent(key) + "/" + action, undefined, action + " " + key, (body) =>
+      action === "retry" ? "Retrying " + key + ": " + body.retried + " failed items are available again."
+                         : "Cancelled " + key + ".");
+  }
+
+  function actOnItem(button) {
+    const id = button.dataset.item;
+    const action = button.dataset.itemAction;
+    if (action !== "retry" && !window.confirm(action[0].toUpperCase() + action.slice(1) + " item " + id + "?")) return;
+    const past = { retry: "Retrying", skip: "Skipped", cancel: "Cancelled" }[action];
+    return post("/items/" + id + "/" + action, undefined, action + " item " + id, () => past + " item " + id + ".");
+  }
+
+  function actOnQueue(button) {
+    const queue = button.dataset.queue;
+    const action = button.dataset.queueAction;
+    if (action === "pause" && !window.confirm("Pause queue " + queue + "? Nothing new is dispatched until it is resumed.")) return;
+    return post("/queues/" + encodeURIComponent(queue) + "/" + action, undefined, action + " " + queue, () =>
+      (action === "pause" ? "Paused " : "Resumed ") + queue + ".");
+  }
+
+  function retryFailed(button) {
+    const filter = {};
+    for (const name of ["queue", "prefix", "error"]) if (button.dataset[name]) filter[name] = button.dataset[name];
+    if (!window.confirm("Retry up to 500 failed partitions" + (Object.keys(filter).length ? " matching the filter" : "") + "?")) return;
+    return post("/failures/retry", { ...filter, limit: 500 }, "retry failed partitions", (body) =>
+      "Retrying " + body.retried.length + " failed partitions.");
+  }
+
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-action], button[data-item-action], button[data-queue-action], button[data-bulk]");
+    if (!button) return;
+    button.disabled = true;
+    try {
+      if (button.dataset.action) await actOnPartition(button);
+      else if (button.dataset.itemAction) await actOnItem(button);
+      else if (button.dataset.queueAction) await actOnQueue(button);
+      else await retryFailed(button);
+    } finally {
+      button.disabled = false;
+    }
   });
+
+  // ------------------------------------------------------------ charts (uPlot, bundled)
+
+  const SERIES = [
+    { label: "completed", stroke: "#1a7f37", fill: "rgba(26,127,55,.12)" },
+    { label: "failed", stroke: "#cf222e" },
+    { label: "added", stroke: "#8250df" },
+    { label: "backlog", stroke: "#0969da", scale: "backlog", dash: [4, 3] },
+  ];
+
+  function columns(body) {
+    const b = body.buckets;
+    return [
+      b.map((x) => Date.parse(x.at) / 1000),
+      b.map((x) => x.completed),
+      b.map((x) => x.failed),
+      b.map((x) => x.added),
+      b.map((x) => x.backlog),
+    ];
+  }
+
+  async function drawChart(figure) {
+    let body;
+    try {
+      const response = await fetch(figure.dataset.src, { cache: "no-store" });
+      if (!response.ok) return;
+      body = await response.json();
+    } catch (error) {
+      return;
+    }
+    const data = columns(body);
+    if (figure.plot) {
+      figure.plot.setData(data);
+      return;
+    }
+    if (typeof uPlot === "undefined") return;
+    const holder = figure.querySelector(".plot");
+    const options = {
+      width: Math.max(holder.clientWidth, 300),
+      height: 170,
+      series: [{}, ...SERIES.map((s) => ({ ...s, width: 1.5, points: { show: false } }))],
+      axes: [
+        {},
+        { label: "items / " + (body.step >= 3600 ? body.step / 3600 + "h" : body.step / 60 + " min"), size: 60 },
+        { scale: "backlog", side: 1, label: "backlog", grid: { show: false }, size: 60 },
+      ],
+      scales: { backlog: { auto: true } },
+      legend: { live: true },
+    };
+    figure.plot = new uPlot(options, data, holder);
+    figure.dataset.drawn = "yes";
+  }
+
+  function drawCharts() {
+    if (document.hidden) return;
+    document.querySelectorAll("figure.chart").forEach(drawChart);
+  }
+
+  window.addEventListener("load", drawCharts);
+  window.addEventListener("resize", () => {
+    document.querySelectorAll("figure.chart").forEach((figure) => {
+      if (figure.plot) figure.plot.setSize({ width: Math.max(figure.querySelector(".plot").clientWidth, 300), height: 170 });
+    });
+  });
+  if (document.querySelector("figure.chart")) setInterval(drawCharts, CHART_REFRESH_MS);
   if (src) setInterval(refresh, every);
 })();

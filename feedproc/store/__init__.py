@@ -4,8 +4,8 @@ Callers:
 
 * producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status
   (`producing.py`, `reading.py`); operators: retry, skip or cancel single items (`actions.py`);
-* operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), cleanup
-  (`retention.py`);
+* operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), the
+  dashboard's running view, charts and timings (`insight.py`), cleanup (`retention.py`);
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
   charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
   batch of answers (`answers.py`);
@@ -33,6 +33,7 @@ from .answers import RECORDS_KEPT, Answers
 from .base import StoreBase, alembic_config, migrations_path
 from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
+from .insight import Insight
 from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
@@ -61,6 +62,7 @@ class Store(
     ItemActions,
     Reading,
     Operators,
+    Insight,
     Leasing,
     LostDeliveries,
     Dispatch,

@@ -23,6 +23,11 @@ from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
 from .schema import attempts, claims, inflight, items, partitions
 
+# A claimed item falls due this long after its claim ends, not at once: time for a watcher's sweep
+# (once a second) or the queue's next claim to settle the expiry (an attempt counted, the retry's
+# backoff) before any fetch could deliver it again uncharged.
+SETTLE_GRACE = 3.0
+
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
 
@@ -346,7 +351,7 @@ class Answers(GateWriter):
                 .where(I.id == o.item_id, I.version == o.version, I.status == IS_AVAILABLE)
                 .values(
                     claimed_until=seconds_from_now(o.delay),
-                    next_attempt_at=seconds_from_now(o.delay),
+                    next_attempt_at=seconds_from_now(o.delay + SETTLE_GRACE),
                     version=I.version + 1,
                     updated_at=db_now(),
                 )

@@ -23,8 +23,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 
 from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
 from ..core.models import Status
-from .dialects import WRITE_OPTION, db_now, is_postgres, make_engine
-from .schema import attempts, claims, events, inflight, items, partitions, queues, watchers
+from .dialects import WRITE_OPTION, db_minute, db_now, is_postgres, make_engine
+from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -160,6 +160,37 @@ class StoreBase:
         """Append history entries (rows made by `event`), stamped with the database's clock."""
         if rows:
             conn.execute(insert(events).values(at=db_now()), rows)
+
+    def _tally(self, conn: Connection, queue: str, source: str, counts: Mapping[str, int]) -> None:
+        """Add `counts` (added, processed, completed, failed) to `source`'s row of `queue` for the
+        database clock's current minute (`feedproc_stats`, the dashboard's throughput)."""
+        values = {k: int(v) for k, v in counts.items() if k in TALLIED and v}
+        if not values:
+            return
+        if self.postgres:
+            from sqlalchemy.dialects.postgresql import insert as upsert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+        statement = upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
+        excluded = statement.excluded
+        conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["bucket", "queue", "source"],
+                set_={k: stats.c[k] + excluded[k] for k in values},
+            )
+        )
+
+
+#: The counters of `feedproc_stats`.
+TALLIED = ("added", "processed", "completed", "failed")
+
+
+def this_process(role: str) -> str:
+    """A `feedproc_stats` source for this process: `role:host:pid` (its own row: no waiting on others)."""
+    import os
+    import socket
+
+    return f"{role}:{socket.gethostname()[:80]}:{os.getpid()}"
 
 
 def event(

@@ -104,6 +104,23 @@ def _sqlite_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     return f"strftime({_SQLITE_NOW_FORMAT}, 'now', {modifier})"
 
 
+class db_minute(FunctionElement[datetime]):  # noqa: N801
+    """The start of the database clock's current minute (UTC): a throughput bucket."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(db_minute, "postgresql")
+def _pg_minute(element: db_minute, compiler: Any, **kw: Any) -> str:
+    return "date_trunc('minute', now())"
+
+
+@compiles(db_minute, "sqlite")
+def _sqlite_minute(element: db_minute, compiler: Any, **kw: Any) -> str:
+    return "strftime('%Y-%m-%d %H:%M:00.000000', 'now')"
+
+
 class seconds_until(FunctionElement[float]):  # noqa: N801 - reads like the SQL it renders
     """Seconds from the database's now until a timestamp column (negative when it has passed)."""
 

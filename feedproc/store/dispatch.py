@@ -35,9 +35,10 @@ InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version
 # `OFFSET 0` keeps the per-partition subquery from being inlined (it would run twice: once per use
 # of its result).
 # An item a handler's 202 or a pull worker claimed is due when its claim ends (its next_attempt_at),
-# so it is not fetched meanwhile; testing `claimed_until` here too would turn the walk's index-only
-# scan into heap reads. Fetched between its claim's expiry and the settling of it, the item's new
-# delivery supersedes the claim (versions), and the late answer is refused.
+# plus a grace (`SETTLE_GRACE`) for the expiry to be settled first, so it is not fetched meanwhile;
+# testing `claimed_until` here too would turn the walk's index-only scan into heap reads. Fetched
+# before the settling all the same, the item's new delivery supersedes the claim (versions), and
+# the late answer is refused.
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
 # with a few hundred in flight). Its columns are ReadyItem's fields, in order.

@@ -8,7 +8,7 @@ still leased to it under the same lease epoch, in the same transaction as the wr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, delete, exists, func, insert, or_, select, text, tuple_, update
@@ -150,9 +150,18 @@ class Leasing(LostDeliveries, Queues):
         with self.write() as conn:
             conn.execute(delete(watchers).where(W.id == watcher_id))
 
-    def heartbeat(self, watcher_id: str, lease_seconds: float, progress: Sequence[ProgressReport] = ()) -> list[Lease]:
+    def heartbeat(
+        self,
+        watcher_id: str,
+        lease_seconds: float,
+        progress: Sequence[ProgressReport] = (),
+        *,
+        tally: Mapping[str, int] | None = None,
+        queue: str = "",
+    ) -> list[Lease]:
         """Renew the watcher and all its leases; returns the leases it still holds. `progress`
-        reports of items in flight are stored in the same transaction, fenced by lease epoch."""
+        reports of items in flight are stored in the same transaction, fenced by lease epoch, and
+        so is the watcher's throughput since its last beat (`tally`, counted for `queue`)."""
         with self.write() as conn:
             alive = conn.execute(
                 update(watchers)
@@ -171,6 +180,8 @@ class Leasing(LostDeliveries, Queues):
             leases = self._owned(conn, watcher_id)
             if progress:  # the renewal above locked this watcher's partition rows: the fence holds
                 self._store_progress(conn, leases, progress)
+            if tally:
+                self._tally(conn, queue, watcher_id, tally)
             return leases
 
     def partition_statuses(self, pids: Sequence[int]) -> dict[int, str]:

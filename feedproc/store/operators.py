@@ -8,13 +8,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, exists, func, select
 from sqlalchemy.engine import Connection
 
+from ..core.errors import InvalidInput
 from .base import IS_AVAILABLE, IS_FAILED, I, P, StoreBase, W, iso
 from .dialects import db_now
 from .reading import MAX_PAGE, add_count, count_items, count_partitions, zero_counts
 from .schema import items, partitions
+
+#: How a page of partitions may be ordered: by key (keyset pages), or by activity, priority or age.
+PARTITION_SORTS: dict[str, tuple[Any, ...]] = {
+    "key": (P.key,),
+    "activity": (P.updated_at.desc(), P.id.desc()),
+    "priority": (P.priority.desc(), P.created_at, P.id),
+    "age": (P.created_at, P.id),
+}
 
 
 class Operators(StoreBase):
@@ -71,10 +80,20 @@ class Operators(StoreBase):
         prefix: str | None = None,
         after: str | None = None,
         limit: int = 50,
+        sort: str = "key",
+        error: str | None = None,
+        offset: int = 0,
     ) -> list[dict[str, Any]]:
-        """Partitions in key order, a page at a time (keyset: pass the last key as `after`), with
-        their item counts in total and per gate (the `status` object's `items` and `gates`)."""
+        """Partitions a page at a time, with their item counts in total and per gate (the `status`
+        object's `items` and `gates`). In key order by default (keyset: pass the last key as `after`);
+        `sort` also takes `activity` (last updated first), `priority` (highest first, then oldest)
+        and `age` (oldest first), paged by `offset`. `error` keeps partitions with a failed item
+        whose error contains that text."""
         limit = max(1, min(limit, MAX_PAGE))
+        if sort not in PARTITION_SORTS:
+            raise InvalidInput(f"sort must be one of {', '.join(PARTITION_SORTS)}, got {sort!r}")
+        if not 0 <= offset <= 1_000_000:
+            raise InvalidInput(f"offset must be between 0 and 1000000, got {offset}")
         query = select(
             P.id,
             P.key,
@@ -98,8 +117,16 @@ class Operators(StoreBase):
             query = query.where(P.key >= prefix, func.substr(P.key, 1, len(prefix)) == prefix)
         if after is not None:
             query = query.where(P.key > after)
+        if error:
+            pattern = "%" + error.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            query = query.where(
+                exists().where(I.partition_id == P.id, I.status == IS_FAILED, I.last_error.ilike(pattern, escape="\\"))
+            )
+        query = query.order_by(*PARTITION_SORTS[sort])
+        if sort != "key":
+            query = query.offset(offset)
         with self.read() as conn:
-            rows = conn.execute(query.order_by(P.key).limit(limit)).all()
+            rows = conn.execute(query.limit(limit)).all()
             counts = count_items(conn, [r.id for r in rows])
         return [
             {

@@ -19,7 +19,19 @@ from ..core import windows as timewindows
 from ..core.errors import DuplicateKey, InvalidInput, Refused
 from ..core.gates import Move
 from ..core.models import NewItem, check_key, check_queue
-from .base import AVAILABLE, CANCELLED, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, I, P, is_unique_violation
+from .base import (
+    AVAILABLE,
+    CANCELLED,
+    COMPLETE,
+    FAILED,
+    IS_AVAILABLE,
+    IS_FAILED,
+    NO_LEASE,
+    I,
+    P,
+    is_unique_violation,
+    this_process,
+)
 from .dialects import db_now
 from .gating import GateWriter
 from .notify import notify_finished, notify_wanted
@@ -79,6 +91,7 @@ class Producing(GateWriter):
                 if first_gate != 0:  # inserted at gate 0, where most partitions start
                     conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
                 self._event(conn, pid, "created", detail={"items": count, "gate": first_gate})
+                self._tally(conn, queue, this_process("producer"), {"added": count})
                 self._settle(conn, pid)
                 return count
         except IntegrityError as error:
@@ -96,6 +109,7 @@ class Producing(GateWriter):
                 raise Refused(f"partition {key!r} is sealed: no items can be added")
             count, _ = self._insert_items(conn, row.id, new_items, partition_gate=row.gate)
             self._event(conn, row.id, "items_added", detail={"items": count})
+            self._tally(conn, row.queue, this_process("producer"), {"added": count})
             self._settle(conn, row.id)
             return count
 

@@ -28,8 +28,8 @@ from ..core import windows as timewindows
 from ..core.errors import InvalidAnswer, NotFound, Refused, RetryLater, StaleClaim
 from ..core.models import Response
 from ..core.policy import RetryPolicy, outcome_of, validate
-from ..core.records import Kind, Outcome, ReadyItem
-from .answers import Answers
+from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
+from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
 from .dialects import db_now, pg_bigint_array, seconds_from_now
 from .queues import Queues
@@ -187,7 +187,7 @@ class Pulling(Answers, Queues):
                 .where(I.id.in_([r.id for r in chosen]))
                 .values(
                     claimed_until=seconds_from_now(lease_seconds),
-                    next_attempt_at=seconds_from_now(lease_seconds),  # not due for anyone meanwhile
+                    next_attempt_at=seconds_from_now(lease_seconds + SETTLE_GRACE),  # not due for anyone meanwhile
                     version=I.version + 1,
                 )
                 .returning(I.id, I.version, I.claimed_until)
@@ -236,7 +236,10 @@ class Pulling(Answers, Queues):
             seconds = claim.lease_seconds if lease_seconds is None else float(lease_seconds)
             until = seconds_from_now(seconds)
             conn.execute(update(claims).where(C.token == token).values(expires_at=until, lease_seconds=seconds))
-            values: dict[str, Any] = {"claimed_until": until, "next_attempt_at": until}
+            values: dict[str, Any] = {
+                "claimed_until": until,
+                "next_attempt_at": seconds_from_now(seconds + SETTLE_GRACE),
+            }
             if progress is not None:
                 values["progress"] = progress
             conn.execute(update(items).where(I.id == item_id).values(**values))
@@ -378,6 +381,8 @@ class Pulling(Answers, Queues):
             by_worker.setdefault(claim.worker, []).append(outcome)
         for worker, outcomes in by_worker.items():
             self._write_outcomes(conn, outcomes, worker)  # which clears the items' claimed_until
+        for (queue, worker), outcomes in _by_queue_and_worker(done).items():
+            self._tally(conn, queue, worker, tally_outcomes(outcomes))
         self._end_claims(conn, [claim.token for claim, _, _ in done], state)
 
     def _end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
@@ -395,6 +400,13 @@ class Pulling(Answers, Queues):
         if self.postgres:
             return list(conn.execute(_PG_ITEMS_OF, {"ids": pg_bigint_array(ids)}))
         return list(conn.execute(_item_rows(ids)))
+
+
+def _by_queue_and_worker(done: Sequence[tuple[Any, Any, Outcome]]) -> dict[tuple[str, str], list[Outcome]]:
+    grouped: dict[tuple[str, str], list[Outcome]] = {}
+    for claim, _, outcome in done:
+        grouped.setdefault((claim.queue, claim.worker), []).append(outcome)
+    return grouped
 
 
 def _item_rows(ids: list[int]) -> Any:

@@ -11,7 +11,7 @@ watcher's stop counting when its registration expires.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Row, bindparam, case, delete, func, insert, literal, select, update
@@ -43,10 +43,15 @@ from .schema import inflight, items, partitions, queues, watchers
 
 QUEUE_MODES = ("push", "pull")
 
+# A report without a fraction (or a start) keeps the stored one. A start is written for a delivery
+# still running at a heartbeat: the running view's "elapsed" (the answer overwrites it).
 _STORE_PROGRESS = (
     update(items)
     .where(I.id == bindparam("b_id"), I.gate == bindparam("b_gate"), I.status == IS_AVAILABLE)
-    .values(progress=bindparam("b_progress"))
+    .values(
+        progress=func.coalesce(bindparam("b_progress", type_=items.c.progress.type), I.progress),
+        started_at=func.coalesce(bindparam("b_started", type_=items.c.started_at.type), I.started_at),
+    )
 )
 
 
@@ -185,7 +190,12 @@ class Queues(StoreBase):
         partitions still leased under the epoch they were dispatched with (others are dropped)."""
         epochs = {lease.partition_id: lease.epoch for lease in leases}
         rows = [
-            {"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction}
+            {
+                "b_id": r.item_id,
+                "b_gate": r.gate,
+                "b_progress": r.fraction,
+                "b_started": None if r.started_us is None else datetime.fromtimestamp(r.started_us / 1e6, UTC),
+            }
             for r in reports
             if epochs.get(r.partition_id) == r.epoch
         ]

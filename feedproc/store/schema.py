@@ -236,3 +236,20 @@ events = Table(
     Column("at", UTCDateTime(), nullable=False),
     Index("feedproc_events_partition", "partition_id", "id"),
 )
+
+# Throughput by minute (0007): what each source (a watcher, a producer process, the worker API of a
+# `serve` process) added, processed, completed and failed in that minute of the database clock. Each
+# source adds to its own row (a watcher once per heartbeat, from counters it keeps in memory), so
+# the hot path writes nothing here and no two sources wait on one row; the dashboard's charts sum a
+# few thousand rows whatever the size of the items table.
+stats = Table(
+    "feedproc_stats",
+    metadata,
+    Column("bucket", UTCDateTime(), primary_key=True),
+    Column("queue", String(100), primary_key=True),
+    Column("source", String(120), primary_key=True),
+    Column("added", BigInteger, nullable=False, server_default=text("0")),
+    Column("processed", BigInteger, nullable=False, server_default=text("0")),
+    Column("completed", BigInteger, nullable=False, server_default=text("0")),
+    Column("failed", BigInteger, nullable=False, server_default=text("0")),
+)

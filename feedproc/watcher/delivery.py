@@ -105,6 +105,9 @@ class Delivering(Leasing):
         task = asyncio.current_task()
         assert task is not None
         self._running[ready.id] = (ready.partition_id, task, (item,))
+        self._unannounced[ready.id] = ProgressReport(
+            ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us
+        )
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
@@ -118,6 +121,7 @@ class Delivering(Leasing):
                     result = error
                 finally:
                     self._running.pop(ready.id, None)
+                    self._unannounced.pop(ready.id, None)
                 elapsed = time.perf_counter_ns() - started
                 self.metrics.latency.observe(elapsed / 1e9)
                 outcome, failure = self._outcome_of(ready, result)
@@ -146,6 +150,10 @@ class Delivering(Leasing):
             self._running[ready.id] = (ready.partition_id, task, tuple(items))
         timeout = lease.item_timeout or self.config.item_timeout
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
+        for ready in batch:
+            self._unannounced[ready.id] = ProgressReport(
+                ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us
+            )
         first = batch[0]
         try:
             with tracing.batch_delivery([r.id for r in batch], first.partition, first.queue, first.gate) as span:
@@ -168,6 +176,7 @@ class Delivering(Leasing):
             for ready in batch:
                 self.busy.discard(ready.id)
                 self._running.pop(ready.id, None)
+                self._unannounced.pop(ready.id, None)
         for ready, item, (outcome, failure) in zip(batch, items, outcomes, strict=True):
             self.metrics.latency.observe(elapsed / 1e9)
             self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)

@@ -9,7 +9,9 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from ..core import windows
@@ -34,10 +36,14 @@ class Leasing(WatcherState):
             await asyncio.sleep(delay)
             delay = interval
             reports, self._progress = self._progress, {}
+            for item_id, started in self._unannounced.items():  # still running at this beat
+                report = reports.get(item_id)
+                reports[item_id] = started if report is None else replace(report, started_us=started.started_us)
+            self._unannounced = {}
+            tally, self._tally = self._tally, Counter()
             try:
-                await self._refresh_leases(
-                    self._hb, self.store.heartbeat, self.id, self.config.lease_seconds, list(reports.values())
-                )
+                beat = partial(self.store.heartbeat, tally=tally, queue=self.config.queue)
+                await self._refresh_leases(self._hb, beat, self.id, self.config.lease_seconds, list(reports.values()))
             except WatcherGone:
                 log.warning("this watcher's registration was reaped; registering again")
                 with contextlib.suppress(Exception):
@@ -45,6 +51,7 @@ class Leasing(WatcherState):
                 continue
             except Exception as error:
                 self._progress = {**reports, **self._progress}  # keep them for the next beat; newer win
+                self._tally.update(tally)
                 self._health.failed("heartbeat", error)
                 delay = self._outage_delay(interval)  # retry sooner: renew before the leases expire
                 if time.monotonic() - self._last_renewal > self.config.lease_seconds and self.owned:

@@ -105,6 +105,10 @@ class WatcherState:
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
         self._settings_read_at = -math.inf
         self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
+        # Deliveries started since the last heartbeat and still running at it: the heartbeat writes
+        # their start (the dashboard's running view), so an item that finishes sooner costs nothing.
+        self._unannounced: dict[int, ProgressReport] = {}
+        self._tally: Counter[str] = Counter()  # throughput since the last heartbeat (feedproc_stats)
         self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
         self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
         self._closing = False  # stop() was called and the workers are done: flush what is left

@@ -13,7 +13,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from .. import tracing
 from ..core.errors import DatabaseUnavailable, StaleWrite
 from ..core.policy import outcome_of
-from ..core.records import Applied, Kind, Outcome, ReadyItem
+from ..core.records import Applied, Kind, Outcome, ReadyItem, tally_outcomes
 from ..redact import redact_url
 from .config import FAILED_WRITES_FATAL
 from .state import WatcherState
@@ -195,6 +195,7 @@ class Writing(WatcherState):
             if outcome.kind in (Kind.RETRY, Kind.FAIL):
                 self._log_failure(outcome)
         self.metrics.written(counts)
+        self._tally.update(tally_outcomes(o for o in batch if o.partition_id not in applied.lost))
         self.metrics.gate_advances.inc(applied.advanced)
         for pid, from_gate, to_gate in applied.advances:
             lease = self.owned.get(pid)
