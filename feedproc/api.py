@@ -302,9 +302,22 @@ def list_partitions(
     prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:/-]{0,200}$", description="key prefix")] = None,
     after: Annotated[str | None, Query(pattern=KEY_PATTERN.pattern, description="last key of the page before")] = None,
     limit: Limit = 50,
+    sort: Literal["key", "activity", "priority", "age"] = "key",
+    error: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="text of a failed item's error")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="with a sort other than key")] = 0,
 ) -> dict[str, Any]:
-    """Partitions in key order with their item counts per gate; filter by queue, status, key prefix."""
-    rows = _feed(request).partitions(queue=queue, status=status, prefix=prefix, after=after, limit=limit)
+    """Partitions with their item counts per gate; filter by queue, status, key prefix and error text.
+    In key order (pages by `after`: the `next` of the previous page), or by `activity` (being worked
+    on, then last changed), `priority` or `age` (pages by `offset`)."""
+    if sort != "key" and after is not None:
+        raise ApiError(400, "after goes with sort=key; page other sorts by offset")
+    rows = _feed(request).partitions(
+        queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
+    )
+    if sort != "key":
+        return {"items": rows, "next_offset": offset + limit if len(rows) == limit else None}
     return _page(rows, limit, "key")
 
 

@@ -146,7 +146,7 @@ def _filters(request: Request) -> dict[str, Any]:
     q = request.query_params
     status = q.get("status") if q.get("status") in STATUSES else None
     sort = q.get("sort") if q.get("sort") in SORTS else "activity"
-    error = (q.get("error") or "").strip()[:200] or None
+    error = " ".join((q.get("error") or "").replace("\x00", " ").split())[:200] or None
     try:
         offset = max(0, min(int(q.get("offset") or 0), 1_000_000))
     except ValueError:

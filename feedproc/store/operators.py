@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Select, exists, func, select
+from sqlalchemy import Select, case, exists, func, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput
@@ -20,7 +20,12 @@ from .schema import items, partitions
 #: How a page of partitions may be ordered: by key (keyset pages), or by activity, priority or age.
 PARTITION_SORTS: dict[str, tuple[Any, ...]] = {
     "key": (P.key,),
-    "activity": (P.updated_at.desc(), P.id.desc()),
+    # Leased partitions first (their lease is renewed while they are worked on: processing items
+    # writes nothing to the partition row), then the last changed.
+    "activity": (
+        case((P.lease_expires_at > P.updated_at, P.lease_expires_at), else_=P.updated_at).desc(),
+        P.id.desc(),
+    ),
     "priority": (P.priority.desc(), P.created_at, P.id),
     "age": (P.created_at, P.id),
 }
@@ -92,6 +97,8 @@ class Operators(StoreBase):
         limit = max(1, min(limit, MAX_PAGE))
         if sort not in PARTITION_SORTS:
             raise InvalidInput(f"sort must be one of {', '.join(PARTITION_SORTS)}, got {sort!r}")
+        if error is not None and (len(error) > 200 or any(c in error for c in "\x00\r\n")):
+            raise InvalidInput("error text must be at most 200 characters on one line, without NUL")
         if not 0 <= offset <= 1_000_000:
             raise InvalidInput(f"offset must be between 0 and 1000000, got {offset}")
         query = select(

@@ -141,6 +141,7 @@ class Producing(GateWriter):
             ).rowcount
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
+            self._tally(conn, row.queue, this_process("producer"), {"added": count})  # back in the backlog
             self._settle(conn, row.id)
             return count
 

@@ -419,3 +419,17 @@ def test_serve_process_answers_the_api_with_its_token(db_url: str, tmp_path: Pat
     finally:
         serve.stop()
     assert serve.process.returncode == 0, serve.log()
+
+
+def test_partitions_list_by_activity_pages_by_offset(api: ApiServer, feed: Feed) -> None:
+    for key in ("a", "b", "c"):
+        feed.add_partition(key, [(0, b"1")])
+    first = api.get("/api/v1/partitions", params={"sort": "age", "limit": 2}).json()
+    assert [p["key"] for p in first["items"]] == ["a", "b"] and first["next_offset"] == 2
+    rest = api.get("/api/v1/partitions", params={"sort": "age", "limit": 2, "offset": 2}).json()
+    assert [p["key"] for p in rest["items"]] == ["c"] and rest["next_offset"] is None
+
+
+@before_any_database_access
+def test_after_with_another_sort_than_key_is_400(api: ApiServer) -> None:
+    assert "offset" in error_of(api.get("/api/v1/partitions", params={"sort": "age", "after": "a"}), 400)

@@ -1,14 +1,18 @@
-"""The dashboard of `feedproc serve` (issue 6).
+"""The dashboard of `feedproc serve` (issues 6 and 18).
 
-The browser test drives Debian's Chromium through Playwright against a real `feedproc serve` and a
-real watcher: the progress bar of a partition being processed reaches 100% by the live refresh
-alone, and the retry button (with the API token) puts a failed partition back to work. It saves a
-screenshot to $FEEDPROC_ARTIFACTS (default .ci/artifacts/). Without Chromium or the playwright
-package it skips, unless FEEDPROC_REQUIRE_BROWSER=1 (CI), where that is a failure.
+The browser tests drive Debian's Chromium through Playwright against a real `feedproc serve` and
+real watchers: the progress bar of a partition being processed reaches 100% by the live refresh
+alone, and the retry button (with the API token) puts a failed partition back to work; the running
+view shows items in flight, the charts draw, an item page retries its failed item, and a queue
+page pauses and resumes its queue. They save screenshots to $FEEDPROC_ARTIFACTS (default
+.ci/artifacts/), and to docs/ as well with FEEDPROC_DOCS_SCREENSHOTS=1 (the README shows those).
+Without Chromium or the playwright package they skip, unless FEEDPROC_REQUIRE_BROWSER=1 (CI), where
+that is a failure.
 """
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 from collections.abc import Iterator
@@ -21,11 +25,23 @@ import pytest
 from feedproc import Feed
 
 from ..api_support import TOKEN, ApiServer, ServeProcess
-from ..support import ROOT, HandlerService, WatcherProcesses
+from ..support import ROOT, HandlerService, WatcherProcesses, wait_status, wait_until
 
 CHROMIUM = os.environ.get("FEEDPROC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ARTIFACTS = Path(os.environ.get("FEEDPROC_ARTIFACTS", ROOT / ".ci" / "artifacts"))
+DOCS = ROOT / "docs"
+
+
+def screenshot(page: Any, name: str) -> None:
+    """Save a screenshot of the page as an artifact (and in docs/ when asked to)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    if os.environ.get("FEEDPROC_DOCS_SCREENSHOTS", "") not in ("", "0"):
+        DOCS.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOCS / name), full_page=False)
+
+
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "5", "--retry-delay", "0.05", "--concurrency", "2")
 
 
@@ -150,15 +166,15 @@ def test_dashboard_shows_live_progress_and_retries_a_failed_partition(
         failed = page.locator('table.partitions tr[data-key="broken/1"]')
         expect(failed).to_have_attribute("data-status", "failed", timeout=60_000)
         expect(page.locator("table.failures .error")).to_contain_text("<b>unreadable file</b>")  # shown, not parsed
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        expect(page.locator("figure.chart").first).to_have_attribute("data-drawn", "yes", timeout=30_000)
+        screenshot(page, "dashboard.png")
 
         broken["on"] = False
         page.fill("#token", TOKEN)
         failed.locator('button[data-action="retry"]').click()
         expect(page.locator("#flash")).to_contain_text("Retrying broken/1")
         expect(failed).to_have_attribute("data-status", "complete", timeout=60_000)
-        page.screenshot(path=str(ARTIFACTS / "dashboard-after-retry.png"), full_page=True)
+        screenshot(page, "dashboard-after-retry.png")
         status = httpx.get(f"{serve.url}/api/v1/partitions/broken/1", params={"history": 20}).json()
         assert "retried" in [event["kind"] for event in status["history"]]
     finally:
@@ -169,3 +185,145 @@ def test_overview_ignores_filters_no_key_could_match(api: ApiServer, feed: Feed)
     feed.add_partition("p", [(0, b"1")])
     page = api.get("/", params={"prefix": "a\x00<b>", "after": "\x00", "status": "nonsense"})
     assert page.status_code == 200 and 'data-key="p"' in page.text
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_running_view_item_retry_and_queue_pause_in_a_browser(
+    browser: Any, feed: Feed, db_url: str, tmp_path: Path, watchers: WatcherProcesses, handler: HandlerService
+) -> None:
+    from playwright.sync_api import expect
+
+    broken = {"on": True}
+
+    def behave(body: dict[str, Any]) -> tuple[Any, ...]:
+        if body["partition"] == "scans/bad" and broken["on"]:
+            raise_for = {
+                "error": {
+                    "message": "Traceback (most recent call last):\n  ocr.py line 3\nValueError: encrypted PDF",
+                    "no_retry": True,
+                }
+            }
+            return 200, raise_for
+        return 200, {"done": True}, {}, 1.0  # a second each: long enough to be seen running
+
+    handler.behavior = behave
+    feed.add_partition("scans/bad", [(0, b'{"file": "locked.pdf", "pages": [1, 2, 3]}'), (0, b'{"file": "ok.pdf"}')])
+    feed.add_partition("scans/big", [(0, b'{"file": "%d.pdf"}' % i) for i in range(40)])
+    serve = ServeProcess(db_url, tmp_path, FEEDPROC_API_TOKEN=TOKEN)
+    try:
+        watchers.start("--handler", handler.url, *FAST)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("dialog", lambda dialog: dialog.accept())
+
+        page.goto(serve.url + "/running")
+        expect(page.locator("table.running tbody tr[data-item]").first).to_be_visible(timeout=60_000)
+        expect(page.locator("table.running td.elapsed span[title^='since']").first).to_be_visible(timeout=30_000)
+        screenshot(page, "dashboard-running.png")
+
+        bad = wait_until(lambda: feed.items("scans/bad", status="failed") or None, what="the locked PDF to fail")[0]
+        page.goto(f"{serve.url}/items/{bad['id']}")
+        section = page.locator("section.item")
+        expect(section).to_have_attribute("data-status", "failed")
+        expect(page.locator("pre.data-full")).to_contain_text('"file": "locked.pdf"')  # pretty-printed
+        expect(page.locator("table.deliveries pre.traceback").first).to_contain_text("ValueError: encrypted PDF")
+        screenshot(page, "dashboard-item.png")
+        broken["on"] = False
+        page.fill("#token", TOKEN)
+        page.locator('button[data-item-action="retry"]').click()
+        expect(page.locator("#flash")).to_contain_text(f"Retrying item {bad['id']}")
+        expect(section).to_have_attribute("data-status", "complete", timeout=60_000)
+        assert feed.item(bad["id"])["history"][-2]["watcher"] == "api"  # the retry, recorded as the API's
+
+        page.goto(serve.url + "/queues/default")
+        queue = page.locator("section.queue")
+        expect(queue).to_have_attribute("data-paused", "no")
+        page.locator('button[data-queue-action="pause"]').click()
+        expect(queue).to_have_attribute("data-paused", "yes", timeout=10_000)
+        assert feed.queue("default")["paused"] is True
+        expect(page.locator("figure.chart").first).to_have_attribute("data-drawn", "yes", timeout=30_000)
+        screenshot(page, "dashboard-queue.png")
+        page.locator('button[data-queue-action="resume"]').click()
+        expect(queue).to_have_attribute("data-paused", "no", timeout=10_000)
+        wait_status(feed, "scans/big", "complete", timeout=120)
+    finally:
+        serve.stop()
+
+
+# ---------------------------------------------------------------- pages without a browser
+
+
+def test_the_item_page_pretty_prints_the_data_and_offers_it_for_download(api: ApiServer, feed: Feed) -> None:
+    feed.add_partition("p", [(0, b'{"name":"<b>x</b>","n":[1,2]}')])
+    (item,) = feed.items("p")
+    page = api.get(f"/items/{item['id']}")
+    assert page.status_code == 200
+    assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x" not in page.text  # escaped
+    assert '"name": "<b>x</b>",\n  "n": [' in html.unescape(page.text)  # pretty-printed
+    assert f'href="/items/{item["id"]}/data"' in page.text
+    download = api.get(f"/items/{item['id']}/data")
+    assert download.content == b'{"name":"<b>x</b>","n":[1,2]}'
+    assert download.headers["content-disposition"] == f'attachment; filename="item-{item["id"]}.json"'
+
+
+@pytest.mark.sqlite_only
+def test_an_unknown_item_page_is_404(api: ApiServer) -> None:
+    assert api.get("/items/12345").status_code == 404
+
+
+def test_a_failed_gate_reads_its_failures_not_100_percent(api: ApiServer, feed: Feed) -> None:
+    from ..support import A, fail, lease_and_fetch, register
+
+    feed.add_partition("p", [(0, b"1")])
+    register(feed.store, A)
+    (taken,) = lease_and_fetch(feed.store)
+    feed.store.apply(A, [fail(taken, attempts=5)])
+    row = api.get("/").text.split('data-key="p"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="pct">0%</span>' in row and "1 failed" in row
+
+
+def test_running_queues_and_queue_pages_render(api: ApiServer, feed: Feed) -> None:
+    feed.set_queue("ocr", limit=8)
+    feed.add_partition("p", [(0, b"1"), (2, b"2")], queue="ocr")
+    assert "nothing in flight" in api.get("/running").text
+    queues = api.get("/queues").text
+    assert 'data-queue="ocr"' in queues and "<td>8</td>" in queues
+    queue = api.get("/queues/ocr").text
+    assert (
+        '<tr data-gate="0"><td>0</td><td>1</td></tr>' in queue
+        and 'data-src="/api/v1/throughput?span=hour&amp;queue=ocr"' in queue
+    )
+
+
+def test_partitions_filter_and_sort_from_the_address_bar(api: ApiServer, feed: Feed) -> None:
+    feed.add_partition("a", [(0, b"1")], priority=1)
+    feed.add_partition("b", [(0, b"1")], priority=7, queue="other")
+    html = api.get("/", params={"sort": "priority"}).text
+    assert html.index('data-key="b"') < html.index('data-key="a"')
+    only = api.get("/", params={"queue": "other"}).text
+    assert 'data-key="b"' in only and 'data-key="a"' not in only
+
+
+@pytest.mark.sqlite_only
+def test_api_docs_need_no_internet(api: ApiServer) -> None:
+    import re
+
+    page = api.get("/api/v1/docs")
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(url.startswith("/") for url in assets), assets  # nothing from a CDN
+    assert all(api.get(url).status_code == 200 for url in assets)
+
+
+def test_failed_partitions_are_retried_in_bulk_through_the_api(api: ApiServer, feed: Feed) -> None:
+    from ..support import A, fail, lease_and_fetch, register
+
+    for key in ("x/1", "x/2", "y/1"):
+        feed.add_partition(key, [(0, b"1")])
+    register(feed.store, A)
+    feed.store.apply(A, [fail(r, attempts=5) for r in lease_and_fetch(feed.store)])
+    answer = httpx.post(
+        f"{api.url}/api/v1/failures/retry", json={"prefix": "x/"}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"retried": [{"key": "x/1", "retried": 1}, {"key": "x/2", "retried": 1}]}
+    assert [feed.status(k)["status"] for k in ("x/1", "x/2", "y/1")] == ["available", "available", "failed"]
