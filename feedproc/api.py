@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._version import __version__
 from .core.errors import FeedprocError, InvalidInput, StaleClaim
-from .core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row
+from .core.models import KEY_PATTERN, MAX_DEPTH, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row, json_depth
 from .feed import Feed
 from .health import serve_health
 from .metrics import CONTENT_TYPE, render_down, render_gauges
@@ -250,10 +250,15 @@ def _items(items: list[ItemIn]) -> list[Any]:
 
 
 def _data(raw: bytes) -> dict[str, Any]:
+    """An item's data as JSON, or as `data_base64` when it is not JSON or nests deeper than MAX_DEPTH
+    (stored by older versions or by SQL: the response encoder stops a few hundred levels down)."""
     try:
-        return {"data": json.loads(raw)}
-    except ValueError:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
         return {"data_base64": base64.b64encode(raw).decode()}
+    if json_depth(data) > MAX_DEPTH:
+        return {"data_base64": base64.b64encode(raw).decode()}
+    return {"data": data}
 
 
 def _fast_json(body: dict[str, Any]) -> Any:

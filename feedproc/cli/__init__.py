@@ -5,6 +5,9 @@ Errors are one line on stderr; exit 2 for malformed input, 1 for a refused or fa
 
 from __future__ import annotations
 
+from typing import Any
+
+import typer
 from typer.exceptions import Abort, TyperException
 
 from ..core.errors import FeedprocError
@@ -22,7 +25,9 @@ __all__ = ["app", "database_url", "main", "parse_duration", "parse_headers", "pa
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `feedproc` console script."""
     try:
-        code = app(args=argv, prog_name="feedproc", standalone_mode=False)
+        command = typer.main.get_command(app)
+        _tidy_help(command)
+        code = command.main(args=argv, prog_name="feedproc", standalone_mode=False)
     except FeedprocError as error:
         _fail(str(error), error.exit_code)
     except TyperException as error:  # usage errors: unknown option, bad value, missing argument
@@ -34,3 +39,28 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _tidy_help(command: Any) -> None:
+    """Help that reads like the README: arguments as `KEY` or `[KEY]` (typer writes `{key}`) and
+    flags, `--help` included, without a `<bool>` type (they take no value)."""
+    for param in getattr(command, "params", []):
+        if getattr(param, "param_type_name", "") == "argument":
+            many = param.nargs != 1 and param.metavar is None
+            if param.metavar is None:
+                param.metavar = (param.name or "").upper()
+            usage = (param.metavar if param.required else f"[{param.metavar}]") + ("..." if many else "")
+            param._usage_display_name = lambda usage=usage: usage
+        elif getattr(param, "is_flag", False):
+            param.display_type_rich = lambda ctx: None
+    help_option = command.get_help_option
+
+    def flag_help(ctx: Any) -> Any:
+        option = help_option(ctx)
+        if option is not None:
+            option.display_type_rich = lambda ctx: None
+        return option
+
+    command.get_help_option = flag_help
+    for sub in getattr(command, "commands", {}).values():
+        _tidy_help(sub)

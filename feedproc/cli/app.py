@@ -109,20 +109,26 @@ def read_items(source: str | None) -> Iterator[NewItem]:
     if source is None:
         return
     if source == "-":
-        lines: Any = sys.stdin
+        lines: Any = sys.stdin.buffer
     else:
         path = Path(source)
         if not path.is_file():
             raise InvalidInput(f"--items {source}: no such file")
-        lines = path.open(encoding="utf-8")
+        lines = path.open("rb")
     with lines if source != "-" else contextlib.nullcontext(lines):
-        for number, line in enumerate(lines, start=1):
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            except UnicodeDecodeError as error:
+                raise InvalidInput(f"line {number}: not UTF-8 (byte {error.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise InvalidInput(f"line {number}: invalid JSON: {error.msg} at column {error.colno}") from None
+            except RecursionError:
+                raise InvalidInput(f"line {number}: data nests too deeply") from None
             yield item_from_row(row, where=f"line {number}: ")
 
 
@@ -132,9 +138,11 @@ def parse_time(value: str | None) -> datetime | None:
         return None
     try:
         parsed = datetime.fromisoformat(value.strip())
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except ValueError:
         raise InvalidInput(f"--not-before {value!r} is not an ISO 8601 time") from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+14:00 is before the first UTC moment a datetime holds
+        raise InvalidInput(f"--not-before {value!r} is out of range") from None
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

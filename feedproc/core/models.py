@@ -21,6 +21,7 @@ ERROR_LIMIT = 2000
 #: The highest gate: gate columns are 32-bit INTEGERs on PostgreSQL, and SQLite keeps the same range
 #: so that a partition behaves the same on both. Every gate is checked against it where it is made.
 MAX_GATE = 2**31 - 1
+MAX_INT32 = 2**31 - 1  # priorities, weights and limits are 32-bit columns
 
 
 MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
@@ -156,11 +157,37 @@ def item_from_row(row: Any, where: str = "") -> NewItem:
     unknown = set(row) - {"gate", "data"}
     if unknown:
         raise InvalidInput(f"{where}unknown field(s) {', '.join(sorted(unknown))}")
-    return NewItem(check_gate(row.get("gate", 0), where=where), encode_json(row.get("data")))
+    return NewItem(check_gate(row.get("gate", 0), where=where), encode_json(row.get("data"), where))
 
 
-def encode_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+#: How deeply item data may nest (arrays and objects): JSON parsers in other languages, and this
+#: API's own responses, stop around a few hundred levels; real data stays far below.
+MAX_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """How deeply `value` nests (0 for a scalar), without recursion; stops counting past MAX_DEPTH."""
+    depth, level = 0, [value]
+    while depth <= MAX_DEPTH:
+        containers = [node for node in level if isinstance(node, dict | list)]
+        if not containers:
+            break
+        depth += 1
+        level = [child for node in containers for child in (node.values() if isinstance(node, dict) else node)]
+    return depth
+
+
+def encode_json(value: Any, where: str = "") -> bytes:
+    """`value` as compact UTF-8 JSON that any language's parser reads back: InvalidInput for NaN or
+    Infinity (not JSON), lone surrogates (not UTF-8) and nesting deeper than MAX_DEPTH."""
+    if json_depth(value) > MAX_DEPTH:
+        raise InvalidInput(f"{where}data nests deeper than {MAX_DEPTH} levels")
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{where}data holds a lone surrogate (\\ud800-\\udfff), which UTF-8 cannot encode") from None
+    except ValueError:
+        raise InvalidInput(f"{where}data holds NaN or Infinity, which JSON does not have") from None
 
 
 @dataclass(slots=True)

@@ -177,6 +177,10 @@ def load_processor(path: str) -> ProcessorLike:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise InvalidInput(f"bad --processor {path!r}: cannot import {module_name!r} ({error})") from error
+    except BaseException as error:  # the user's module raised (or exited) while importing: say where
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        raise InvalidInput(f"bad --processor {path!r}: importing {module_name!r} raised {_where(error)}") from None
     target: Any = module
     for part in attr.split("."):
         try:
@@ -190,6 +194,18 @@ def load_processor(path: str) -> ProcessorLike:
             instance = target()
         except TypeError as error:
             raise InvalidInput(f"bad --processor {path!r}: cannot create it without arguments ({error})") from error
+        except Exception as error:
+            raise InvalidInput(f"bad --processor {path!r}: creating it raised {_where(error)}") from None
         if isinstance(instance, ProcessorLike):
             return instance
     raise InvalidInput(f"bad --processor {path!r}: not a Processor class, factory or instance")
+
+
+def _where(error: BaseException) -> str:
+    """`Type: message (file line N)`, the innermost frame of the error's traceback: one line."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    message = " ".join(str(error).split())[:200]
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return f"{text} ({frames[-1].filename} line {frames[-1].lineno})" if frames else text

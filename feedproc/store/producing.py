@@ -18,7 +18,7 @@ from ..core import gates
 from ..core import windows as timewindows
 from ..core.errors import DuplicateKey, InvalidInput, Refused
 from ..core.gates import Move
-from ..core.models import NewItem, check_key, check_queue
+from ..core.models import MAX_INT32, NewItem, check_key, check_queue, shown
 from .base import (
     AVAILABLE,
     CANCELLED,
@@ -65,8 +65,10 @@ class Producing(GateWriter):
         windows of the day in which its items may be dispatched (see `core/windows.py`)."""
         check_key(key)
         check_queue(queue)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInput(f"priority must be an integer, got {priority!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_INT32 - 1 <= priority <= MAX_INT32:
+            raise InvalidInput(
+                f"priority must be an integer from {-MAX_INT32 - 1} to {MAX_INT32}, got {shown(priority)}"
+            )
         schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         try:
             with self.write() as conn:
@@ -187,8 +189,8 @@ def _schedule_values(
     weight: int, item_timeout: float | None, windows: str | Sequence[str] | None, window_tz: str | None
 ) -> dict[str, Any]:
     """Validated scheduling columns of a partition (InvalidInput when malformed)."""
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-        raise InvalidInput(f"weight must be an integer >= 1, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_INT32:
+        raise InvalidInput(f"weight must be an integer from 1 to {MAX_INT32}, got {shown(weight)}")
     if item_timeout is not None and (isinstance(item_timeout, bool) or not 0 < item_timeout < math.inf):
         raise InvalidInput(f"item timeout must be a positive, finite number of seconds, got {item_timeout!r}")
     parsed = timewindows.parse_windows(windows)

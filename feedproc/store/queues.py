@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
-from ..core.models import check_queue
+from ..core.models import MAX_INT32, check_queue, shown
 from ..core.records import Lease, ProgressReport, QueueSettings
 from .base import (
     ACTIVE_CLAIM,
@@ -76,8 +76,8 @@ class Queues(StoreBase):
         check_queue(name)
         if mode is not None and mode not in QUEUE_MODES:
             raise InvalidInput(f"mode must be push or pull, got {mode!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise InvalidInput(f"limit must be an integer, got {limit!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit > MAX_INT32):
+            raise InvalidInput(f"limit must be an integer up to {MAX_INT32}, got {shown(limit)}")
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)

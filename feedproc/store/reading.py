@@ -11,7 +11,7 @@ from sqlalchemy import Row, Select, func, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound
-from ..core.models import MAX_PAGE, Status
+from ..core.models import MAX_PAGE, Status, shown
 from .base import COMPLETE, IS_FAILED, A, E, I, P, iso
 from .queues import Queues
 from .schema import items, partitions
@@ -23,7 +23,11 @@ class Reading(Queues):
     """What a producer or an operator asks about one partition."""
 
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
-        """One partition as the `status KEY --json` object; NotFound if unknown."""
+        """One partition as the `status KEY --json` object (with its last `history` events, at most
+        MAX_PAGE); NotFound if unknown."""
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise InvalidInput(f"history must be a non-negative integer, got {shown(history)}")
+        history = min(history, MAX_PAGE)
         with self.read() as conn:
             row = conn.execute(select(partitions).where(P.key == key)).one_or_none()
             if row is None:

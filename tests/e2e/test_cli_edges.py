@@ -118,3 +118,54 @@ def test_serve_refuses_an_unusable_api_token(db_url: str, token: str) -> None:
         timeout=60,
     )
     assert_error(result, 2, "FEEDPROC_API_TOKEN")
+
+
+@pytest.mark.sqlite_only
+def test_help_names_arguments_plainly_and_gives_flags_no_type() -> None:
+    for command in ([], ["add"], ["status"], ["watch"], ["item"]):
+        text = cli(*command, "--help").stdout
+        assert "<bool>" not in text and "{key}" not in text.lower(), text
+    assert "Usage: feedproc add [OPTIONS] KEY " in cli("add", "--help").stdout
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize(
+    ("items", "args", "says"),
+    [
+        (b'{"gate": 0, "data": NaN}\n', (), "NaN or Infinity"),
+        (b'{"gate": 0, "data": "\\ud800"}\n', (), "lone surrogate"),
+        (b'{"gate": 0, "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", (), "nests too deeply"),
+        (b'{"gate": 0, "data": ' + b"[" * 65 + b"]" * 65 + b"}\n", (), "deeper than 64 levels"),
+        (b'{"gate": 0, "data": "\xff\xfe"}\n', (), "not UTF-8"),
+        (b'{"gate": 0, "data": 1}\n', ("--priority", "99999999999999999999"), "priority must be an integer from"),
+        (b'{"gate": 0, "data": 1}\n', ("--weight", "99999999999999999999"), "weight must be an integer from 1"),
+        (b'{"gate": 0, "data": 1}\n', ("--not-before", "0001-01-01T00:00:00+14:00"), "out of range"),
+    ],
+)
+def test_add_refuses_what_other_parsers_or_the_columns_cannot_take(
+    db_url: str, tmp_path: Path, items: bytes, args: tuple[str, ...], says: str
+) -> None:
+    path = tmp_path / "items.jsonl"
+    path.write_bytes(items)
+    assert_error(run_cli(db_url, "add", "k", "--items", str(path), *args), 2, says)
+    assert Feed(db_url).partitions() == []
+
+
+@pytest.mark.sqlite_only
+def test_numbers_beyond_the_columns_are_refused_in_one_line(db_url: str) -> None:
+    assert_error(run_cli(db_url, "queue", "set", "q", "--limit", "99999999999999999999"), 2, "limit must be")
+    assert_error(run_cli(db_url, "status", "k", "--history", "-1"), 2, "history must be")
+
+
+@pytest.mark.sqlite_only
+def test_a_processor_module_that_raises_on_import_is_one_line_naming_where(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "brokenmod.py").write_text("x = 1\nraise RuntimeError('no model file')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "feedproc", "watch", "--processor", "brokenmod:Classify"],
+        env={**os.environ, "FEEDPROC_DATABASE_URL": db_url, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_error(result, 2, "importing 'brokenmod' raised RuntimeError: no model file")
+    assert "brokenmod.py line 2" in result.stderr
