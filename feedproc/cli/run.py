@@ -31,7 +31,7 @@ from .app import (
 
 @app.command()
 def watch(
-    queue: Annotated[str, typer.Option(help="Queue to serve.")] = "default",
+    queue: Annotated[str, typer.Option(envvar="FEEDPROC_QUEUE", help="Queue to serve.")] = "default",
     handler: Annotated[
         str | None,
         typer.Option(
@@ -39,62 +39,126 @@ def watch(
         ),
     ] = None,
     processor: Annotated[
-        str | None, typer.Option(metavar="MODULE:ATTR", help="A Python Processor to use instead of HTTP.")
+        str | None,
+        typer.Option(
+            envvar="FEEDPROC_PROCESSOR", metavar="MODULE:ATTR", help="A Python Processor to use instead of HTTP."
+        ),
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Items processed at once.")] = 10,
-    lease_seconds: Annotated[float, typer.Option(min=0.5, help="Lease length; renewed every third of it.")] = 30.0,
-    poll_interval: Annotated[float, typer.Option(min=0.01, help="Seconds between polls when idle.")] = 1.0,
-    max_attempts: Annotated[int, typer.Option(min=1, help="Deliveries per gate before an item fails.")] = 5,
-    retry_delay: Annotated[float, typer.Option(min=0.0, help="First backoff delay; doubles each retry.")] = 1.0,
-    max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Longest backoff delay.")] = 600.0,
-    max_partitions: Annotated[int | None, typer.Option(min=1, help="Partitions leased at most.")] = None,
-    shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    concurrency: Annotated[
+        int, typer.Option(envvar="FEEDPROC_CONCURRENCY", min=1, help="Items processed at once.")
+    ] = 10,
+    lease_seconds: Annotated[
+        float, typer.Option(envvar="FEEDPROC_LEASE_SECONDS", min=0.5, help="Lease length; renewed every third of it.")
+    ] = 30.0,
+    poll_interval: Annotated[
+        float, typer.Option(envvar="FEEDPROC_POLL_INTERVAL", min=0.01, help="Seconds between polls when idle.")
+    ] = 1.0,
+    max_attempts: Annotated[
+        int, typer.Option(envvar="FEEDPROC_MAX_ATTEMPTS", min=1, help="Deliveries per gate before an item fails.")
+    ] = 5,
+    retry_delay: Annotated[
+        float, typer.Option(envvar="FEEDPROC_RETRY_DELAY", min=0.0, help="First backoff delay; doubles each retry.")
+    ] = 1.0,
+    max_retry_delay: Annotated[
+        float, typer.Option(envvar="FEEDPROC_MAX_RETRY_DELAY", min=0.0, help="Longest backoff delay.")
+    ] = 600.0,
+    max_partitions: Annotated[
+        int | None, typer.Option(envvar="FEEDPROC_MAX_PARTITIONS", min=1, help="Partitions leased at most.")
+    ] = None,
+    shutdown_grace: Annotated[
+        float, typer.Option(envvar="FEEDPROC_SHUTDOWN_GRACE", min=0.0, help="Seconds in-flight items get on stop.")
+    ] = 30.0,
     item_timeout: Annotated[
         str | None,
-        typer.Option(metavar="S", help="A processor call taking longer is abandoned as a transient failure."),
+        typer.Option(
+            envvar="FEEDPROC_ITEM_TIMEOUT",
+            metavar="S",
+            help="A processor call taking longer is abandoned as a transient failure.",
+        ),
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(min=0.1, help="Seconds one HTTP request may take, from connecting to the answer's last byte."),
+        typer.Option(
+            envvar="FEEDPROC_TIMEOUT",
+            min=0.1,
+            help="Seconds one HTTP request may take, from connecting to the answer's last byte.",
+        ),
     ] = 30.0,
     max_answer_bytes: Annotated[
         int,
-        typer.Option(min=1, metavar="N", help="Largest handler answer, in bytes once decompressed (default 10 MiB)."),
+        typer.Option(
+            envvar="FEEDPROC_MAX_ANSWER_BYTES",
+            min=1,
+            metavar="N",
+            help="Largest handler answer, in bytes once decompressed (default 10 MiB).",
+        ),
     ] = 10 * 1024 * 1024,
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
     batch: Annotated[
         int,
-        typer.Option(min=1, max=1000, metavar="N", help="Deliver up to N items of one partition and gate in one call."),
+        typer.Option(
+            envvar="FEEDPROC_BATCH",
+            min=1,
+            max=1000,
+            metavar="N",
+            help="Deliver up to N items of one partition and gate in one call.",
+        ),
     ] = 1,
     batch_wait: Annotated[
         float,
-        typer.Option(min=0.0, metavar="MS", help="Milliseconds a batch short of N waits for more items."),
+        typer.Option(
+            envvar="FEEDPROC_BATCH_WAIT",
+            min=0.0,
+            metavar="MS",
+            help="Milliseconds a batch short of N waits for more items.",
+        ),
     ] = 0.0,
     callback_url: Annotated[
         str | None,
         typer.Option(
+            envvar="FEEDPROC_CALLBACK_URL",
             metavar="URL",
             help="feedproc serve's URL: requests carry a token and answer_url, and a handler may answer 202 and later.",
         ),
     ] = None,
     retention: Annotated[
-        str | None, typer.Option(help="Also delete partitions finished longer ago than this (e.g. 7d).")
+        str | None,
+        typer.Option(
+            envvar="FEEDPROC_RETENTION", help="Also delete partitions finished longer ago than this (e.g. 7d)."
+        ),
     ] = None,
-    log_level: LogLevelOption = "INFO",
+    log_level: Annotated[
+        str, typer.Option(envvar="FEEDPROC_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
     log_format: LogFormatOption = "text",
     health_port: Annotated[
         int | None,
-        typer.Option(min=1, max=65535, metavar="N", help="Serve GET /healthz, /livez and /readyz on this port."),
+        typer.Option(
+            envvar="FEEDPROC_HEALTH_PORT",
+            min=1,
+            max=65535,
+            metavar="N",
+            help="Serve GET /healthz, /livez and /readyz on this port.",
+        ),
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, metavar="N", help="Serve Prometheus GET /metrics on this port.")
+        int | None,
+        typer.Option(
+            envvar="FEEDPROC_METRICS_PORT",
+            min=1,
+            max=65535,
+            metavar="N",
+            help="Serve Prometheus GET /metrics on this port.",
+        ),
     ] = None,
     monitor_host: Annotated[
         str,
         typer.Option(
-            metavar="ADDR", help="Address of the --health-port/--metrics-port server (0.0.0.0 for Kubernetes probes)."
+            envvar="FEEDPROC_MONITOR_HOST",
+            metavar="ADDR",
+            help="Address of the --health-port/--metrics-port server (0.0.0.0 for Kubernetes probes).",
         ),
     ] = "127.0.0.1",
     db: DbOption = None,
@@ -105,6 +169,8 @@ def watch(
 
     if (handler is None) == (processor is None):
         raise InvalidInput("watch needs exactly one of --handler URL or --processor module:attr")
+    if not header and os.environ.get("FEEDPROC_HEADERS"):  # one 'Name: value' per line
+        header = [line for line in os.environ["FEEDPROC_HEADERS"].splitlines() if line.strip()]
     headers = parse_headers(header or [])
     _check_log_options(log_level, log_format)
     try:

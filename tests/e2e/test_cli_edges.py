@@ -169,3 +169,47 @@ def test_a_processor_module_that_raises_on_import_is_one_line_naming_where(db_ur
     )
     assert_error(result, 2, "importing 'brokenmod' raised RuntimeError: no model file")
     assert "brokenmod.py line 2" in result.stderr
+
+
+@pytest.mark.sqlite_only
+def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it() -> None:
+    import re
+
+    from typer.main import get_command
+
+    from feedproc.cli import app
+
+    watch = get_command(app).commands["watch"]  # type: ignore[attr-defined]
+    by_option = {p.opts[0]: p.envvar for p in watch.params if p.opts and p.opts[0].startswith("--")}
+    by_option["--header"] = "FEEDPROC_HEADERS"  # read by watch itself: one header per line
+    by_option["--db"] = by_option["--db"] or "FEEDPROC_DATABASE_URL"  # read where every command reads it
+    missing = sorted(option for option, env in by_option.items() if not env)
+    assert missing == [], f"watch options without an environment variable: {missing}"
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("### `feedproc watch` options", 1)[1].split("With the defaults", 1)[0]
+    documented = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(FEEDPROC_[A-Z_]+)`", table, re.M))
+    assert {k: v for k, v in by_option.items() if k != "--db"} == documented
+
+
+@pytest.mark.slow
+@pytest.mark.sqlite_only
+def test_a_watcher_configured_by_the_environment_alone(db_url: str, tmp_path: Path) -> None:
+    from ..support import WatcherProcesses, wait_until
+
+    feed = Feed(db_url)
+    feed.add_partition("p", [(0, b"1")], queue="from-env")
+    watchers = WatcherProcesses(db_url, tmp_path)
+    try:
+        watchers.start(
+            FEEDPROC_PROCESSOR="cli_processors:LoggedSlow",
+            FEEDPROC_QUEUE="from-env",
+            FEEDPROC_CONCURRENCY="3",
+            FEEDPROC_POLL_INTERVAL="0.1",
+            FEEDPROC_TEST_DELIVERY_LOG=str(tmp_path / "deliveries"),
+        )
+        wait_until(lambda: feed.status("p")["status"] == "complete", what="the partition to complete")
+        (watcher,) = feed.watchers()
+        assert (watcher["queue"], watcher["concurrency"]) == ("from-env", 3)
+    finally:
+        watchers.stop_all()
+        feed.close()
