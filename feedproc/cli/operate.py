@@ -30,7 +30,7 @@ def status(
 
     with _feed(db) as feed:
         if key is None:
-            summary = feed.summary(recent=0 if as_json else 20)
+            summary = feed.summary(recent=20)  # --json carries what the table shows: recent partitions, watchers
             if as_json:
                 typer.echo(json.dumps(summary))
             else:

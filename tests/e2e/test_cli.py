@@ -258,6 +258,8 @@ def test_status_without_key_as_json_summarises_everything(db_url: str, feed: Fee
     summary = json.loads(ok(run_cli(db_url, "status", "--json")))
     assert summary["partitions"] == {"available": 1, "complete": 1, "failed": 0, "cancelled": 1}
     assert summary["items"] == {"total": 3, "available": 2, "complete": 0, "failed": 0, "cancelled": 1}
+    # what the table shows too: the recently updated partitions and the watchers
+    assert {p["key"] for p in summary["recent"]} == {"sum-a", "sum-b", "sum-done"} and summary["watchers"] == []
 
 
 def test_status_without_key_prints_counts(db_url: str, feed: Feed) -> None:
