@@ -145,7 +145,9 @@ class Insight(StoreBase):
         advances); for a running partition, the current gate's pace and an ETA for its remaining items
         at that pace. `{"gates": {gate: {...}}, "current": {...} | None}`."""
         with self.read() as conn:
-            row = conn.execute(select(P.id, P.gate, P.status, P.created_at).where(P.key == key)).one_or_none()
+            row = conn.execute(
+                select(P.id, P.gate, P.status, P.created_at, P.updated_at).where(P.key == key)
+            ).one_or_none()
             if row is None:
                 raise NotFound(f"no partition {key!r}")
             now: datetime = conn.execute(select(db_now())).scalar_one()
@@ -160,7 +162,9 @@ class Insight(StoreBase):
             left = ordered[index + 1][1] if index + 1 < len(ordered) else None
             entry = gates.setdefault(gate, {"deliveries": 0, "p50": None, "p95": None})
             entry["arrived_at"] = iso(arrived)
-            end = left if left is not None else (now if row.status == AVAILABLE and gate == row.gate else None)
+            end = left
+            if end is None and gate == row.gate:  # the gate it is at: until now, or until it finished
+                end = now if row.status == AVAILABLE else row.updated_at
             entry["time_at_gate"] = (end - arrived).total_seconds() if end is not None else None
         current = None
         if row.status == AVAILABLE:

@@ -16,6 +16,7 @@ import html
 import os
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +328,60 @@ def test_failed_partitions_are_retried_in_bulk_through_the_api(api: ApiServer, f
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"retried": [{"key": "x/1", "retried": 1}, {"key": "x/2", "retried": 1}]}
     assert [feed.status(k)["status"] for k in ("x/1", "x/2", "y/1")] == ["available", "available", "failed"]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
+    browser: Any, feed: Feed, db_url: str, tmp_path: Path, watchers: WatcherProcesses, handler: HandlerService
+) -> None:
+    from playwright.sync_api import expect
+
+    failing = {"on": True}
+
+    def behave(body: dict[str, Any]) -> tuple[Any, ...]:
+        if body["partition"].startswith("bad/") and failing["on"]:
+            return 200, {"error": {"message": "unreadable", "no_retry": True}}
+        return 200, {"done": True}, {}, 0.02
+
+    handler.behavior = behave
+    feed.add_partition("folder/1", [(0, b'{"n": %d}' % i) for i in range(12)] + [(1, b'{"rank": 1}')])
+    for key in ("bad/1", "bad/2"):
+        feed.add_partition(key, [(0, b"{}")])
+    feed.add_partition("later/1", [(0, b"{}")], not_before=datetime.now(UTC) + timedelta(hours=1))
+    serve = ServeProcess(db_url, tmp_path, FEEDPROC_API_TOKEN=TOKEN)
+    try:
+        watchers.start("--handler", handler.url, *FAST)
+        wait_status(feed, "folder/1", "complete", timeout=60)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(serve.url + "/")
+        page.fill("#token", TOKEN)
+
+        page.goto(serve.url + "/partitions/folder%2F1")
+        expect(page.locator("table.gates td.timing").first).to_contain_text("/")  # p50 / p95
+        expect(page.locator("table.gates td.time-at-gate").first).not_to_be_empty()
+        screenshot(page, "dashboard-partition.png")
+
+        page.goto(serve.url + "/queues")
+        expect(page.locator('table.queues tr[data-queue="default"]')).to_be_visible()
+
+        page.goto(serve.url + "/partitions/later%2F1")
+        page.locator("section.partition button[data-action='cancel']").click()
+        expect(page.locator("section.partition")).to_have_attribute("data-status", "cancelled", timeout=10_000)
+
+        wait_status(feed, "bad/1", "failed")
+        wait_status(feed, "bad/2", "failed")
+        (bad_item,) = feed.items("bad/2")
+        page.goto(f"{serve.url}/items/{bad_item['id']}")
+        page.locator('button[data-item-action="skip"]').click()
+        expect(page.locator("section.item")).to_have_attribute("data-status", "complete", timeout=10_000)
+        assert feed.status("bad/2")["status"] in ("available", "complete")
+
+        failing["on"] = False
+        page.goto(serve.url + "/?status=failed")
+        page.locator("button[data-bulk='retry']").click()
+        expect(page.locator("#flash")).to_contain_text("Retrying 1 failed partitions")
+        wait_status(feed, "bad/1", "complete", timeout=60)
+    finally:
+        serve.stop()

@@ -154,3 +154,13 @@ def test_time_at_gate_ends_at_the_gate_advance(feed: Feed) -> None:
 def test_an_error_filter_with_a_nul_is_invalid_input(feed: Feed) -> None:
     with pytest.raises(InvalidInput, match="NUL"):
         feed.partitions(error="a\x00b")
+
+
+def test_a_finished_partition_s_last_gate_lasted_until_it_finished(feed: Feed) -> None:
+    feed.add_partition("p", [(0, b"1")])
+    register(feed.store, A)
+    (only,) = lease_and_fetch(feed.store)
+    feed.store.apply(A, [answer(only, Kind.DONE)])
+    assert feed.status("p")["status"] == "complete"
+    timings = feed.timings("p")
+    assert timings["gates"]["0"]["time_at_gate"] is not None and timings["current"] is None
