@@ -25,9 +25,17 @@ class Feed:
     >>> feed.add_partition("upload-42", items=[(0, b'{"file": "a.pdf"}')], priority=5)
     """
 
-    def __init__(self, url: str | None = None, *, pool_size: int = 5, policy: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        pool_size: int = 5,
+        policy: RetryPolicy | None = None,
+        table_prefix: str | None = None,
+    ) -> None:
         url = url or os.environ.get("FEEDPROC_DATABASE_URL") or "sqlite:///feedproc.db"
-        self.store = Store(url, pool_size=pool_size)
+        # table_prefix: whose tables in that database (else $FEEDPROC_TABLE_PREFIX, else feedproc_)
+        self.store = Store(url, pool_size=pool_size, table_prefix=table_prefix)
         self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
 
     def check_schema(self) -> None:

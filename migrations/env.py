@@ -12,8 +12,11 @@ from sqlalchemy import engine_from_config, pool
 
 from feedproc.store.schema import metadata
 
-VERSION_TABLE = "feedproc_version"
 config = context.config
+# Tables under another prefix (`feedproc --table-prefix`) keep their own version table; the
+# statements themselves are qualified by the engine (feedproc/store/names.py). Alembic asks whether
+# the version table exists by a bound name, which that rewrite does not see, so it is named here.
+VERSION_TABLE = (config.get_main_option("feedproc_table_prefix") or "feedproc_") + "version"
 
 
 def _configure_and_run(connection) -> None:

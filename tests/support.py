@@ -255,8 +255,8 @@ FAST: dict[str, Any] = {"poll_interval": 0.05, "lease_seconds": 3.0, "retry_dela
 class WatcherThread:
     """A `feedproc.Watcher` on its own event loop in a background thread, with its own Store."""
 
-    def __init__(self, db_url: str, processor: Any, **settings: Any) -> None:
-        self.store = Store(db_url)
+    def __init__(self, db_url: str, processor: Any, *, table_prefix: str | None = None, **settings: Any) -> None:
+        self.store = Store(db_url, table_prefix=table_prefix)
         self.watcher = Watcher(self.store, processor, WatcherConfig(**{**FAST, **settings}))
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None

@@ -31,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Partitioned fan-out/fan-in workflows on SQLite or PostgreSQL.",
 )
-_global: dict[str, str | None] = {"db": None}
+_global: dict[str, str | None] = {"db": None, "table_prefix": None}
 
 DbOption = Annotated[
     str | None,
@@ -74,7 +74,7 @@ def _feed(db: str | None, *, create: bool = False) -> Any:
     path = sqlite_path(url)
     if path is not None and not create and not Path(path).exists():
         raise Refused(f"no database at {path}: create it with feedproc migrate (or give --db)")
-    return Feed(url)
+    return Feed(url, table_prefix=_global["table_prefix"])
 
 
 def sqlite_path(url: str) -> str | None:
@@ -94,11 +94,22 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _main(
     db: DbOption = None,
+    table_prefix: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PREFIX",
+            envvar="FEEDPROC_TABLE_PREFIX",
+            help="Begin every table, index and channel name with PREFIX (default feedproc_): feeds side by side.",
+        ),
+    ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
+    from ..store.names import check_prefix
+
     _global["db"] = db
+    _global["table_prefix"] = check_prefix(table_prefix) if table_prefix is not None else None
 
 
 # ---------------------------------------------------------------- input

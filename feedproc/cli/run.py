@@ -212,7 +212,7 @@ def watch(
         logs.add_secret(value)
     logs.add_url_secrets(handler)
     logs.add_url_secrets(database_url(db))
-    watcher = Watcher.connect(database_url(db), target, config)
+    watcher = Watcher.connect(database_url(db), target, config, table_prefix=_global["table_prefix"])
     try:
         if handler is not None:
             shown = logs.redact_url(handler)
@@ -386,7 +386,7 @@ def serve(
     from ..core.policy import RetryPolicy
 
     policy = RetryPolicy(max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay)
-    feed = Feed(database_url(db), policy=policy)
+    feed = Feed(database_url(db), policy=policy, table_prefix=_global["table_prefix"])
     try:
         feed.check_schema()
         try:

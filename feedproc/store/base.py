@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
 from ..core.models import Status
 from .dialects import WRITE_OPTION, db_minute, db_now, is_postgres, make_engine
+from .names import DEFAULT_PREFIX, prefix_from
 from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
 
 if TYPE_CHECKING:
@@ -53,9 +54,11 @@ T = TypeVar("T")
 class StoreBase:
     """The engine and its transactions. Thread-safe: each call takes its own pooled connection."""
 
-    def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True) -> None:
+    def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str | None = None) -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping)
+        #: Whose tables these are (`names.py`): given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`.
+        self.table_prefix = prefix_from(table_prefix)
+        self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping, table_prefix=self.table_prefix)
         self.postgres = is_postgres(self.engine)
 
     def close(self) -> None:
@@ -103,7 +106,7 @@ class StoreBase:
         from alembic import command
 
         before = self.schema_revision()
-        config = alembic_config(self.url)
+        config = alembic_config(self.url, self.table_prefix)
         with translated_errors(), self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
@@ -121,7 +124,7 @@ class StoreBase:
         """Raise SchemaMissing unless the database is at the newest schema revision."""
         from alembic.script import ScriptDirectory
 
-        head = ScriptDirectory.from_config(alembic_config(self.url)).get_current_head()
+        head = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix)).get_current_head()
         current = self.schema_revision()
         if current != head:
             state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
@@ -266,11 +269,13 @@ def migrations_path() -> Path:
     raise RuntimeError("feedproc's migrations are missing from this installation")
 
 
-def alembic_config(url: str) -> Config:
-    """An alembic configuration for feedproc's revisions against the database at `url`."""
+def alembic_config(url: str, table_prefix: str = DEFAULT_PREFIX) -> Config:
+    """An alembic configuration for feedproc's revisions against the database at `url`, for the
+    tables under `table_prefix` (its version table is `<prefix>version`)."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
     config.set_main_option("sqlalchemy.url", str(url).replace("%", "%%"))
+    config.set_main_option("feedproc_table_prefix", table_prefix)
     return config

@@ -29,6 +29,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from ..core.errors import InvalidInput
+from .names import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
@@ -174,18 +175,25 @@ def redact_db_url(url: str) -> str:
         return url if "@" not in url else "***@" + url.rsplit("@", 1)[1]
 
 
-def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) -> Engine:
-    """Create an engine configured for feedproc's concurrency model on either database."""
+def make_engine(
+    url: str | URL, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str = DEFAULT_PREFIX
+) -> Engine:
+    """Create an engine configured for feedproc's concurrency model on either database, its
+    statements under `table_prefix` (see `names.py`)."""
     parsed = normalize_url(url)
+    options = {PREFIX_OPTION: table_prefix}
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
+        engine = _sqlite_engine(parsed, options)
+        install(engine, table_prefix)
+        return engine
     if parsed.get_backend_name() == "postgresql":
         try:
             import psycopg  # noqa: F401 - asked here so that a missing driver says how to get it
         except ImportError:
             raise InvalidInput("PostgreSQL needs its driver: pip install 'feedproc[postgres]'") from None
-        return create_engine(
+        engine = create_engine(
             parsed,
+            execution_options=options,
             # Producers test a pooled connection before use; watchers skip the round trip (a
             # disconnect invalidates the whole pool anyway, and their writes are retried).
             pool_pre_ping=pre_ping,
@@ -194,13 +202,19 @@ def make_engine(url: str | URL, *, pool_size: int = 5, pre_ping: bool = True) ->
             future=True,
             connect_args={"connect_timeout": 10, "application_name": "feedproc"},
         )
+        install(engine, table_prefix)
+        return engine
     raise InvalidInput(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://")
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, options: dict[str, Any]) -> Engine:
     if sqlite3.sqlite_version_info < (3, 35):
         raise RuntimeError(f"SQLite {sqlite3.sqlite_version} is too old; feedproc needs 3.35 or newer")
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+    engine = create_engine(
+        url,
+        execution_options=options,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -248,6 +262,7 @@ class DriverStatement:
 
         self.clause = text(sql)
         self.sql = str(self.clause.compile(dialect=dialect()))  # type: ignore[no-untyped-call]  # `:name` → `%(name)s`
+        self._qualified: dict[str, str] = {DEFAULT_PREFIX: self.sql}  # the text under each table prefix
 
     #: Called with the connection and the statement before each execution, when set: SQLAlchemy's
     #: engine events do not see these statements (the benchmark and the tests count them this way).
@@ -269,11 +284,13 @@ class DriverStatement:
 
         driver = conn.connection.dbapi_connection
         assert driver is not None
+        prefix = conn.get_execution_options().get(PREFIX_OPTION, DEFAULT_PREFIX)
+        sql = self._qualified.get(prefix) or self._qualified.setdefault(prefix, qualify(self.sql, prefix))
         cursor = driver.cursor()
         if DriverStatement.observer is not None:
-            DriverStatement.observer(conn, self.sql)
+            DriverStatement.observer(conn, sql)
         try:
-            cursor.execute(self.sql, params)
+            cursor.execute(sql, params)
             yield cursor
         except conn.dialect.loaded_dbapi.Error as error:
             lost = conn.dialect.is_disconnect(error, driver, cursor)
@@ -281,7 +298,7 @@ class DriverStatement:
                 conn.invalidate(error)
             base = conn.dialect.loaded_dbapi.Error
             raise DBAPIError.instance(
-                self.sql, params, error, base, connection_invalidated=lost, dialect=conn.dialect
+                sql, params, error, base, connection_invalidated=lost, dialect=conn.dialect
             ) from error
         finally:
             cursor.close()

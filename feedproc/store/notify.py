@@ -24,6 +24,8 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
+from .names import prefix_of, qualify
+
 log = logging.getLogger("feedproc.store.notify")
 CHANNEL = "feedproc_ready"
 _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
@@ -63,7 +65,7 @@ class FinishedListener:
         import psycopg
 
         self._conn = psycopg.connect(_dsn(engine), autocommit=True, connect_timeout=10)
-        self._conn.execute(f"LISTEN {FINISHED_CHANNEL}")
+        self._conn.execute(f"LISTEN {qualify(FINISHED_CHANNEL, prefix_of(engine))}")
 
     def wait_for(self, key: str, seconds: float) -> bool:
         """Block up to `seconds` for a notification about `key`; True if one came. Raises on a lost
@@ -91,6 +93,9 @@ class Listener:
         on_wanted: Callable[[], Any] | None = None,
     ) -> None:
         self.dsn = _dsn(engine)
+        # The channels of this engine's tables (a feed under another table prefix has its own).
+        prefix = prefix_of(engine)
+        self.channel, self.wanted_channel = qualify(CHANNEL, prefix), qualify(WANTED_CHANNEL, prefix)
         self.queue = queue
         self.on_ready = on_ready
         self.watcher_id = watcher_id
@@ -113,17 +118,18 @@ class Listener:
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     if self.on_wanted is not None:
-                        conn.execute(f"LISTEN {WANTED_CHANNEL}")
-                    conn.execute(f"LISTEN {CHANNEL}")  # last: the statement pg_stat_activity shows (bench)
+                        conn.execute(f"LISTEN {self.wanted_channel}")
+                    conn.execute(f"LISTEN {self.channel}")  # last: the statement pg_stat_activity shows (bench)
                     if delay > 0.5:
                         log.warning("listening for notifications again")
                     delay = 0.5
                     self.on_ready()  # anything sent while we were not listening
+                    wanted = (self.wanted_channel, self.watcher_id)
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.25):
-                            if note.channel == CHANNEL and self.queue in (None, note.payload):
+                            if note.channel == self.channel and self.queue in (None, note.payload):
                                 self.on_ready()
-                            elif note.channel == WANTED_CHANNEL and note.payload == self.watcher_id and self.on_wanted:
+                            elif self.on_wanted and (note.channel, note.payload) == wanted:
                                 self.on_wanted()
             except Exception as error:  # the server restarted or is unreachable: poll meanwhile
                 if self._stop.is_set():

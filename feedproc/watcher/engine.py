@@ -51,12 +51,20 @@ class Watcher(Fetching, Delivering, Writing):
     `Watcher(store, processor, config)` (see `WatcherState`), or `Watcher.connect(url, ...)`."""
 
     @classmethod
-    def connect(cls, url: str, processor: ProcessorLike, config: WatcherConfig | None = None) -> Watcher:
-        """A watcher of the database at `url` on a connection pool of its own, closed by `close()`:
-        what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
+    def connect(
+        cls,
+        url: str,
+        processor: ProcessorLike,
+        config: WatcherConfig | None = None,
+        *,
+        table_prefix: str | None = None,
+    ) -> Watcher:
+        """A watcher of the database at `url` (the tables under `table_prefix`, else
+        $FEEDPROC_TABLE_PREFIX, else `feedproc_`) on a connection pool of its own, closed by
+        `close()`: what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
         # Four connections serve the poll, the group commit and the heartbeat; no ping before each
         # checkout on the hot path (a lost connection is an outage the loops retry).
-        store = Store(url, pool_size=4, pre_ping=False)
+        store = Store(url, pool_size=4, pre_ping=False, table_prefix=table_prefix)
         try:
             store.check_schema()
         except BaseException:
