@@ -123,6 +123,16 @@ def watch(
             help="feedproc serve's URL: requests carry a token and answer_url, and a handler may answer 202 and later.",
         ),
     ] = None,
+    request: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FEEDPROC_REQUEST",
+            metavar="json|raw",
+            help="Request body: the JSON of the handler contract (json, the default), or the item's data bytes as "
+            "stored (raw, as Go Feed sends them; the item's id, partition, queue, gate and attempt in Feedproc-* "
+            "headers).",
+        ),
+    ] = None,
     retention: Annotated[
         str | None,
         typer.Option(
@@ -173,6 +183,7 @@ def watch(
         header = [line for line in os.environ["FEEDPROC_HEADERS"].splitlines() if line.strip()]
     headers = parse_headers(header or [])
     _check_log_options(log_level, log_format)
+    request_format = _request_format(request, processor, batch)
     try:
         config = WatcherConfig(
             queue=queue,
@@ -206,6 +217,7 @@ def watch(
             max_connections=max(concurrency, 10),
             max_answer_bytes=max_answer_bytes,
             callback_url=callback_url,
+            request=request_format,
         )
     logs.configure(log_level, log_format)
     for value in headers.values():
@@ -229,6 +241,21 @@ def watch(
     fatal = getattr(watcher, "fatal", None)
     if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
         raise Refused(f"watcher stopped: {fatal}")
+
+
+def _request_format(request: str | None, processor: str | None, batch: int) -> str:
+    """`--request` checked against the other options: json (the default) or raw, for --handler only,
+    and raw only one item per request (a batch's body is the contract's JSON)."""
+    if request is None:
+        return "json"
+    chosen = request.strip().lower()
+    if chosen not in ("json", "raw"):
+        raise InvalidInput(f"--request {request!r}: use json or raw")
+    if processor is not None:
+        raise InvalidInput("--request applies to --handler only: a --processor gets each item in Python")
+    if chosen == "raw" and batch > 1:
+        raise InvalidInput(f"--request raw sends one item per request: it cannot be used with --batch {batch}")
+    return chosen
 
 
 def _check_log_options(level: str, fmt: str) -> None:

@@ -79,6 +79,8 @@ class WatcherState:
         self.processor = processor
         self._owns_store = False  # True when connect() made the store
         self.config = config or WatcherConfig()
+        if self.config.batch > 1 and getattr(processor, "request", "json") == "raw":
+            raise ValueError("a raw-request HTTPProcessor sends one item per request: batch must be 1")
         self.policy = self.config.retry_policy
         self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.owned: dict[int, Lease] = {}
