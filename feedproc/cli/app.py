@@ -18,7 +18,7 @@ import typer
 from .. import logs
 from .._version import __version__
 from ..core.errors import InvalidInput, Refused
-from ..core.models import NewItem, item_from_row
+from ..core.models import NewItem, check_table_prefix, item_from_row
 
 DEFAULT_DB = "sqlite:///feedproc.db"
 ITEMS_PAGE = 1000  # items read per query by `feedproc items`
@@ -106,10 +106,8 @@ def _main(
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    from ..store.names import check_prefix
-
     _global["db"] = db
-    _global["table_prefix"] = check_prefix(table_prefix) if table_prefix is not None else None
+    _global["table_prefix"] = check_table_prefix(table_prefix) if table_prefix is not None else None
 
 
 # ---------------------------------------------------------------- input

@@ -52,6 +52,21 @@ def check_queue(queue: str) -> str:
     return queue
 
 
+#: A table prefix (`Store(table_prefix=...)`, `feedproc --table-prefix`): lower case, since
+#: PostgreSQL folds unquoted names, a letter first, and short enough that the longest name made of
+#: it (`_alembic_tmp_` + prefix + `partitions_leasable`) stays within PostgreSQL's 63 characters.
+TABLE_PREFIX_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,23}")
+
+
+def check_table_prefix(prefix: str) -> str:
+    """Return `prefix` if it can begin feedproc's table names, else raise InvalidInput."""
+    if not isinstance(prefix, str) or not TABLE_PREFIX_PATTERN.fullmatch(prefix):
+        raise InvalidInput(
+            f"table prefix {prefix!r} must be 1-24 characters of a-z, 0-9 and _, starting with a letter"
+        )
+    return prefix
+
+
 def gate_problem(gate: Any) -> str | None:
     """Why `gate` is not a valid gate, or None: a gate is an int (not a bool) from 0 to MAX_GATE."""
     if isinstance(gate, bool) or not isinstance(gate, int) or gate < 0:

@@ -236,6 +236,17 @@ def _sqlite_engine(url: URL, options: dict[str, Any]) -> Engine:
     return engine
 
 
+def stored_bytes(value: Any) -> bytes:
+    """An item's data as the bytes a processor gets. SQLite keeps whatever type a row was written
+    with: a producer writing with SQL may have put TEXT (or a number) in the BLOB column, which is
+    its UTF-8 here, the same bytes `CAST(... AS BLOB)` would have stored."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode("utf-8", "surrogatepass")
+
+
 def is_postgres(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "postgresql"
 

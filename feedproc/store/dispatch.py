@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from ..core.records import ReadyItem, SlotClaim, encode_inflight
 from .base import IS_AVAILABLE, I, P
-from .dialects import DriverStatement, db_now, pg_bigint_array
+from .dialects import DriverStatement, db_now, pg_bigint_array, stored_bytes
 from .queues import Queues
 
 InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version) still in flight
@@ -135,7 +135,7 @@ def _find_ready_sqlite(
                 p.lease_epoch,
                 r.gate,
                 r.attempts,
-                r.data,
+                stored_bytes(r.data),  # TEXT, when written with SQL (see stored_bytes)
                 p.weight,
                 r.deliveries,
                 r.lost,

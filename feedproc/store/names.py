@@ -20,33 +20,23 @@ the URL (`?options=-csearch_path%3Dbilling`); feedproc creates and finds everyth
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import Connection
 
-from ..core.errors import InvalidInput
+from ..core.models import check_table_prefix
 
 DEFAULT_PREFIX = "feedproc_"
 #: The engine's execution option holding its prefix (read by `prefix_of`).
 PREFIX_OPTION = "feedproc_table_prefix"
-# Lower case (PostgreSQL folds unquoted names), a letter first, short enough that the longest name
-# (`_alembic_tmp_` + prefix + `partitions_leasable`) stays within PostgreSQL's 63 characters.
-_VALID = re.compile(r"[a-z][a-z0-9_]{0,23}\Z")
-
-
-def check_prefix(prefix: str) -> str:
-    """`prefix` if it can begin feedproc's table names; InvalidInput naming the rule otherwise."""
-    if not isinstance(prefix, str) or not _VALID.match(prefix):
-        raise InvalidInput(f"table prefix {prefix!r} must be 1-24 characters of a-z, 0-9 and _, starting with a letter")
-    return prefix
 
 
 def prefix_from(given: str | None) -> str:
-    """The prefix given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`; checked."""
+    """The prefix given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`; InvalidInput unless it can
+    begin a table name (`core.models.check_table_prefix`)."""
     chosen = given if given is not None else os.environ.get("FEEDPROC_TABLE_PREFIX") or DEFAULT_PREFIX
-    return check_prefix(chosen)
+    return check_table_prefix(chosen)
 
 
 def qualify(sql: str, prefix: str) -> str:

@@ -31,7 +31,7 @@ from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
-from .dialects import db_now, pg_bigint_array, seconds_from_now
+from .dialects import db_now, pg_bigint_array, seconds_from_now, stored_bytes
 from .queues import Queues
 from .schema import claims, items, partitions
 
@@ -219,7 +219,7 @@ class Pulling(Answers, Queues):
                     "queue": r.queue,
                     "gate": r.gate,
                     "attempt": r.attempts + 1,
-                    "data": bytes(r.data),
+                    "data": stored_bytes(r.data),
                     "token": tokens[r.id],
                     "lease_expires_at": iso(held[r.id][1]),
                 }
