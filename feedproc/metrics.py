@@ -66,6 +66,17 @@ class WatcherMetrics:
         self.gate_advances = Counter(
             "feedproc_gate_advances", "Gate advances caused by this watcher's answers.", ["queue"], registry=r
         ).labels(*q)
+        # Late answers that never reached the database as written: refused by the fence there (the
+        # partition's lease had passed to another watcher), or given up by the watcher itself when
+        # it could not write them within a lease (the fence would refuse them by then).
+        fenced = Counter(
+            "feedproc_answers_fenced",
+            "Answers discarded because this watcher had lost, or could no longer prove, the partition's lease.",
+            ["queue", "by"],
+            registry=r,
+        )
+        self.fenced = fenced.labels(queue, "database")
+        self.given_up = fenced.labels(queue, "watcher")
         self._backlog = _Backlog(queue)
         r.register(self._backlog)
 

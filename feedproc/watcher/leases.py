@@ -249,6 +249,11 @@ class Leasing(WatcherState):
         if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
             return  # a closed queue: lease nothing until its window opens
         room = cfg.max_partitions - len(self.owned)
+        if room > 0 and (share := await self._fair_share()) is not None:
+            # Beside other watchers, lease no more than a fair share: partitions freed by a watcher
+            # that left spread over the rest as they poll, instead of going to the first poller and
+            # being handed on by steals (rebalancing without hand-overs where none are needed).
+            room = min(room, share - len(self.owned))
         if room > 0:
             started = time.monotonic()
             gained = await self._db_call(self._db, self.store.acquire, self.id, cfg.queue, room, cfg.lease_seconds)
@@ -277,6 +282,14 @@ class Leasing(WatcherState):
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
                     self.metrics.steal_requests.inc(marked)
+
+    async def _fair_share(self) -> int | None:
+        """The queue's fair share per watcher (`Store.fair_share`), read at most once a second."""
+        now = time.monotonic()
+        if now - self._share_read_at >= 1.0:
+            self._share = await self._db_call(self._db, self.store.fair_share, self.config.queue)
+            self._share_read_at = now
+        return self._share
 
     async def _charge_lost(self) -> None:
         """Charge the deliveries that partitions taken over had unanswered, before fetching from them

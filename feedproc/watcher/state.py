@@ -102,6 +102,8 @@ class WatcherState:
         self._health = _Health()
         self._last_renewal = time.monotonic()
         self._last_steal = -math.inf  # steals may be asked for at once
+        self._share: int | None = None  # the queue's fair share of partitions (None: alone), and when read
+        self._share_read_at = -math.inf
         self._valid_until: dict[int, float] = {}  # partition -> monotonic time its lease surely lasts
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval

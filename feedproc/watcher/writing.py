@@ -105,6 +105,7 @@ class Writing(WatcherState):
                 _merge(total, await self._apply(part, final=final))
                 continue
             except (StaleWrite, DatabaseUnavailable):
+                self.metrics.given_up.inc(len(part))
                 continue  # dropped: delivered again
             except Exception as error:
                 if len(part) > 1:
@@ -211,12 +212,14 @@ class Writing(WatcherState):
             self._acquire_now = True  # capacity freed: lease more at once
         for pid in applied.lost:
             lease = self.owned.get(pid)
-            stale_epochs = {o.epoch for o in batch if o.partition_id == pid}
-            if lease is not None and lease.epoch in stale_epochs:  # not a lease we took again since
+            refused = [o for o in batch if o.partition_id == pid]
+            self.metrics.fenced.inc(len(refused))
+            if lease is not None and lease.epoch in {o.epoch for o in refused}:  # not a lease we took again since
                 log.warning(
-                    "lost the lease on partition %s; its late results were discarded",
+                    "lost the lease on partition %s; its %d late answers were discarded",
                     lease.key,
-                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id},
+                    len(refused),
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id, "count": len(refused)},
                 )
                 self._forget(pid)
         for pid in applied.released:

@@ -1021,3 +1021,17 @@ def test_two_producers_adding_the_same_key_at_once_create_it_once(store):
     )
     assert sorted(type(r).__name__ for r in results) == ["DuplicateKey", "int"], results
     assert len(item_rows(store, "p")) == 1
+
+
+def test_the_fair_share_is_partitions_with_work_per_live_watcher_rounded_up(store: Store) -> None:
+    for n in range(5):
+        store.add_partition(f"p{n}", [(0, b"1")])
+    store.add_partition("other-queue", [(0, b"1")], queue="elsewhere")
+    store.add_partition("empty", [], sealed=False)  # no work: not shared
+    assert store.fair_share("default") is None  # nobody to share with
+    register(store, A)
+    assert store.fair_share("default") is None
+    register(store, B)
+    assert store.fair_share("default") == 3  # ceil(5 / 2)
+    register(store, "watcher-c", queue="elsewhere")  # another queue's watcher counts there only
+    assert store.fair_share("default") == 3
