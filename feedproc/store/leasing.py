@@ -292,8 +292,11 @@ class Leasing(LostDeliveries, Queues):
             if room <= 0 or not held:
                 return 0
             victim, victim_count = max(held.items(), key=lambda kv: kv[1])
-            # Only from a watcher above its share, and never so far that the two would swap roles.
-            take = min(most, room, victim_count - share, (victim_count - mine) // 2)
+            # Only from a watcher above the share rounded down, and never so far that the two would
+            # swap roles. Rounded down: when the partitions do not divide evenly, watchers at the
+            # rounded-up share may each give one to a newcomer (1,000 over 9: eight at 112 left it
+            # 104, seven short of a fair 111).
+            take = min(most, room, victim_count - active // live, (victim_count - mine) // 2)
             if take <= 0:
                 return 0
             chosen = (

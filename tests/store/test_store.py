@@ -1035,3 +1035,16 @@ def test_the_fair_share_is_partitions_with_work_per_live_watcher_rounded_up(stor
     assert store.fair_share("default") == 3  # ceil(5 / 2)
     register(store, "watcher-c", queue="elsewhere")  # another queue's watcher counts there only
     assert store.fair_share("default") == 3
+
+
+def test_request_steals_takes_from_watchers_at_the_rounded_up_share_down_to_the_rounded_down_one(store):
+    """10 partitions over 3 watchers: a share is 3.33. Watchers at 4 (the share rounded up) each
+    give one to a watcher at 2, down to 3 (rounded down), and no further: 4, 3, 3 is balanced."""
+    for n in range(10):
+        store.add_partition(f"p{n}", [(0, b"1")])
+    for watcher in (A, B, "watcher-c"):
+        register(store, watcher)
+    for watcher, count in ((A, 4), (B, 4), ("watcher-c", 2)):
+        assert len(store.acquire(watcher, "default", count, 30.0)) == count
+    assert store.request_steals("watcher-c", "default", capacity=8, most=5) == 1
+    assert store.request_steals("watcher-c", "default", capacity=8, most=5) == 0
