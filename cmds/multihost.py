@@ -2,7 +2,7 @@
 """Run the multi-host scenarios at full size and print the README's tables (as root, from the
 repository root, with the test extra installed):
 
-    sudo .venv/bin/python cmds/multihost.py [--only balance,scale,latency,cutoff,blackhole,resets]
+    sudo .venv/bin/python cmds/multihost.py [--only balance,scale,latency,cutoff,blackhole,resets,capacity]
                                             [--json results.json]
 
 Each scenario starts its own PostgreSQL (the system's server binaries, on port 55432), a bridge and
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.multihost import scenarios
 from tests.multihost.harness import available
 
-ALL = ("balance", "scale", "latency", "cutoff", "blackhole", "resets")
+ALL = ("balance", "scale", "latency", "cutoff", "blackhole", "resets", "capacity")
 
 
 def main() -> int:
@@ -61,6 +61,8 @@ def run(name: str) -> Any:
         return scenarios.latency(hosts=4, delay_ms=20.0, jitter_ms=10.0, seconds=15.0)
     if name == "cutoff":
         return scenarios.cut_off(hosts=4, lease=10.0)
+    if name == "capacity":
+        return scenarios.capacity(("flat", "fan", "http"), watchers=2, items=2000)
     return scenarios.database_outage(name, hosts=4, seconds=30.0)
 
 
@@ -84,13 +86,14 @@ def report(results: dict[str, Any]) -> str:
         out += ["", f"Deliveries lost to rebalancing: {b['lost_deliveries']}; leases taken over: {b['takeovers']}.", ""]
     if "scale" in results:
         out += [
-            "| hosts | ideal items/s | items/s | of ideal | database CPU (cores) | database CPU ms / item"
-            " | transactions / item |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| hosts | ideal items/s | items/s | of ideal | machine busy | database CPU (cores)"
+            " | database CPU ms / item | transactions / item |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in results["scale"]:
             out.append(
                 f"| {r['hosts']} | {r['ideal_items_per_s']:,.0f} | {r['items_per_s']:,.0f} | {r['of_ideal']:.0%}"
+                f" | {r['machine_busy']:.0%}"
                 f" | {r['db_cpu_cores']} | {r['db_cpu_ms_per_item']} | {r['db_transactions_per_item']} |"
             )
         out.append("")
@@ -108,12 +111,25 @@ def report(results: dict[str, Any]) -> str:
             f"One of {r['hosts']} hosts cut off for two lease periods ({2 * r['lease_seconds']:g} s): its"
             f" {r['cut_host_leases']} leases taken over after {r['taken_over_after_s']} s; its late answers:"
             f" {r['fenced_answers']['database']} refused by the fence in the database,"
-            f" {r['fenced_answers']['watcher']} given up by the host itself; rebalanced {r['rejoined']['seconds']} s after it came back"
+            f" {r['fenced_answers']['watcher']} given up by the host itself;"
+            f" rebalanced {r['rejoined']['seconds']} s after it came back"
             f" ({' '.join(str(v) for v in r['rejoined']['held'].values())}); {r['extra_deliveries']} deliveries"
             f" beyond one per item, with {r['cut_host_in_flight']} items in flight on the cut host;"
             f" items {r['items']}.",
             "",
         ]
+    if "capacity" in results:
+        out += [
+            "| workload | items | drain items/s | database CPU ms / item | server transactions / item"
+            " | statements / item (watchers) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in results["capacity"]:
+            out.append(
+                f"| {r['workload']} | {r['items']:,} | {r['drain_items_per_s']:,.0f} | {r['db_cpu_ms_per_item']}"
+                f" | {r['server_transactions_per_item']} | {r['statements_per_item']} |"
+            )
+        out.append("")
     for fault in ("blackhole", "resets"):
         if fault in results:
             r = results[fault]

@@ -251,6 +251,7 @@ class Cluster:
         host = self.members.setdefault(n, Host(n))
         host.log = self.workdir / f"host{n}.log"
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FEEDPROC_DATABASE_URL=self.watcher_url)
+        env["FPMH_CALL_LOG"] = str(self.workdir / f"calls{n}.log")  # tests/multihost/processors.py
         command = [
             *self.network.run_in(n),
             sys.executable,
@@ -356,6 +357,16 @@ class Cluster:
             if all(f'{k}="{v}"' in head for k, v in labels.items()):
                 total += float(value)
         return total
+
+    def calls(self) -> list[tuple[int, int, float]]:
+        """Every processor call of every host so far: (item id, gate, unix time it started)."""
+        found = []
+        for path in self.workdir.glob("calls*.log"):
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3:
+                    found.append((int(parts[0]), int(parts[1]), float(parts[2])))
+        return found
 
     def log_events(self, n: int, event: str) -> list[dict[str, Any]]:
         host = self.members[n]

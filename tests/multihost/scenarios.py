@@ -8,6 +8,8 @@ import math
 import time
 from typing import Any
 
+from sqlalchemy import text
+
 from .harness import Cluster, cluster, wait_for
 
 # ---------------------------------------------------------------- helpers
@@ -71,11 +73,12 @@ def drain_rate(c: Cluster, seconds: float, warmup: float) -> dict[str, float]:
     time.sleep(warmup)
     count = "SELECT count(*) FROM feedproc_items WHERE status = 'complete'"
     xacts = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'feedproc'"
-    done0, cpu0, tx0, t0 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic()
+    done0, cpu0, tx0, t0, busy0 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
     time.sleep(seconds)
-    done1, cpu1, tx1, t1 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic()
+    done1, cpu1, tx1, t1, busy1 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
     items = max(done1 - done0, 1)
     return {
+        "machine_busy": round((busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1), 2),
         "items_per_s": round(items / (t1 - t0), 1),
         "db_cpu_ms_per_item": round(1000 * (cpu1 - cpu0) / items, 3),
         "db_cpu_cores": round((cpu1 - cpu0) / (t1 - t0), 2),
@@ -83,9 +86,36 @@ def drain_rate(c: Cluster, seconds: float, warmup: float) -> dict[str, float]:
     }
 
 
+def _cpu() -> tuple[int, int]:
+    """The machine's (busy, total) CPU ticks so far, all cores (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def once_each(c: Cluster) -> dict[str, int]:
-    """Invariants over every item: none lost, none completed twice (a completed item's deliveries
-    at its last gate), and how many deliveries were redeliveries of a lost one."""
+    """Invariants over every item, from the database and the processors' own record of each call:
+    how many items and in which state; `called_after_complete`: calls that started after their
+    item had completed (a completion delivered again; must be 0); `early_gate`: calls at a gate
+    that started before every item of the gate below in its partition had finished (the barrier;
+    must be 0)."""
+
+    calls = c.calls()
+    with c.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, partition_id, gate, status, updated_at FROM feedproc_items")).all()
+    finished = {r.id: r.updated_at.timestamp() for r in rows if r.status == "complete"}
+    where = {r.id: (r.partition_id, r.gate) for r in rows}
+    drained: dict[tuple[int, int], float] = {}  # (partition, gate) -> when its last item finished
+    for r in rows:
+        key = (r.partition_id, r.gate)
+        drained[key] = max(drained.get(key, 0.0), r.updated_at.timestamp())
+    after = sum(1 for item, _, t in calls if item in finished and t > finished[item])
+    early = sum(
+        1
+        for item, gate, t in calls
+        if gate > 0 and (below := drained.get((where[item][0], gate - 1))) is not None and t < below
+    )
     row = c.scalar(
         "SELECT json_build_object("
         "'items', count(*), 'complete', count(*) FILTER (WHERE status = 'complete'),"
@@ -93,7 +123,8 @@ def once_each(c: Cluster) -> dict[str, int]:
         "'failed', count(*) FILTER (WHERE status = 'failed'),"
         "'lost', coalesce(sum(lost), 0)) FROM feedproc_items"
     )
-    return {k: int(v) for k, v in row.items()}
+    counts = {k: int(v) for k, v in row.items()}
+    return {**counts, "calls": len(calls), "called_after_complete": after, "early_gate": early}
 
 
 # ---------------------------------------------------------------- balance and churn
@@ -257,3 +288,71 @@ def database_outage(kind: str, hosts: int = 4, seconds: float = 30.0) -> dict[st
             "extra_deliveries": deliveries - items,
             "resets": getattr(c.proxy, "resets", None),
         }
+
+
+# ---------------------------------------------------------------- capacity
+
+
+def capacity(
+    workloads: tuple[str, ...] = ("flat", "fan", "http"), watchers: int = 2, items: int = 2000
+) -> list[dict[str, Any]]:
+    """What one item costs the database: `feedproc bench` against a PostgreSQL of the harness's own,
+    its CPU (all its processes) read around each run. The figures cover the whole life of an item:
+    added by a producer, leased, fetched, delivered, answered; and each run's throughput."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from .harness import ROOT, Postgres
+
+    rows = []
+    pg = Postgres()
+    try:
+        pg.start()
+        for workload in workloads:
+            out = Path(tempfile.mkdtemp(prefix="fpmh-cap-")) / "bench.json"
+            cpu0 = pg.cpu_seconds()
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "feedproc",
+                    "bench",
+                    "--db",
+                    pg.url("postgres", host="127.0.0.1"),
+                    "--workload",
+                    workload,
+                    "--watchers",
+                    str(watchers),
+                    "--partitions",
+                    "20",
+                    "--items",
+                    str(items),
+                    "--latency-seconds",
+                    "0",
+                    "--json",
+                    str(out),
+                ],
+                check=True,
+                capture_output=True,
+                cwd=ROOT,
+                timeout=900,
+            )
+            cpu = pg.cpu_seconds() - cpu0
+            run = json.loads(out.read_text())["runs"][0]
+            drained = run["items"] if isinstance(run.get("items"), int) else 20 * items
+            rows.append(
+                {
+                    "workload": workload,
+                    "items": drained,
+                    "drain_items_per_s": run["drain"]["rate"],
+                    "db_cpu_ms_per_item": round(1000 * cpu / drained, 3),
+                    "server_transactions_per_item": run["drain"]["server"]["transactions_per_item"],
+                    "statements_per_item": run["drain"]["statements_per_item"],
+                }
+            )
+    finally:
+        pg.stop()
+    return rows

@@ -56,6 +56,8 @@ def test_a_host_cut_off_is_taken_over_fenced_and_rejoins_with_its_share() -> Non
     assert result["rejoined"]["balanced"], result
     assert result["items"]["complete"] == result["items"]["items"], result  # nothing lost
     assert result["items"]["failed"] == 0, result
+    assert result["items"]["called_after_complete"] == 0, result  # nothing completed twice
+    assert result["fenced_answers"]["database"] + result["fenced_answers"]["watcher"] > 0, result
     # Redelivered at most what the cut host had in flight (each of those at most once more).
     assert 0 <= result["extra_deliveries"] <= result["cut_host_in_flight"], result
 
@@ -66,3 +68,12 @@ def test_a_database_outage_for_everyone_loses_nothing_and_every_host_resumes(fau
     assert result["resumed_after_s"] is not None, result
     assert result["all_complete"] and result["hosts_alive"] == 3, result
     assert result["items"]["complete"] == result["items"]["items"] and result["items"]["failed"] == 0, result
+    assert result["items"]["called_after_complete"] == 0, result
+
+
+def test_with_latency_to_the_database_gates_still_open_only_once_drained() -> None:
+    result = scenarios.latency(hosts=2, delay_ms=20.0, jitter_ms=10.0, seconds=5.0)
+    items = result["items"]
+    assert items["complete"] == items["items"] and items["failed"] == 0, result
+    assert items["early_gate"] == 0 and items["called_after_complete"] == 0, result
+    assert result["gate_advance_ms"]["n"] > 0, result
