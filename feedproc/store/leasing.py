@@ -249,17 +249,21 @@ class Leasing(LostDeliveries, Queues):
     def fair_share(self, queue: str) -> int | None:
         """Partitions with work in `queue` per live watcher of it, rounded up (what `request_steals`
         balances toward); None when fewer than two watchers are alive (no one to share with)."""
-        with self.read() as conn:
+        with self.single() as conn:  # one statement, one round trip (it is read on the poll loop)
             live, active = self._share_counts(conn, queue)
         return math.ceil(active / live) if live >= 2 else None
 
     def _share_counts(self, conn: Connection, queue: str) -> tuple[int, int]:
-        """(live watchers of `queue`, its partitions with work): what a fair share is made of."""
-        live = conn.execute(select(func.count()).where(W.queue == queue, W.expires_at > db_now())).scalar_one()
-        active = conn.execute(
-            select(func.count()).where(P.queue == queue, P.status == IS_AVAILABLE, P.ready_at.is_not(None))
-        ).scalar_one()
-        return int(live), int(active)
+        """(live watchers of `queue`, its partitions with work): what a fair share is made of, in
+        one statement."""
+        live = select(func.count()).where(W.queue == queue, W.expires_at > db_now()).scalar_subquery()
+        active = (
+            select(func.count())
+            .where(P.queue == queue, P.status == IS_AVAILABLE, P.ready_at.is_not(None))
+            .scalar_subquery()
+        )
+        row = conn.execute(select(live, active)).one()
+        return int(row[0]), int(row[1])
 
     def request_steals(self, watcher_id: str, queue: str, *, capacity: int, most: int) -> int:
         """Ask overloaded watchers to hand over partitions, toward a fair share for this one.
