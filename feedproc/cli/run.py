@@ -115,6 +115,16 @@ def watch(
             help="Milliseconds a batch short of N waits for more items.",
         ),
     ] = 0.0,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            envvar="FEEDPROC_PREFETCH",
+            min=1,
+            max=100_000,
+            metavar="N",
+            help="Ready items kept fetched ahead (default 4 x concurrency, at least 200); more far from the database.",
+        ),
+    ] = None,
     callback_url: Annotated[
         str | None,
         typer.Option(
@@ -199,6 +209,7 @@ def watch(
             item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
             batch=batch,
             batch_wait=batch_wait / 1000,
+            fetch_ahead=prefetch,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

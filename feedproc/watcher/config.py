@@ -8,6 +8,7 @@ from ..core.models import check_queue
 from ..core.policy import RetryPolicy
 
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
+MAX_PREFETCH = 100_000  # `--prefetch` at most: a fetch's ids travel in one statement
 TRACEBACK_KEPT = 4096  # characters of a processor's traceback kept in its delivery record (the end)
 FAILED_WRITES_FATAL = 3  # group commits in a row that could write nothing (not an outage): the watcher stops
 FAILED_POLLS_FATAL = 5  # poll cycles in a row failing with an error of ours (not an outage): likewise
@@ -37,6 +38,7 @@ class WatcherConfig:
     item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
     batch: int = 1  # items of one partition and gate delivered in one call at most (`--batch`)
     batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait`)
+    fetch_ahead: int | None = None  # ready items kept fetched ahead (`--prefetch`); default: see `prefetch`
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -54,10 +56,17 @@ class WatcherConfig:
             raise ValueError(f"batch must be from 1 to {MAX_BATCH}")
         if self.batch_wait < 0:
             raise ValueError("batch_wait must be >= 0")
+        if self.fetch_ahead is not None and not 1 <= self.fetch_ahead <= MAX_PREFETCH:
+            raise ValueError(f"prefetch must be from 1 to {MAX_PREFETCH}")
 
     @property
     def prefetch(self) -> int:
-        """Ready items kept fetched ahead: enough for every worker, and for four full batches."""
+        """Ready items kept fetched ahead: `fetch_ahead` when given, else enough for every worker and
+        for four full batches. Far from the database more is needed: a watcher fetches when half is
+        left, and its workers must not run dry while a fetch is on its way (40 ms away, a fetch took
+        90 ms: 50 workers of 20 ms items did 566 items/s with the default 200, 1,571 with 800)."""
+        if self.fetch_ahead is not None:
+            return self.fetch_ahead
         return max(4 * self.concurrency, PREFETCH, 4 * self.batch)
 
     @property
