@@ -82,7 +82,10 @@ def report(results: dict[str, Any]) -> str:
             minimum = p.get("minimum", p.get("surplus_when_all_leased"))
             held = " ".join(str(v) for v in p["held"].values())
             after = f"{p['seconds']} s" if p["balanced"] else f"not within {p['seconds']} s"
-            out.append(f"| {phase} | {after} | {held} | {p['handovers']} | {minimum} |")
+            handovers = p["handovers"]
+            if phase == "start" and p.get("handovers_after_all_leased") is not None:
+                handovers = f"{handovers} ({p['handovers_after_all_leased']} once all were leased)"
+            out.append(f"| {phase} | {after} | {held} | {handovers} | {minimum} |")
         out += ["", f"Deliveries lost to rebalancing: {b['lost_deliveries']}; leases taken over: {b['takeovers']}.", ""]
     if "scale" in results:
         out += [

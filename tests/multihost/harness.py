@@ -335,6 +335,31 @@ class Cluster:
         each is delivered again."""
         return int(self.scalar("SELECT count(*) FROM feedproc_attempts WHERE outcome = 'lost'"))
 
+    def partitions_of(self, watcher: str) -> list[int]:
+        """The partitions leased to `watcher` now."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id FROM feedproc_partitions WHERE lease_owner = :w AND status = 'available'"
+                    " AND lease_expires_at > now()"
+                ),
+                {"w": watcher},
+            )
+            return [row.id for row in rows]
+
+    def still_held_by(self, watcher: str, pids: list[int]) -> int:
+        """How many of `pids` are still available and leased to `watcher` (not taken over, not finished)."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM feedproc_partitions WHERE id = ANY(:ids) AND status = 'available'"
+                        " AND lease_owner = :w"
+                    ),
+                    {"ids": pids, "w": watcher},
+                ).scalar_one()
+            )
+
     def in_flight_of(self, watcher: str) -> int:
         """Items a watcher has taken and not yet answered (its in-flight records)."""
         from feedproc.core.records import decode_inflight

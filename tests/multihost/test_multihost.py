@@ -30,12 +30,16 @@ SLACK = 0.1
 
 
 def test_leases_balance_at_the_start_on_a_join_and_on_a_leave_without_redelivery() -> None:
-    result = scenarios.balance(hosts=4, partitions=200, lease=LEASE)
+    # A longer lease than the other tests: balancing is bounded in lease periods, and steals go at
+    # most 16 partitions a second per watcher, so a 4 s lease left little room on a busy machine
+    # (6.6 s of 8 seen once in CI).
+    lease = 6.0
+    result = scenarios.balance(hosts=4, partitions=200, lease=lease)
     for phase in ("start", "join", "leave"):
         assert result[phase]["balanced"], (phase, result[phase])
-        assert result[phase]["seconds"] <= 2 * LEASE, (phase, result[phase])
+        assert result[phase]["seconds"] <= 2 * lease, (phase, result[phase])
     start, join, leave = result["start"], result["join"], result["leave"]
-    assert start["handovers"] <= start["surplus_when_all_leased"] * (1 + SLACK) + 2, start
+    assert start["handovers_after_all_leased"] <= start["surplus_when_all_leased"] * (1 + SLACK) + 2, start
     assert join["handovers"] <= join["minimum"] * (1 + SLACK) + 2, join
     assert leave["handovers"] == 0, leave  # the leaver's partitions are spread by leasing, not handed on
     assert result["lost_deliveries"] == 0 and result["takeovers"] == 0, result
