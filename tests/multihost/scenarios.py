@@ -307,8 +307,6 @@ def capacity(
     import json
     import subprocess
     import sys
-    import tempfile
-    from pathlib import Path
 
     from .harness import ROOT, Postgres
 
@@ -317,7 +315,7 @@ def capacity(
     try:
         pg.start()
         for workload in workloads:
-            out = Path(tempfile.mkdtemp(prefix="fpmh-cap-")) / "bench.json"
+            out = pg.dir / f"bench-{workload}.json"  # removed with the server's directory
             cpu0 = pg.cpu_seconds()
             subprocess.run(
                 [
