@@ -257,11 +257,13 @@ def watch(
 def _request_format(request: str | None, processor: str | None, batch: int) -> str:
     """`--request` checked against the other options: json (the default) or raw, for --handler only,
     and raw only one item per request (a batch's body is the contract's JSON)."""
+    from ..processors.http import REQUEST_FORMATS
+
     if request is None:
-        return "json"
+        return REQUEST_FORMATS[0]
     chosen = request.strip().lower()
-    if chosen not in ("json", "raw"):
-        raise InvalidInput(f"--request {request!r}: use json or raw")
+    if chosen not in REQUEST_FORMATS:
+        raise InvalidInput(f"--request {request!r}: use {' or '.join(REQUEST_FORMATS)}")
     if processor is not None:
         raise InvalidInput("--request applies to --handler only: a --processor gets each item in Python")
     if chosen == "raw" and batch > 1:

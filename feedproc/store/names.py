@@ -52,7 +52,7 @@ def install(engine: Engine, prefix: str) -> None:
     def _qualify(
         conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
     ) -> tuple[str, Any]:
-        return statement.replace(DEFAULT_PREFIX, prefix), parameters
+        return qualify(statement, prefix), parameters
 
     event.listen(engine, "before_cursor_execute", _qualify, retval=True)
 

@@ -37,6 +37,16 @@ def surplus(held: dict[int, int], total: int) -> int:
     return sum(max(0, n - share) for n in held.values())
 
 
+def completed(c: Cluster) -> int:
+    """Items completed so far."""
+    return int(c.scalar("SELECT count(*) FROM feedproc_items WHERE status = 'complete'"))
+
+
+def all_complete(c: Cluster) -> bool:
+    """Every partition complete."""
+    return int(c.scalar("SELECT count(*) FROM feedproc_partitions WHERE status <> 'complete'")) == 0
+
+
 def with_work(c: Cluster) -> int:
     """Partitions with work now (what the watchers share)."""
     return int(c.scalar("SELECT count(*) FROM feedproc_partitions WHERE status = 'available' AND ready_at IS NOT NULL"))
@@ -76,11 +86,10 @@ def drain_rate(c: Cluster, seconds: float, warmup: float) -> dict[str, float]:
     """Items completed per second over `seconds` after `warmup`, with the database's CPU and
     transactions per item over the same window."""
     time.sleep(warmup)
-    count = "SELECT count(*) FROM feedproc_items WHERE status = 'complete'"
     xacts = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'feedproc'"
-    done0, cpu0, tx0, t0, busy0 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
+    done0, cpu0, tx0, t0, busy0 = completed(c), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
     time.sleep(seconds)
-    done1, cpu1, tx1, t1, busy1 = c.scalar(count), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
+    done1, cpu1, tx1, t1, busy1 = completed(c), c.pg.cpu_seconds(), c.scalar(xacts), time.monotonic(), _cpu()
     items = max(done1 - done0, 1)
     return {
         "machine_busy": round((busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1), 2),
@@ -198,7 +207,7 @@ def latency(hosts: int = 4, delay_ms: float = 20.0, jitter_ms: float = 10.0, sec
         for n in range(1, hosts + 1):
             c.start_host(n)
         rate = drain_rate(c, seconds, warmup=5.0)
-        wait_for(lambda: c.scalar("SELECT count(*) FROM feedproc_partitions WHERE status <> 'complete'") == 0, 300)
+        wait_for(lambda: all_complete(c), 300)
         advance = c.scalar(
             "SELECT json_build_object('p50', percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),"
             " 'p99', percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 'n', count(*)) FROM ("
@@ -240,7 +249,7 @@ def cut_off(hosts: int = 4, lease: float = 10.0) -> dict[str, Any]:
         time.sleep(max(0.0, 2 * lease - (time.monotonic() - cut_at)))
         c.network.heal(1)
         rejoined = settle(c, None, 3 * lease)
-        wait_for(lambda: c.scalar("SELECT count(*) FROM feedproc_partitions WHERE status <> 'complete'") == 0, 600)
+        wait_for(lambda: all_complete(c), 600)
         final = once_each(c)
         fenced = {by: int(c.metric(1, "feedproc_answers_fenced_total", by=by)) for by in ("database", "watcher")}
         deliveries = int(c.scalar("SELECT coalesce(sum(deliveries), 0) FROM feedproc_items"))
@@ -265,8 +274,8 @@ def database_outage(kind: str, hosts: int = 4, seconds: float = 30.0) -> dict[st
         items = seed(c, 8 * hosts, 400)
         for n in range(1, hosts + 1):
             c.start_host(n)
-        wait_for(lambda: c.scalar("SELECT count(*) FROM feedproc_items WHERE status = 'complete'") > items // 10, 120)
-        before = c.scalar("SELECT count(*) FROM feedproc_items WHERE status = 'complete'")
+        wait_for(lambda: completed(c) > items // 10, 120)
+        before = completed(c)
         if kind == "blackhole":
             c.proxy.blackhole(True)
             time.sleep(seconds)
@@ -274,12 +283,8 @@ def database_outage(kind: str, hosts: int = 4, seconds: float = 30.0) -> dict[st
         else:
             c.proxy.reset_storm(seconds, every_s=1.0)
             time.sleep(seconds)
-        resumed, took = wait_for(
-            lambda: c.scalar("SELECT count(*) FROM feedproc_items WHERE status = 'complete'") > before + 100, 120
-        )
-        done, _ = wait_for(
-            lambda: c.scalar("SELECT count(*) FROM feedproc_partitions WHERE status <> 'complete'") == 0, 600
-        )
+        resumed, took = wait_for(lambda: completed(c) > before + 100, 120)
+        done, _ = wait_for(lambda: all_complete(c), 600)
         alive = [n for n, h in c.members.items() if h.alive()]
         deliveries = int(c.scalar("SELECT coalesce(sum(deliveries), 0) FROM feedproc_items"))
         return {
