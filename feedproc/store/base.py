@@ -4,8 +4,8 @@ its history).
 
 Every concern of the store is a mixin over `StoreBase` (see `__init__.py`): they all run their SQL
 through `write()`, `single()` and `read()` here, so a driver error becomes one of feedproc's own
-errors in one place, and `_twin` is the one place a PostgreSQL statement is chosen over its SQLite
-twin.
+errors in one place, and `_twin` is the one place a statement is chosen for its database (PostgreSQL,
+SQLite, or MariaDB/MySQL, which takes SQLite's twin unless it has its own).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 
 from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
 from ..core.models import Status
-from .dialects import WRITE_OPTION, db_minute, db_now, is_postgres, make_engine
+from .dialects import WRITE_OPTION, db_minute, db_now, is_mysql, is_postgres, make_engine
 from .names import DEFAULT_PREFIX, prefix_from
 from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
 
@@ -60,6 +60,8 @@ class StoreBase:
         self.table_prefix = prefix_from(table_prefix)
         self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping, table_prefix=self.table_prefix)
         self.postgres = is_postgres(self.engine)
+        #: MariaDB or MySQL.
+        self.mysql = is_mysql(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -82,8 +84,9 @@ class StoreBase:
     def single(self) -> Iterator[Connection]:
         """A connection for ONE statement that is its own transaction. On PostgreSQL it runs in
         autocommit mode: one round trip instead of three (BEGIN, the statement, COMMIT), which is
-        what a watcher's latency path is made of. Elsewhere, an ordinary write transaction."""
-        if not self.postgres:
+        what a watcher's latency path is made of; the same on MariaDB/MySQL. On SQLite, an ordinary
+        write transaction."""
+        if not (self.postgres or self.mysql):
             with self._tx(write=True) as conn:
                 yield conn
             return
@@ -94,9 +97,12 @@ class StoreBase:
         """A read-only transaction."""
         return self._tx(write=False)
 
-    def _twin(self, postgresql: T, sqlite: T) -> T:
-        """The PostgreSQL or the SQLite twin of a statement, or of a function that runs one."""
-        return postgresql if self.postgres else sqlite
+    def _twin(self, postgresql: T, sqlite: T, mysql: T | None = None) -> T:
+        """The PostgreSQL, the SQLite or the MariaDB/MySQL twin of a statement, or of a function that
+        runs one; MariaDB/MySQL takes SQLite's where it has none of its own (standard SQL)."""
+        if self.postgres:
+            return postgresql
+        return mysql if self.mysql and mysql is not None else sqlite
 
     # ------------------------------------------------------------ schema
 
@@ -169,6 +175,12 @@ class StoreBase:
         database clock's current minute (`feedproc_stats`, the dashboard's throughput)."""
         values = {k: int(v) for k, v in counts.items() if k in TALLIED and v}
         if not values:
+            return
+        if self.mysql:
+            from sqlalchemy.dialects.mysql import insert as mysql_upsert
+
+            added = mysql_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
+            conn.execute(added.on_duplicate_key_update({k: stats.c[k] + added.inserted[k] for k in values}))
             return
         if self.postgres:
             from sqlalchemy.dialects.postgresql import insert as upsert
@@ -244,7 +256,8 @@ def translated_errors() -> Iterator[None]:
 def _translate(error: DBAPIError) -> Exception | None:
     """Map a driver error to what a user should hear; None for errors that are our own bugs."""
     text = str(error.orig or error)
-    if "no such table" in text or type(error.orig).__name__ == "UndefinedTable":
+    missing = "no such table" in text or type(error.orig).__name__ == "UndefinedTable"
+    if missing or (getattr(error.orig, "args", (None,))[0] == MYSQL_NO_SUCH_TABLE):
         return SchemaMissing("the database has no feedproc schema: run `feedproc migrate`")
     if isinstance(error, OperationalError):
         first_line = text.strip().splitlines()[0] if text.strip() else type(error.orig).__name__
@@ -252,9 +265,13 @@ def _translate(error: DBAPIError) -> Exception | None:
     return None
 
 
+#: MariaDB/MySQL's error number for a table that does not exist (ER_NO_SUCH_TABLE).
+MYSQL_NO_SUCH_TABLE = 1146
+
+
 def is_unique_violation(error: IntegrityError) -> bool:
     text = str(error.orig).lower()
-    return "unique" in text or "duplicate key" in text
+    return "unique" in text or "duplicate key" in text or "duplicate entry" in text
 
 
 # ---------------------------------------------------------------- migrations

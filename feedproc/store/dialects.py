@@ -1,15 +1,17 @@
-"""What differs between SQLite and PostgreSQL below the statements.
+"""What differs between SQLite, PostgreSQL and MariaDB/MySQL below the statements.
 
-The store writes dialect-neutral SQLAlchemy Core where it can; where the two databases need different
-statements, the store's modules keep both twins side by side (chosen by `StoreBase._twin`). This
+The store writes dialect-neutral SQLAlchemy Core where it can; where the databases need different
+statements, the store's modules keep the twins side by side (chosen by `StoreBase._twin`). This
 module supplies what the statements share:
 
-* `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on both engines;
+* `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on every engine, and
+  `Float64`, `Blob` and `LongText`, whose MySQL forms hold what the others do;
 * `db_now()` and `db_now_plus(seconds)`, SQL expressions for the *database's* clock (lease
   deadlines, retry times and `not_before` are never judged on a watcher host's clock);
 * `make_engine(url)`, which normalises the URL and configures each engine for concurrent use
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
-  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived);
+  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived; MariaDB/MySQL: PyMySQL,
+  READ COMMITTED like PostgreSQL, UTC sessions, ANSI quoting and `||`);
 * `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
 """
 
@@ -21,7 +23,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import DateTime, Engine, Float, create_engine, event, make_url
+from sqlalchemy import DateTime, Engine, Float, LargeBinary, Text, create_engine, event, make_url
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.compiler import compiles
@@ -32,19 +35,45 @@ from ..core.errors import InvalidInput
 from .names import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: The dialect names of MariaDB and MySQL (SQLAlchemy names a MariaDB reached by `mysql://` "mysql").
+MYSQL = ("mysql", "mariadb")
+#: A double-precision number (MySQL's FLOAT is single precision: durations would lose their
+#: milliseconds).
+Float64 = Float().with_variant(mysql.DOUBLE(asdecimal=False), *MYSQL)
+#: An item's data (MySQL's BLOB stops at 64 KiB).
+Blob = LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL)
+#: Text of any length: errors with their traceback, in-flight records, windows (MySQL's TEXT stops
+#: at 64 KiB).
+LongText = Text().with_variant(mysql.MEDIUMTEXT(), *MYSQL)
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
 WRITE_OPTION = "feedproc_write"
+
+
+def table_options(bind: Engine | Connection) -> dict[str, str]:
+    """Options for CREATE TABLE. On MariaDB/MySQL: InnoDB, utf8mb4, compared byte for byte without
+    padding, as PostgreSQL and SQLite compare text (the server's default collation would make
+    partition key 'A' the same as 'a', and 'a' the same as 'a ')."""
+    if bind.dialect.name not in MYSQL:
+        return {}
+    collation = "utf8mb4_nopad_bin" if getattr(bind.dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+    return {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": collation}
 
 
 class UTCDateTime(TypeDecorator[datetime]):
     """A timestamp stored as UTC; always returned as an aware `datetime` in UTC.
 
     PostgreSQL stores `timestamptz`. SQLite stores the text `YYYY-MM-DD HH:MM:SS.ffffff`, the same
-    shape `db_now()` produces there, so comparisons in SQL are plain string comparisons.
+    shape `db_now()` produces there, so comparisons in SQL are plain string comparisons. MariaDB and
+    MySQL store `DATETIME(6)` in UTC (their sessions run in UTC, see `make_engine`).
     """
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name in MYSQL:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
 
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
@@ -52,7 +81,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name != "postgresql" else value
 
     def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
         if value is None:
@@ -92,6 +121,12 @@ def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
     return f"strftime({_SQLITE_NOW_FORMAT}, 'now')"
 
 
+@compiles(db_now, "mysql")
+@compiles(db_now, "mariadb")
+def _mysql_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
 @compiles(db_now_plus, "postgresql")
 def _pg_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     (seconds,) = element.clauses
@@ -103,6 +138,14 @@ def _sqlite_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
     (seconds,) = element.clauses
     modifier = f"printf('%+.6f seconds', {compiler.process(seconds, **kw)})"
     return f"strftime({_SQLITE_NOW_FORMAT}, 'now', {modifier})"
+
+
+@compiles(db_now_plus, "mysql")
+@compiles(db_now_plus, "mariadb")
+def _mysql_now_plus(element: db_now_plus, compiler: Any, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    micros = f"CAST(ROUND({compiler.process(seconds, **kw)} * 1000000) AS SIGNED)"
+    return f"TIMESTAMPADD(MICROSECOND, {micros}, UTC_TIMESTAMP(6))"
 
 
 class db_minute(FunctionElement[datetime]):  # noqa: N801
@@ -120,6 +163,14 @@ def _pg_minute(element: db_minute, compiler: Any, **kw: Any) -> str:
 @compiles(db_minute, "sqlite")
 def _sqlite_minute(element: db_minute, compiler: Any, **kw: Any) -> str:
     return "strftime('%Y-%m-%d %H:%M:00.000000', 'now')"
+
+
+@compiles(db_minute, "mysql")
+@compiles(db_minute, "mariadb")
+def _mysql_minute(element: db_minute, compiler: Any, **kw: Any) -> str:
+    # (no DATE_FORMAT: its `%` would be taken for a parameter by the driver's paramstyle)
+    now = "UTC_TIMESTAMP(6)"  # one value throughout a statement
+    return f"TIMESTAMP(DATE({now}), MAKETIME(HOUR({now}), MINUTE({now}), 0))"
 
 
 class seconds_until(FunctionElement[float]):  # noqa: N801 - reads like the SQL it renders
@@ -141,6 +192,13 @@ def _sqlite_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> s
     return f"((julianday({compiler.process(column, **kw)}) - julianday('now')) * 86400.0)"
 
 
+@compiles(seconds_until, "mysql")
+@compiles(seconds_until, "mariadb")
+def _mysql_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> str:
+    (column,) = element.clauses
+    return f"(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {compiler.process(column, **kw)}) / 1000000.0)"
+
+
 def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datetime]:
     """`now() + seconds` on the database clock; `seconds` may be a Python number or SQL."""
     from sqlalchemy import Float, literal
@@ -151,7 +209,8 @@ def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datet
 
 
 def normalize_url(url: str | URL) -> URL:
-    """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs; leave others as given.
+    """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs and `mysql://`/`mariadb://` as
+    PyMySQL ones; leave others as given.
     InvalidInput for what is not a database URL at all (a bare file name, say)."""
     if isinstance(url, URL):
         parsed = url
@@ -160,10 +219,12 @@ def normalize_url(url: str | URL) -> URL:
             parsed = make_url(url)
         except ArgumentError:
             raise InvalidInput(
-                f"{redact_db_url(url)!r} is not a database URL: use sqlite:///PATH or postgresql://HOST/DB"
+                f"{redact_db_url(url)!r} is not a database URL: use sqlite:///PATH, postgresql://HOST/DB or mysql://HOST/DB"
             ) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername in MYSQL:
+        parsed = parsed.set(drivername=parsed.drivername + "+pymysql")
     return parsed
 
 
@@ -204,7 +265,40 @@ def make_engine(
         )
         install(engine, table_prefix)
         return engine
-    raise InvalidInput(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH or postgresql://")
+    if parsed.get_backend_name() in MYSQL:
+        engine = _mysql_engine(parsed, options, pool_size=pool_size, pre_ping=pre_ping)
+        install(engine, table_prefix)
+        return engine
+    raise InvalidInput(
+        f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH, postgresql:// or mysql://"
+    )
+
+
+#: What every MariaDB/MySQL session of feedproc runs first. UTC, so that DATETIME columns and
+#: `UTC_TIMESTAMP()` agree whatever the server's zone; ANSI_QUOTES and PIPES_AS_CONCAT, so that the
+#: statements written in standard SQL for SQLite and PostgreSQL (double-quoted names, `||`) mean the
+#: same here.
+MYSQL_SESSION = "SET time_zone = '+00:00', sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES,PIPES_AS_CONCAT')"
+
+
+def _mysql_engine(url: URL, options: dict[str, Any], *, pool_size: int, pre_ping: bool) -> Engine:
+    try:
+        import pymysql  # noqa: F401 - asked here so that a missing driver says how to get it
+    except ImportError:
+        raise InvalidInput("MariaDB/MySQL needs its driver: pip install 'feedproc[mysql]'") from None
+    return create_engine(
+        url,
+        execution_options=options,
+        # READ COMMITTED, as on PostgreSQL: each statement sees what committed before it, and InnoDB
+        # takes no gap locks (REPEATABLE READ's would make concurrent inserts and fetches wait and
+        # deadlock on ranges no one writes).
+        isolation_level="READ COMMITTED",
+        pool_pre_ping=pre_ping,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_recycle=3600,
+        connect_args={"connect_timeout": 10, "init_command": MYSQL_SESSION, "charset": "utf8mb4"},
+    )
 
 
 def _sqlite_engine(url: URL, options: dict[str, Any]) -> Engine:
@@ -249,6 +343,11 @@ def stored_bytes(value: Any) -> bytes:
 
 def is_postgres(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "postgresql"
+
+
+def is_mysql(engine: Engine | Connection) -> bool:
+    """MariaDB or MySQL."""
+    return engine.dialect.name in MYSQL
 
 
 def pg_bigint_array(values: Iterable[int]) -> str:

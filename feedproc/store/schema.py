@@ -12,20 +12,17 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    Float,
     ForeignKey,
     Index,
     Integer,
-    LargeBinary,
     MetaData,
     String,
     Table,
-    Text,
     false,
     text,
 )
 
-from .dialects import UTCDateTime
+from .dialects import Blob, Float64, LongText, UTCDateTime
 
 metadata = MetaData()
 
@@ -57,8 +54,8 @@ partitions = Table(
     # Scheduling controls (revision 0002): share of the queue's concurrency limit each item in
     # flight takes, per-item time limit (seconds), and windows of the day for dispatch.
     Column("weight", Integer, nullable=False, server_default=text("1")),
-    Column("item_timeout", Float, nullable=True),
-    Column("windows", Text, nullable=True),  # e.g. "22:00-06:00,12:00-13:00"
+    Column("item_timeout", Float64, nullable=True),
+    Column("windows", LongText, nullable=True),  # e.g. "22:00-06:00,12:00-13:00"
     Column("window_tz", String(64), nullable=True),  # IANA zone of the windows; NULL is UTC
     Index(
         "feedproc_partitions_leasable",
@@ -85,9 +82,9 @@ items = Table(
     Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
     Column("gate", Integer, nullable=False),
     Column("status", String(16), nullable=False),  # available | complete | failed | cancelled
-    Column("data", LargeBinary, nullable=False),
+    Column("data", Blob, nullable=False),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
-    Column("last_error", Text, nullable=True),
+    Column("last_error", LongText, nullable=True),
     Column("next_attempt_at", UTCDateTime(), nullable=False),
     Column("version", BigInteger, nullable=False, server_default=text("0")),
     # Fan-out identity: a child is (parent, the parent's gate when it answered, position).
@@ -96,13 +93,13 @@ items = Table(
     Column("seq", Integer, nullable=True),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
-    Column("progress", Float, nullable=True),  # 0..1 reported by the processor while in flight (0002)
+    Column("progress", Float64, nullable=True),  # 0..1 reported by the processor while in flight (0002)
     # Deliveries (0004): all of this item's (every gate), the last ones in a row whose watcher
     # died or stalled, and the delivery that completed it (when, how long, by which watcher).
     Column("deliveries", Integer, nullable=False, server_default=text("0")),
     Column("lost", Integer, nullable=False, server_default=text("0")),
     Column("started_at", UTCDateTime(), nullable=True),
-    Column("duration", Float, nullable=True),
+    Column("duration", Float64, nullable=True),
     Column("delivered_by", String(120), nullable=True),
     Column("claimed_until", UTCDateTime(), nullable=True),  # a pull worker's claim on it ends then (0005)
     Index(
@@ -151,7 +148,7 @@ queues = Table(
     metadata,
     Column("name", String(100), primary_key=True),
     Column("concurrency_limit", Integer, nullable=False, server_default=text("0")),  # < 1: no limit
-    Column("windows", Text, nullable=True),
+    Column("windows", LongText, nullable=True),
     Column("window_tz", String(64), nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("mode", String(8), nullable=False, server_default=text("'push'")),  # push | pull (0005)
@@ -174,7 +171,7 @@ inflight = Table(
     Column("partition_id", BigId, primary_key=True),
     Column("watcher", String(120), nullable=False),
     Column("epoch", BigInteger, nullable=False),
-    Column("entries", Text, nullable=False),
+    Column("entries", LongText, nullable=False),
 )
 
 # One row per delivery that did not complete its item (0004): moved, not yet, retried, failed or
@@ -192,9 +189,9 @@ attempts = Table(
     Column("watcher", String(120), nullable=True),
     Column("started_at", UTCDateTime(), nullable=True),
     Column("ended_at", UTCDateTime(), nullable=True),
-    Column("duration", Float, nullable=True),
+    Column("duration", Float64, nullable=True),
     Column("outcome", String(16), nullable=False),
-    Column("error", Text, nullable=True),
+    Column("error", LongText, nullable=True),
     Index("feedproc_attempts_item", "item_id", "n"),
     Index("feedproc_attempts_partition", "partition_id", "id"),
 )
@@ -214,7 +211,7 @@ claims = Table(
     Column("gate", Integer, nullable=False),
     Column("version", BigInteger, nullable=False),
     Column("weight", Integer, nullable=False),
-    Column("lease_seconds", Float, nullable=False),
+    Column("lease_seconds", Float64, nullable=False),
     Column("state", String(12), nullable=False),
     Column("callback", Boolean, nullable=False, server_default=false()),
     Column("claimed_at", UTCDateTime(), nullable=False),
@@ -232,7 +229,7 @@ events = Table(
     Column("item_id", BigId, nullable=True),
     Column("kind", String(32), nullable=False),
     Column("watcher", String(120), nullable=True),
-    Column("detail", Text, nullable=True),
+    Column("detail", LongText, nullable=True),
     Column("at", UTCDateTime(), nullable=False),
     Index("feedproc_events_partition", "partition_id", "id"),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import UTCDateTime
+from feedproc.store.dialects import Blob, LongText, UTCDateTime, table_options
 
 revision = "0001"
 down_revision = None
@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("version", sa.BigInteger, nullable=False, server_default=sa.text("0")),
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
+        **table_options(op.get_bind()),
     )
     op.create_index(
         "feedproc_partitions_leasable",
@@ -62,9 +63,9 @@ def upgrade() -> None:
         sa.Column("partition_id", BigId, sa.ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), nullable=False),
         sa.Column("gate", sa.Integer, nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("data", sa.LargeBinary, nullable=False),
+        sa.Column("data", Blob, nullable=False),
         sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
-        sa.Column("last_error", sa.Text, nullable=True),
+        sa.Column("last_error", LongText, nullable=True),
         sa.Column("next_attempt_at", UTCDateTime(), nullable=False),
         sa.Column("version", sa.BigInteger, nullable=False, server_default=sa.text("0")),
         sa.Column("parent_id", BigId, nullable=True),
@@ -72,6 +73,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.Integer, nullable=True),
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
+        **table_options(op.get_bind()),
     )
     op.create_index(
         "feedproc_items_ready",
@@ -102,6 +104,7 @@ def upgrade() -> None:
         sa.Column("started_at", UTCDateTime(), nullable=False),
         sa.Column("heartbeat_at", UTCDateTime(), nullable=False),
         sa.Column("expires_at", UTCDateTime(), nullable=False),
+        **table_options(op.get_bind()),
     )
     op.create_index("feedproc_watchers_queue", "feedproc_watchers", ["queue", "expires_at"])
 
@@ -112,8 +115,9 @@ def upgrade() -> None:
         sa.Column("item_id", BigId, nullable=True),
         sa.Column("kind", sa.String(32), nullable=False),
         sa.Column("watcher", sa.String(120), nullable=True),
-        sa.Column("detail", sa.Text, nullable=True),
+        sa.Column("detail", LongText, nullable=True),
         sa.Column("at", UTCDateTime(), nullable=False),
+        **table_options(op.get_bind()),
     )
     op.create_index("feedproc_events_partition", "feedproc_events", ["partition_id", "id"])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import UTCDateTime
+from feedproc.store.dialects import Float64, LongText, UTCDateTime, table_options
 
 revision = "0002"
 down_revision = "0001"
@@ -24,18 +24,20 @@ def upgrade() -> None:
         "feedproc_queues",
         sa.Column("name", sa.String(100), primary_key=True),
         sa.Column("concurrency_limit", sa.Integer, nullable=False, server_default=sa.text("0")),
-        sa.Column("windows", sa.Text, nullable=True),
+        sa.Column("windows", LongText, nullable=True),
         sa.Column("window_tz", sa.String(64), nullable=True),
         sa.Column("updated_at", UTCDateTime(), nullable=False),
+        **table_options(op.get_bind()),
     )
     # Plain ADD / DROP COLUMN (SQLite >= 3.35 has both): a batch rebuild of the table would recreate its
     # indexes from reflection, which loses `priority DESC` on SQLite.
     op.add_column("feedproc_partitions", sa.Column("weight", sa.Integer, nullable=False, server_default=sa.text("1")))
-    op.add_column("feedproc_partitions", sa.Column("item_timeout", sa.Float, nullable=True))
-    op.add_column("feedproc_partitions", sa.Column("windows", sa.Text, nullable=True))
+    op.add_column("feedproc_partitions", sa.Column("item_timeout", Float64, nullable=True))
+    op.add_column("feedproc_partitions", sa.Column("windows", LongText, nullable=True))
     op.add_column("feedproc_partitions", sa.Column("window_tz", sa.String(64), nullable=True))
-    op.add_column("feedproc_items", sa.Column("progress", sa.Float, nullable=True))
+    op.add_column("feedproc_items", sa.Column("progress", Float64, nullable=True))
     op.add_column("feedproc_watchers", sa.Column("slots", sa.Integer, nullable=False, server_default=sa.text("0")))
+
 
 def downgrade() -> None:
     op.drop_column("feedproc_watchers", "slots")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import UTCDateTime
+from feedproc.store.dialects import Float64, LongText, UTCDateTime, table_options
 
 revision = "0004"
 down_revision = "0003"
@@ -40,12 +40,13 @@ def upgrade() -> None:
         sa.Column("partition_id", BigId, primary_key=True),
         sa.Column("watcher", sa.String(120), nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=False),
-        sa.Column("entries", sa.Text, nullable=False),
+        sa.Column("entries", LongText, nullable=False),
+        **table_options(op.get_bind()),
     )
     op.add_column("feedproc_items", sa.Column("deliveries", sa.Integer, nullable=False, server_default=sa.text("0")))
     op.add_column("feedproc_items", sa.Column("lost", sa.Integer, nullable=False, server_default=sa.text("0")))
     op.add_column("feedproc_items", sa.Column("started_at", UTCDateTime(), nullable=True))
-    op.add_column("feedproc_items", sa.Column("duration", sa.Float, nullable=True))
+    op.add_column("feedproc_items", sa.Column("duration", Float64, nullable=True))
     op.add_column("feedproc_items", sa.Column("delivered_by", sa.String(120), nullable=True))
     op.create_table(
         "feedproc_attempts",
@@ -58,9 +59,10 @@ def upgrade() -> None:
         sa.Column("watcher", sa.String(120), nullable=True),
         sa.Column("started_at", UTCDateTime(), nullable=True),
         sa.Column("ended_at", UTCDateTime(), nullable=True),
-        sa.Column("duration", sa.Float, nullable=True),
+        sa.Column("duration", Float64, nullable=True),
         sa.Column("outcome", sa.String(16), nullable=False),
-        sa.Column("error", sa.Text, nullable=True),
+        sa.Column("error", LongText, nullable=True),
+        **table_options(op.get_bind()),
     )
     op.create_index("feedproc_attempts_item", "feedproc_attempts", ["item_id", "n"])
     op.create_index("feedproc_attempts_partition", "feedproc_attempts", ["partition_id", "id"])

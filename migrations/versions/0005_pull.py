@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import UTCDateTime
+from feedproc.store.dialects import Float64, UTCDateTime, table_options
 
 revision = "0005"
 down_revision = "0004"
@@ -42,12 +42,13 @@ def upgrade() -> None:
         sa.Column("gate", sa.Integer, nullable=False),
         sa.Column("version", sa.BigInteger, nullable=False),
         sa.Column("weight", sa.Integer, nullable=False),
-        sa.Column("lease_seconds", sa.Float, nullable=False),
+        sa.Column("lease_seconds", Float64, nullable=False),
         sa.Column("state", sa.String(12), nullable=False),
         sa.Column("callback", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.Column("claimed_at", UTCDateTime(), nullable=False),
         sa.Column("expires_at", UTCDateTime(), nullable=False),
         sa.Column("ended_at", UTCDateTime(), nullable=True),
+        **table_options(op.get_bind()),
     )
     op.create_index("feedproc_claims_active", "feedproc_claims", ["queue", "state", "expires_at"])
     op.create_index("feedproc_claims_item", "feedproc_claims", ["item_id"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import UTCDateTime
+from feedproc.store.dialects import UTCDateTime, table_options
 
 revision = "0007"
 down_revision = "0006"
@@ -29,6 +29,7 @@ def upgrade() -> None:
             sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0"))
             for name in ("added", "processed", "completed", "failed")
         ),
+        **table_options(op.get_bind()),
     )
 
 

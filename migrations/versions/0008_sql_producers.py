@@ -7,7 +7,7 @@ producer that writes the partition and its items with SQL (README, "Producing wi
 feedproc code. It only ever sets `ready_at` to a moment when an available item of that gate is
 really due, so it cannot make a partition ready that is not; feedproc's own writes, which set
 `ready_at` themselves, find nothing to change. PostgreSQL runs it once per statement over the new
-rows (a transition table); SQLite, which has no statement triggers, once per row.
+rows (a transition table); SQLite and MariaDB/MySQL, which have no statement triggers, once per row.
 
 SQLite drops a table's triggers with the table: a later revision that rebuilds feedproc_items in
 batch mode must create this trigger again.
@@ -54,11 +54,22 @@ BEGIN
 END
 """
 
+MYSQL_TRIGGER = """
+CREATE TRIGGER feedproc_items_ready AFTER INSERT ON feedproc_items
+FOR EACH ROW
+    UPDATE feedproc_partitions SET ready_at = NEW.next_attempt_at
+    WHERE NEW.status = 'available' AND id = NEW.partition_id AND gate = NEW.gate AND status = 'available'
+      AND (ready_at IS NULL OR ready_at > NEW.next_attempt_at)
+"""
+
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    dialect = op.get_bind().dialect.name
+    if dialect == "postgresql":
         op.execute(PG_FUNCTION)
         op.execute(PG_TRIGGER)
+    elif dialect in ("mysql", "mariadb"):
+        op.execute(MYSQL_TRIGGER)
     else:
         op.execute(SQLITE_TRIGGER)
 
