@@ -2,7 +2,8 @@
 delivery records they leave, and the settling of the partitions they touched.
 
 The statements are built once: a statement built per call costs more Python than the database
-spends running it. Each PostgreSQL statement sits directly above its SQLite twin.
+spends running it. Each PostgreSQL statement sits directly above its SQLite twin, and the MariaDB/MySQL
+twin below them where it needs its own.
 """
 
 from __future__ import annotations
@@ -179,8 +180,40 @@ def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_i
     return int(conn.execute(_UPDATE_ITEM, params).rowcount)
 
 
+# MariaDB/MySQL's twin: arrays are PostgreSQL's, and an UPDATE per row is a round trip per answer
+# (PyMySQL batches only INSERTs), so the outcomes arrive as a derived table of one SELECT per row
+# (UNION ALL), joined to the items in one multi-table UPDATE. Its row count is the rows matched (the
+# dialect connects with CLIENT_FOUND_ROWS), what the version guard compares.
+_MYSQL_OUTCOME_ROW = "SELECT " + ", ".join(f"%s AS {c}" for c in _OUTCOME_COLUMNS)
+_MYSQL_UPDATE_ITEMS = """
+    UPDATE feedproc_items AS i JOIN ({rows}) AS v ON i.id = v.id AND i.version = v.version SET
+        i.status = v.status,
+        i.gate = v.gate,
+        i.data = COALESCE(v.data, i.data),
+        i.attempts = v.attempts,
+        i.last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
+        i.next_attempt_at = TIMESTAMPADD(MICROSECOND, CAST(ROUND(v.delay * 1000000) AS SIGNED), UTC_TIMESTAMP(6)),
+        i.progress = v.progress,
+        i.deliveries = i.deliveries + 1,
+        i.lost = 0,
+        i.started_at = TIMESTAMPADD(MICROSECOND, v.started, TIMESTAMP('1970-01-01')),
+        i.duration = v.duration / 1000000.0,
+        i.delivered_by = %s,
+        i.claimed_until = NULL,
+        i.version = i.version + 1,
+        i.updated_at = UTC_TIMESTAMP(6)
+    WHERE i.status = 'available'
+"""
+
+
+def _update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
+    derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW] * len(rows))
+    params = [r[c] for r in rows for c in _OUTCOME_COLUMNS]
+    return int(conn.exec_driver_sql(_MYSQL_UPDATE_ITEMS.format(rows=derived), (*params, watcher_id)).rowcount)
+
+
 # Each answered partition's ready_at, from the earliest available item at its gate (NULL: drained).
-_REFRESH_READY_AT = (
+_SET_READY_AT = (
     update(partitions)
     .where(P.id.in_(bindparam("pids", expanding=True)))
     .values(
@@ -188,12 +221,15 @@ _REFRESH_READY_AT = (
         .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
         .scalar_subquery()
     )
-    .returning(P.id, P.ready_at, (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle"))
 )
+_IDLE = (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle")
+_REFRESH_READY_AT = _SET_READY_AT.returning(P.id, P.ready_at, _IDLE)
 # PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
 # needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
 # turn the facts' correlated subqueries into questions about the items' own columns.)
 _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
+# MariaDB/MySQL has no UPDATE ... RETURNING: the refresh, then what it wrote (the rows are locked).
+_MYSQL_READ_READY_AT = select(P.id, P.ready_at, _IDLE).where(P.id.in_(bindparam("pids", expanding=True)))
 
 
 class Answers(GateWriter):
@@ -325,7 +361,8 @@ class Answers(GateWriter):
             }
             matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows:
-            matched += self._twin(_update_items_pg, _update_items_sqlite)(conn, rows, watcher_id)
+            update_items = self._twin(_update_items_pg, _update_items_sqlite, mysql=_update_items_mysql)
+            matched += update_items(conn, rows, watcher_id)
         if accepted:
             matched += self._accept(conn, accepted, watcher_id)
         if matched != len(kept) + len(accepted):
@@ -346,7 +383,7 @@ class Answers(GateWriter):
         ends; until then no one delivers it. Returns how many matched their version."""
         matched = 0
         for o in accepted:
-            version = conn.execute(
+            claim = (
                 update(items)
                 .where(I.id == o.item_id, I.version == o.version, I.status == IS_AVAILABLE)
                 .values(
@@ -355,8 +392,11 @@ class Answers(GateWriter):
                     version=I.version + 1,
                     updated_at=db_now(),
                 )
-                .returning(I.version)
-            ).scalar_one_or_none()
+            )
+            if self.mysql:  # no UPDATE ... RETURNING: the version it set is the one it matched, plus one
+                version = o.version + 1 if conn.execute(claim).rowcount == 1 else None
+            else:
+                version = conn.execute(claim.returning(I.version)).scalar_one_or_none()
             if version is None:
                 continue
             matched += 1
@@ -393,14 +433,18 @@ class Answers(GateWriter):
         with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
         partitions does not starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
-        refresh = self._twin(_PG_REFRESH_READY_AT, _REFRESH_READY_AT)
-        rows = conn.execute(refresh, {"pids": pids, "idle_after": float(idle_after)}).all()
+        params = {"pids": pids, "idle_after": float(idle_after)}
+        if self.mysql:  # no UPDATE ... RETURNING: the refresh, then what it wrote
+            conn.execute(_SET_READY_AT, params)
+            rows = conn.execute(_MYSQL_READ_READY_AT, params).all()
+        else:
+            rows = conn.execute(self._twin(_PG_REFRESH_READY_AT, _REFRESH_READY_AT), params).all()
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
             if row.ready_at is None:
                 # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
-                known = row if refresh is _PG_REFRESH_READY_AT else None
+                known = row if self.postgres else None
                 moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
             elif row.idle:
                 idle.append(row.id)

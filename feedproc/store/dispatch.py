@@ -4,6 +4,8 @@ claim of a queue with a concurrency limit (the fetch within the limit).
 On PostgreSQL the fetch and its in-flight record are the watcher's hot path: two statements run on
 the driver's cursor (`DriverStatement`), each its own autocommit transaction. SQLite has no LATERAL;
 it is in-process, so it fetches with one short query per leased partition inside a write transaction.
+MariaDB/MySQL has neither LATERAL nor arrays: it reads the leased partitions, then every one's due
+items in one UNION ALL of per-partition index walks, each stopping at the limit.
 """
 
 from __future__ import annotations
@@ -147,6 +149,35 @@ def _find_ready_sqlite(
     return found
 
 
+def _find_ready_mysql(
+    conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+) -> list[ReadyItem]:
+    leased = [p for p in conn.execute(_LEASED_FOR_DISPATCH, {"watcher": watcher_id}).all() if p.id not in closed]
+    if not leased:
+        return []
+    # One index walk per partition (feedproc_items_by_gate, in due order, stopping at the limit: the
+    # ids only), the runs joined to their rows for the data once the first `limit` in dispatch order
+    # are chosen. Two round trips, whatever the number of partitions leased.
+    skip = f" AND c.id NOT IN ({','.join(map(str, map(int, excluded)))})" if excluded else ""
+    runs = " UNION ALL ".join(
+        f"(SELECT c.id, {n} AS n, c.next_attempt_at AS due FROM feedproc_items AS c"
+        f" WHERE c.partition_id = {int(p.id)} AND c.gate = {int(p.gate)} AND c.status = 'available'"
+        f" AND c.next_attempt_at <= UTC_TIMESTAMP(6){skip} ORDER BY c.next_attempt_at, c.id LIMIT {int(limit)})"
+        for n, p in enumerate(leased)
+    )
+    rows = conn.exec_driver_sql(
+        "SELECT i.id, i.version, t.n, i.gate, i.attempts, i.data, i.deliveries, i.lost"
+        f" FROM (SELECT u.id, u.n, u.due FROM ({runs}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
+        " JOIN feedproc_items AS i ON i.id = t.id ORDER BY t.n, t.due, t.id"
+    ).all()
+    return [
+        ReadyItem(
+            r[0], r[1], (p := leased[r[2]]).id, p.key, p.queue, p.lease_epoch, r[3], r[4], r[5], p.weight, r[6], r[7]
+        )
+        for r in rows
+    ]
+
+
 # What a fetch took, recorded as in flight before anything of it is delivered: one row per
 # partition (what is still in flight there from earlier fetches, plus these), unless a newer lease
 # wrote that row meanwhile; only the partitions returned may be delivered. A row per partition and
@@ -187,6 +218,37 @@ MARK_INFLIGHT = text(
         WHERE f.epoch <= excluded.epoch
     """
 )
+
+
+# MariaDB/MySQL's twin: one multi-row upsert (ON DUPLICATE KEY UPDATE has no WHERE: each assignment
+# keeps the old value unless the record is of this lease or an older one; `epoch` is assigned last,
+# since assignments see the values assigned before them). Which records are this lease's is read
+# back: the upsert's row count cannot tell a record kept from one written.
+_MYSQL_NEWER_OR_SAME = "feedproc_inflight.epoch <= VALUES(epoch)"
+_MYSQL_MARK_INFLIGHT = f"""
+    INSERT INTO feedproc_inflight (partition_id, watcher, epoch, entries) VALUES {{rows}}
+    ON DUPLICATE KEY UPDATE
+        entries = CASE
+            WHEN NOT ({_MYSQL_NEWER_OR_SAME}) THEN feedproc_inflight.entries
+            WHEN feedproc_inflight.epoch = VALUES(epoch) AND LEFT(VALUES(entries), 1) <> '='
+                THEN CONCAT(feedproc_inflight.entries, ',', VALUES(entries))
+            ELSE TRIM(LEADING '=' FROM VALUES(entries)) END,
+        watcher = IF({_MYSQL_NEWER_OR_SAME}, VALUES(watcher), feedproc_inflight.watcher),
+        epoch = IF({_MYSQL_NEWER_OR_SAME}, VALUES(epoch), feedproc_inflight.epoch)
+"""
+
+
+def _mark_inflight_mysql(
+    conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]
+) -> set[int]:
+    rows = ",".join(["(%s, %s, %s, %s)"] * len(pids))
+    params = [v for pid, epoch, e in zip(pids, epochs, entries, strict=True) for v in (pid, watcher_id, epoch, e)]
+    conn.exec_driver_sql(_MYSQL_MARK_INFLIGHT.format(rows=rows), tuple(params))
+    ours = dict(zip(pids, epochs, strict=True))
+    held = conn.exec_driver_sql(
+        f"SELECT partition_id, epoch FROM feedproc_inflight WHERE partition_id IN ({','.join(map(str, ours))})"
+    ).all()
+    return {pid for pid, epoch in held if ours.get(pid) == epoch}
 
 
 def _mark_inflight_pg(
@@ -249,7 +311,8 @@ class Dispatch(Queues):
     ) -> list[ReadyItem]:
         """Find the ready items and record them in flight (with `kept`), per partition; the items of
         partitions whose record a newer lease holds are dropped."""
-        found = self._twin(_find_ready_pg, _find_ready_sqlite)(conn, watcher_id, limit, excluded, closed)
+        find = self._twin(_find_ready_pg, _find_ready_sqlite, mysql=_find_ready_mysql)
+        found = find(conn, watcher_id, limit, excluded, closed)
         if not found:
             return found
         taken: InFlight = {}
@@ -262,7 +325,7 @@ class Dispatch(Queues):
             "=" + encode_inflight([*kept[pid], *taken[pid]]) if pid in kept else encode_inflight(taken[pid])
             for pid in pids
         ]
-        mark = self._twin(_mark_inflight_pg, _mark_inflight_sqlite)
+        mark = self._twin(_mark_inflight_pg, _mark_inflight_sqlite, mysql=_mark_inflight_mysql)
         marked = mark(conn, watcher_id, pids, [epochs[pid] for pid in pids], entries)
         return found if len(marked) == len(pids) else [item for item in found if item.partition_id in marked]
 
