@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, delete, exists, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import Row, Select, and_, bindparam, delete, exists, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
@@ -81,22 +81,44 @@ _PG_ACQUIRE = text(
     ORDER BY l.id
     """
 )
+
+
+def by_id(statement: Select[Any]) -> Select[Any]:
+    """`statement`, a locking read of partitions by id, reading them by primary key on MariaDB/MySQL
+    whatever the optimizer thinks of a small table: a locking read that scans waits for (or, with
+    SKIP LOCKED, skips) the lock of every row it reads, whether it matches or not."""
+    return statement.with_hint(partitions, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
+        partitions, "FORCE INDEX (PRIMARY)", "mariadb"
+    )
+
+
+# A partition of `:queue` a watcher may lease now.
+_LEASABLE = (
+    P.queue == bindparam("queue"),
+    P.status == IS_AVAILABLE,
+    P.ready_at.is_not(None),
+    P.ready_at <= db_now(),
+    or_(P.not_before.is_(None), P.not_before <= db_now()),
+    or_(P.lease_owner.is_(None), P.lease_expires_at < db_now()),
+    ~exists().where(Q.name == bindparam("queue"), Q.mode == PULL),  # workers claim its items
+)
 # SQLite's twin, in three statements of one write transaction: the candidates, their leasing (and
 # history, `Leasing._acquire_sqlite`), the leases with what their previous holder left in flight.
 _ACQUIRE_CANDIDATES = (
     select(P.id, P.lease_owner)
-    .where(
-        P.queue == bindparam("queue"),
-        P.status == IS_AVAILABLE,
-        P.ready_at.is_not(None),
-        P.ready_at <= db_now(),
-        or_(P.not_before.is_(None), P.not_before <= db_now()),
-        or_(P.lease_owner.is_(None), P.lease_expires_at < db_now()),
-        ~exists().where(Q.name == bindparam("queue"), Q.mode == PULL),  # workers claim its items
-    )
+    .where(*_LEASABLE)
     .order_by(P.priority.desc(), P.created_at, P.id)
     .limit(bindparam("limit"))
 )
+# MariaDB/MySQL's twin takes the candidates in two steps (`lock_picked`): InnoDB locks every row a
+# locking read reads, before its sort and LIMIT, so `FOR UPDATE SKIP LOCKED` on the ordered query
+# above could lock all of a queue's ready partitions, and concurrent acquirers would skip them all.
+# A plain read picks them in lease order; a locking read by id takes those no one else has locked,
+# their conditions checked again on the locked rows (the previous owner read there, under the lock).
+_MYSQL_ACQUIRE_PICK = _ACQUIRE_CANDIDATES.with_only_columns(P.id).where(P.id.not_in(bindparam("seen", expanding=True)))
+_MYSQL_ACQUIRE_LOCK = by_id(
+    select(P.id, P.lease_owner).where(P.id.in_(bindparam("ids", expanding=True)), *_LEASABLE)
+).with_for_update(skip_locked=True)
 _ACQUIRED = (
     select(
         P.id,
@@ -111,6 +133,56 @@ _ACQUIRED = (
     .where(P.id.in_(bindparam("ids", expanding=True)))
     .order_by(P.id)
 )
+# `request_steals` on MariaDB/MySQL: the victim's partitions to mark, picked, then locked (as above).
+_STEAL_CANDIDATE = (
+    P.lease_owner == bindparam("victim"),
+    P.status == IS_AVAILABLE,
+    P.wanted_by.is_(None),
+    P.ready_at.is_not(None),
+)
+_MYSQL_STEAL_PICK = (
+    select(P.id)
+    .where(*_STEAL_CANDIDATE, P.id.not_in(bindparam("seen", expanding=True)))
+    .order_by(P.priority, P.created_at.desc())
+    .limit(bindparam("limit"))
+)
+_MYSQL_STEAL_LOCK = by_id(
+    select(P.id).where(P.id.in_(bindparam("ids", expanding=True)), *_STEAL_CANDIDATE)
+).with_for_update(skip_locked=True)
+# Watchers dead for a while, on MariaDB/MySQL: read first, then deleted by id. A DELETE that scans
+# waits for the lock of every row it reads, matching or not (InnoDB reads an UPDATE's rows
+# semi-consistently, not a DELETE's): two watchers beating at once, each holding its own row, would
+# deadlock on each other's.
+_DEAD_WATCHERS = select(W.id).where(W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds")))
+_FORGET_WATCHERS = delete(watchers).where(
+    W.id.in_(bindparam("ids", expanding=True)), W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds"))
+)
+#: Rounds of picking and locking on MariaDB/MySQL (`lock_picked`) before settling for fewer rows than
+#: asked: each round past rows that concurrent transactions locked meanwhile looks twice as far.
+LOCK_ROUNDS = 3
+
+
+def lock_picked(conn: Connection, pick: Any, lock: Any, params: dict[str, Any], limit: int) -> list[Any]:
+    """MariaDB/MySQL's `SELECT ... ORDER BY ... LIMIT :limit FOR UPDATE SKIP LOCKED`, in two steps:
+    up to `limit` rows picked by `pick` (a plain read, bound `:limit` and `:seen`, the ids picked in
+    earlier rounds) and locked by `lock` (bound `:ids`; SKIP LOCKED, its conditions checked again on
+    the locked rows), the first of them in the pick's order taken. Only picked rows are ever locked,
+    whatever the plan of the ordered read (a later round's extra ones until the commit, untouched)."""
+    taken: list[Any] = []
+    seen: list[int] = []
+    for n in range(LOCK_ROUNDS):
+        want = limit - len(taken)
+        walk = want << n
+        ids = list(conn.execute(pick, {**params, "limit": walk, "seen": seen}).scalars())
+        if not ids:
+            break
+        order = {pid: i for i, pid in enumerate(ids)}
+        locked = sorted(conn.execute(lock, {**params, "ids": ids}), key=lambda r: order[r.id])
+        taken += locked[:want]
+        if len(ids) < walk or len(taken) >= limit:  # no more to pick, or enough
+            break
+        seen += ids
+    return taken
 
 
 class Leasing(LostDeliveries, Queues):
@@ -176,7 +248,12 @@ class Leasing(LostDeliveries, Queues):
                 .values(lease_expires_at=seconds_from_now(lease_seconds))
             )
             # Forget watchers that have been dead for a while (their leases expire on their own).
-            conn.execute(delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
+            if self.mysql:
+                dead = list(conn.execute(_DEAD_WATCHERS, {"lease_seconds": float(lease_seconds)}).scalars())
+                if dead:
+                    conn.execute(_FORGET_WATCHERS, {"ids": dead, "lease_seconds": float(lease_seconds)})
+            else:
+                conn.execute(delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
             leases = self._owned(conn, watcher_id)
             if progress:  # the renewal above locked this watcher's partition rows: the fence holds
                 self._store_progress(conn, leases, progress)
@@ -211,7 +288,8 @@ class Leasing(LostDeliveries, Queues):
         oldest, first; unleased ones and ones whose lease expired (a takeover)."""
         if limit <= 0:
             return []
-        return self._twin(self._acquire_pg, self._acquire_sqlite)(watcher_id, queue, limit, lease_seconds)
+        acquire = self._twin(self._acquire_pg, self._acquire_sqlite, mysql=self._acquire_mysql)
+        return acquire(watcher_id, queue, limit, lease_seconds)
 
     def _acquire_pg(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
         with self.single() as conn:
@@ -219,8 +297,22 @@ class Leasing(LostDeliveries, Queues):
             return [_lease(r, None) for r in conn.execute(_PG_ACQUIRE, params)]
 
     def _acquire_sqlite(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        return self._acquire_locked(watcher_id, queue, limit, lease_seconds)
+
+    def _acquire_mysql(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+        return self._acquire_locked(watcher_id, queue, limit, lease_seconds, mysql=True)
+
+    def _acquire_locked(
+        self, watcher_id: str, queue: str, limit: int, lease_seconds: float, *, mysql: bool = False
+    ) -> list[Lease]:
+        """`acquire` in one write transaction, the candidates locked: by SQLite's database lock, or
+        row by row on MariaDB/MySQL (`lock_picked`)."""
         with self.write() as conn:
-            candidates = conn.execute(_ACQUIRE_CANDIDATES, {"queue": queue, "limit": limit}).all()
+            candidates: Sequence[Any]
+            if mysql:
+                candidates = lock_picked(conn, _MYSQL_ACQUIRE_PICK, _MYSQL_ACQUIRE_LOCK, {"queue": queue}, limit)
+            else:
+                candidates = conn.execute(_ACQUIRE_CANDIDATES, {"queue": queue, "limit": limit}).all()
             if not candidates:
                 return []
             ids = [c.id for c in candidates]
@@ -303,16 +395,17 @@ class Leasing(LostDeliveries, Queues):
             take = min(most, room, victim_count - active // live, (victim_count - mine) // 2)
             if take <= 0:
                 return 0
-            chosen = (
-                select(P.id)
-                .where(
-                    P.lease_owner == victim, P.status == IS_AVAILABLE, P.wanted_by.is_(None), P.ready_at.is_not(None)
+            if self.mysql:
+                ids = [r.id for r in lock_picked(conn, _MYSQL_STEAL_PICK, _MYSQL_STEAL_LOCK, {"victim": victim}, take)]
+            else:
+                chosen = (
+                    select(P.id)
+                    .where(*_STEAL_CANDIDATE)
+                    .order_by(P.priority, P.created_at.desc())
+                    .limit(take)
+                    .with_for_update(skip_locked=True)  # SQLite renders none: its write transaction holds the lock
                 )
-                .order_by(P.priority, P.created_at.desc())
-                .limit(take)
-                .with_for_update(skip_locked=True)  # SQLite renders none: its write transaction holds the lock
-            )
-            ids = list(conn.execute(chosen).scalars())
+                ids = list(conn.execute(chosen, {"victim": victim}).scalars())
             if not ids:
                 return 0
             marked = conn.execute(
@@ -377,13 +470,24 @@ class Leasing(LostDeliveries, Queues):
             return 0
         with self.write() as conn:
             pairs = [(lease.partition_id, lease.epoch) for lease in leases]
-            ids = list(
-                conn.execute(
-                    select(P.id)
-                    .where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
+            if self.mysql:
+                # By id, the epochs compared here: a row-value IN may scan the table (see `by_id`).
+                held = conn.execute(
+                    by_id(select(P.id, P.lease_epoch))
+                    .where(P.id.in_(sorted({pid for pid, _ in pairs})), P.lease_owner == watcher_id)
+                    .order_by(P.id)
                     .with_for_update()
-                ).scalars()
-            )
+                ).all()
+                ours = set(pairs)
+                ids = [r.id for r in held if (r.id, r.lease_epoch) in ours]
+            else:
+                ids = list(
+                    conn.execute(
+                        select(P.id)
+                        .where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
+                        .with_for_update()
+                    ).scalars()
+                )
             if not ids:
                 return 0
             for pid in ids:

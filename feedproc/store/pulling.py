@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import bindparam, insert, literal, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
@@ -101,6 +101,76 @@ _CANDIDATES = (
     .order_by(P.priority.desc(), P.created_at, P.id, I.next_attempt_at, I.id)
     .limit(bindparam("max"))
 )
+# MariaDB/MySQL's twin, in steps, all plain reads but the last: it has no LATERAL, and InnoDB locks
+# every row a locking read reads before its sort and LIMIT (a locking ordered join would lock every
+# claimable item of the queue, and concurrent claimers would skip them all). First the partitions in
+# lease order that have a claimable item (`_MYSQL_CLAIMABLE_PARTITIONS`), then each one's claimable
+# items walked in due order in one UNION ALL (`_mysql_claimable`), then those items locked by id with
+# SKIP LOCKED, their conditions checked again on the locked rows (`_MYSQL_LOCK_ITEMS`: a version
+# changed since the walk means the item changed, and it is left out).
+_CLAIMABLE_ITEM = (
+    I.status == IS_AVAILABLE,
+    I.next_attempt_at <= db_now(),
+    I.claimed_until.is_(None),
+)
+_MYSQL_CLAIMABLE_PARTITIONS = (
+    select(P.id, P.gate)
+    .where(
+        P.queue == bindparam("queue"),
+        P.status == IS_AVAILABLE,
+        P.ready_at.is_not(None),
+        P.ready_at <= db_now(),
+        (P.not_before.is_(None)) | (P.not_before <= db_now()),
+        (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
+        # One claimable item at least: a scalar subquery probing feedproc_items_by_gate per
+        # partition (MariaDB would make an EXISTS a semi-join that reads every item of the table).
+        select(literal(1))
+        .where(
+            I.partition_id == P.id, I.gate == P.gate, *_CLAIMABLE_ITEM, I.id.not_in(bindparam("seen", expanding=True))
+        )
+        .limit(1)
+        .scalar_subquery()
+        .is_not(None),
+    )
+    .order_by(P.priority.desc(), P.created_at, P.id)
+    .limit(bindparam("max"))
+)
+_MYSQL_LOCK_ITEMS = (
+    select(I.id, I.version)
+    .where(I.id.in_(bindparam("ids", expanding=True)), *_CLAIMABLE_ITEM)
+    .with_hint(items, "FORCE INDEX (PRIMARY)", "mysql")  # by id only, whatever the table's size
+    .with_hint(items, "FORCE INDEX (PRIMARY)", "mariadb")
+    .with_for_update(skip_locked=True)
+)
+# What `claim` reads back on MariaDB/MySQL, which has no UPDATE ... RETURNING.
+_MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
+#: Rounds of the MariaDB/MySQL claim's steps before settling for fewer items than asked: each round
+#: walks on past the items that concurrent claimers locked meanwhile, twice as far as the one before.
+CLAIM_ROUNDS = 4
+
+
+def _mysql_claimable(parts: Sequence[Any], limit: int, seen: Sequence[int]) -> str:
+    """The first `limit` claimable items of partitions `parts` (id, gate; in lease order), in claim
+    order, with what `claim` returns of them: one index walk per partition (feedproc_items_by_gate,
+    in due order, stopping at the limit), the rows joined once the items are chosen. Numbers only are
+    written into the text."""
+    skip = f" AND c.id NOT IN ({','.join(map(str, map(int, seen)))})" if seen else ""
+    walks = " UNION ALL ".join(
+        f"(SELECT c.id, {n} AS n, c.next_attempt_at AS due FROM feedproc_items AS c"
+        f" WHERE c.partition_id = {int(p.id)} AND c.gate = {int(p.gate)} AND c.status = 'available'"
+        f" AND c.next_attempt_at <= UTC_TIMESTAMP(6) AND c.claimed_until IS NULL{skip}"
+        f" ORDER BY c.next_attempt_at, c.id LIMIT {int(limit)})"
+        for n, p in enumerate(parts)
+    )
+    return (
+        'SELECT i.id, i.version, i.partition_id, p."key", p.queue, i.gate, i.attempts, i.data, p.weight,'
+        " i.deliveries, i.lost, p.windows, p.window_tz"
+        f" FROM (SELECT u.id, u.n, u.due FROM ({walks}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
+        " JOIN feedproc_items AS i ON i.id = t.id JOIN feedproc_partitions AS p ON p.id = i.partition_id"
+        " ORDER BY t.n, t.due, t.id"
+    )
+
+
 _CLAIM_COLUMNS = (
     C.token,
     C.item_id,
@@ -165,8 +235,11 @@ class Pulling(Answers, Queues):
                 room = settings.limit - self._slots_in_use(conn, queue)
                 if room <= 0:
                     return []
-            candidates: Any = self._twin(_PG_CANDIDATES, _CANDIDATES)
-            rows = list(conn.execute(candidates, {"queue": queue, "max": max_items}).all())
+            if self.mysql:
+                rows = _claimable_mysql(conn, queue, max_items)
+            else:
+                candidates: Any = self._twin(_PG_CANDIDATES, _CANDIDATES)
+                rows = list(conn.execute(candidates, {"queue": queue, "max": max_items}).all())
             if self.postgres:
                 rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
             chosen: list[Any] = []
@@ -182,16 +255,21 @@ class Pulling(Answers, Queues):
                 chosen.append(row)
             if not chosen:
                 return []
-            claimed = conn.execute(
+            ids = [r.id for r in chosen]
+            claiming = (
                 update(items)
-                .where(I.id.in_([r.id for r in chosen]))
+                .where(I.id.in_(ids))
                 .values(
                     claimed_until=seconds_from_now(lease_seconds),
                     next_attempt_at=seconds_from_now(lease_seconds + SETTLE_GRACE),  # not due for anyone meanwhile
                     version=I.version + 1,
                 )
-                .returning(I.id, I.version, I.claimed_until)
-            ).all()
+            )
+            if self.mysql:  # no UPDATE ... RETURNING: read back (the rows are locked by this transaction)
+                conn.execute(claiming)
+                claimed = conn.execute(_MYSQL_CLAIMED, {"ids": ids}).all()
+            else:
+                claimed = conn.execute(claiming.returning(I.id, I.version, I.claimed_until)).all()
             held = {r.id: (r.version, r.claimed_until) for r in claimed}
             tokens = {r.id: secrets.token_urlsafe(24) for r in chosen}
             conn.execute(
@@ -400,6 +478,30 @@ class Pulling(Answers, Queues):
         if self.postgres:
             return list(conn.execute(_PG_ITEMS_OF, {"ids": pg_bigint_array(ids)}))
         return list(conn.execute(_item_rows(ids)))
+
+
+def _claimable_mysql(conn: Connection, queue: str, max_items: int) -> list[Any]:
+    """Up to `max_items` claimable items of `queue` in claim order, locked (MariaDB/MySQL: see
+    `_mysql_claimable`). Items other claimers locked are skipped; each round past them walks twice
+    as far (the extra items it locks stay untouched until the commit)."""
+    rows: list[Any] = []
+    seen: list[int] = []
+    for n in range(CLAIM_ROUNDS):
+        want = max_items - len(rows)
+        walk = min(want << n, MAX_CLAIM)  # (a partition a branch of the UNION at most)
+        parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, {"queue": queue, "max": walk, "seen": seen}).all()
+        if not parts:
+            break
+        found = conn.exec_driver_sql(_mysql_claimable(parts, walk, seen)).all()
+        if not found:
+            break
+        locked = {(r.id, r.version) for r in conn.execute(_MYSQL_LOCK_ITEMS, {"ids": [r.id for r in found]})}
+        rows += [r for r in found if (r.id, r.version) in locked][:want]
+        # Each of the partitions had one at least: fewer than walked for means they were all walked.
+        if len(found) < walk or len(rows) >= max_items:
+            break
+        seen += [r.id for r in found]
+    return rows
 
 
 def _by_queue_and_worker(done: Sequence[tuple[Any, Any, Outcome]]) -> dict[tuple[str, str], list[Outcome]]:
