@@ -19,6 +19,7 @@ import itertools
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -401,10 +402,10 @@ def pg_ctlcluster(version: str, name: str, action: str) -> None:
 
 
 def forget_dead_connections() -> None:
-    """The restart killed every pooled PostgreSQL connection of this process too, the fixtures'
+    """The restart killed every pooled server connection of this process too, the fixtures'
     (which do not pre-ping) included: drop them, so the next checkout connects afresh."""
     for engine in [obj for obj in gc.get_objects() if isinstance(obj, Engine)]:
-        if engine.dialect.name == "postgresql":
+        if engine.dialect.name != "sqlite":
             engine.dispose()
 
 
@@ -423,6 +424,49 @@ def test_postgres_down_mid_run_is_survived_and_logged_once_per_state_change(
             hold_until(down_until)  # the outage lasts at least six seconds
         finally:
             pg_ctlcluster(version, name, "start")
+            forget_dead_connections()
+
+    keys = outage_run(feed, handler, fleet, server_down)
+    assert_checks(feed, keys, handler, [], fleet)  # no fault excuses a repeated delivery here
+    assert_outage_logged_once_per_change(fleet, most=2)
+
+
+def local_mariadb(db_url: str) -> tuple[list[str], int]:
+    """The command line and user id of the local MariaDB server serving `db_url`, to start it again
+    as it was; skips unless it is local and this process may restart it."""
+    url = make_url(db_url)
+    if url.host not in ("127.0.0.1", "localhost") or os.geteuid() != 0:
+        pytest.skip(f"the test database ({url.host}:{url.port}) is not a local server root may restart")
+    with Feed(db_url) as feed, feed.store.engine.connect() as conn:
+        pid = int(Path(conn.execute(text("SELECT @@pid_file")).scalar_one()).read_text())
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    return [part.decode() for part in command], Path(f"/proc/{pid}").stat().st_uid
+
+
+@pytest.mark.mariadb_only
+def test_mariadb_down_mid_run_is_survived_and_logged_once_per_state_change(
+    db_url: str, feed: Feed, handler: HandlerService, fleet: Fleet
+) -> None:
+    command, uid = local_mariadb(db_url)
+    port = make_url(db_url).port or 3306
+
+    def answers() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def server_down() -> Iterator[None]:
+        down_until = time.monotonic() + 6.0
+        subprocess.run(["mariadb-admin", "-h127.0.0.1", f"-P{port}", "-uroot", "shutdown"], check=True, timeout=120)
+        try:
+            yield
+            hold_until(down_until)  # the outage lasts at least six seconds
+        finally:
+            subprocess.Popen(
+                command, user=uid, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            wait_until(answers, timeout=60, what="MariaDB to accept connections again")
             forget_dead_connections()
 
     keys = outage_run(feed, handler, fleet, server_down)

@@ -1,8 +1,8 @@
 """Producing with plain SQL (README, "Producing with SQL"): partitions and items written by a
 producer that has no feedproc code, only the database's own driver, dispatch like any other.
 
-The writes here go through `sqlite3` or `psycopg` directly, never through feedproc; the README's
-SQL is run exactly as printed there.
+The writes here go through `sqlite3`, `psycopg` or `pymysql` directly, never through feedproc; the
+README's SQL is run exactly as printed there.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from sqlalchemy import make_url
 
@@ -25,7 +26,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def readme_sql(dialect: str) -> str:
-    """The README's SQL producer example for `dialect` ('PostgreSQL' or 'SQLite')."""
+    """The README's SQL producer example for `dialect` ('PostgreSQL', 'SQLite' or 'MariaDB')."""
     (block,) = re.findall(rf"^```sql\n(-- {dialect}: .*?)^```", README, re.S | re.M)
     return block
 
@@ -37,6 +38,15 @@ def driver(db_url: str) -> Iterator[Any]:
     url = make_url(db_url)
     if url.get_backend_name() == "sqlite":
         conn = sqlite3.connect(url.database or "", isolation_level=None)
+    elif url.get_backend_name() == "mysql":  # a session as a producer has it: the server's sql_mode
+        conn = pymysql.connect(  # type: ignore[assignment]
+            host=url.host,
+            port=url.port or 3306,
+            user=url.username,
+            password=url.password or "",
+            database=url.database,
+            autocommit=True,
+        )
     else:
         dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         conn = psycopg.connect(dsn, autocommit=True)  # type: ignore[assignment]
@@ -50,25 +60,46 @@ def run_sql(db_url: str, script: str) -> None:
     with driver(db_url) as conn:
         if isinstance(conn, sqlite3.Connection):
             conn.executescript(script)
+        elif isinstance(conn, pymysql.Connection):
+            with conn.cursor() as cursor:  # one statement at a time (no multi-statement protocol)
+                for statement in filter(str.strip, script.split(";\n")):
+                    cursor.execute(statement)
         else:
             conn.execute(script.encode())  # several statements, no parameters: the simple protocol
 
 
+def dialect_of(db_url: str) -> str:
+    """The README's name of the database: the word its SQL example begins with."""
+    return {"postgresql": "PostgreSQL", "mysql": "MariaDB"}.get(make_url(db_url).get_backend_name(), "SQLite")
+
+
 def now_sql(db_url: str) -> str:
     """The database clock as the README tells a producer to write it."""
-    return "now()" if db_url.startswith("postgresql") else "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+    clocks = {"PostgreSQL": "now()", "MariaDB": "UTC_TIMESTAMP(6)"}
+    return clocks.get(dialect_of(db_url), "strftime('%Y-%m-%d %H:%M:%f000', 'now')")
 
 
 def data_sql(db_url: str, text: str) -> str:
-    return f"convert_to('{text}', 'UTF8')" if db_url.startswith("postgresql") else f"CAST('{text}' AS BLOB)"
+    data = {"PostgreSQL": f"convert_to('{text}', 'UTF8')", "MariaDB": f"'{text}'"}
+    return data.get(dialect_of(db_url), f"CAST('{text}' AS BLOB)")
+
+
+def key_sql(db_url: str) -> str:
+    return "`key`" if dialect_of(db_url) == "MariaDB" else "key"  # a reserved word there
 
 
 def insert_item_sql(db_url: str, key: str, gate: int, text: str) -> str:
     now = now_sql(db_url)
+    if dialect_of(db_url) == "MariaDB":  # the partition's id from a variable (README: error 1442)
+        return (
+            f"SELECT id INTO @partition FROM feedproc_partitions WHERE `key` = '{key}';\n"
+            "INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at) "
+            f"VALUES (@partition, {gate}, 'available', {data_sql(db_url, text)}, {now}, {now}, {now});\n"
+        )
     return (
         "INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at) "
         f"SELECT id, {gate}, 'available', {data_sql(db_url, text)}, {now}, {now}, {now} "
-        f"FROM feedproc_partitions WHERE key = '{key}';"
+        f"FROM feedproc_partitions WHERE {key_sql(db_url)} = '{key}';\n"
     )
 
 
@@ -84,7 +115,7 @@ class TwoSteps(Processor):
 
 
 def test_the_readme_s_sql_producer_runs_as_written_and_its_partition_completes(db_url: str, feed: Feed) -> None:
-    run_sql(db_url, readme_sql("PostgreSQL" if db_url.startswith("postgresql") else "SQLite"))
+    run_sql(db_url, readme_sql(dialect_of(db_url)))
     processor = TwoSteps()
     with watching(db_url, processor):
         final = wait_status(feed, "upload-7", "complete")
@@ -94,15 +125,15 @@ def test_the_readme_s_sql_producer_runs_as_written_and_its_partition_completes(d
 
 def test_items_written_with_sql_at_two_gates_cross_the_barrier_in_order(db_url: str, feed: Feed) -> None:
     now = now_sql(db_url)
-    yes, no = ("true", "false") if db_url.startswith("postgresql") else ("1", "0")
+    yes, no = ("1", "0") if dialect_of(db_url) == "SQLite" else ("true", "false")
     run_sql(
         db_url,
-        "BEGIN;"
-        "INSERT INTO feedproc_partitions (key, queue, status, gate, sealed, manual_checkpoint, created_at, updated_at)"
-        f" VALUES ('two-gates', 'default', 'available', 0, {yes}, {no}, {now}, {now});"
+        "BEGIN;\n"
+        f"INSERT INTO feedproc_partitions ({key_sql(db_url)}, queue, status, gate, sealed, manual_checkpoint,"
+        f" created_at, updated_at) VALUES ('two-gates', 'default', 'available', 0, {yes}, {no}, {now}, {now});\n"
         + "".join(insert_item_sql(db_url, "two-gates", 0, f'{{"n": {n}}}') for n in range(3))
         + insert_item_sql(db_url, "two-gates", 1, '{"rank": true}')
-        + "COMMIT;",
+        + "COMMIT;\n",
     )
     processor = TwoSteps()
     with watching(db_url, processor):
