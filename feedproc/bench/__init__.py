@@ -2,9 +2,9 @@
 
 For every database place (`--db`, repeatable), workload and watcher count, one **run**:
 
-1. a fresh throwaway database (PostgreSQL: `CREATE DATABASE bench_<run>_<n>` on the server of the
-   given URL, dropped afterwards; SQLite: a new file beside the given one, or in a temporary
-   directory), migrated;
+1. a fresh throwaway database (PostgreSQL, MariaDB/MySQL: `CREATE DATABASE bench_<run>_<n>` on the
+   server of the given URL, dropped afterwards; SQLite: a new file beside the given one, or in a
+   temporary directory), migrated;
 2. **enqueue**: the workload's partitions are added through `Feed.add_partition`, one call each,
    timed in this process (items per second);
 3. **drain**: W `feedproc watch` processes start at once and work the backlog off; the drain rate
@@ -22,8 +22,8 @@ which counts their SQLAlchemy statements and transactions with engine events bef
 to the CLI). The no-op processor (`watch.BenchProcessor`) and the HTTP handler
 (`cmds/bench_handler.py`) append one line per call, `<item id> <gate> <attempt> <unix time>`, to a
 log: the call times for the latencies and the deliveries for the exactly-once check. Database
-timestamps (`now()` on PostgreSQL, the process clock on SQLite) and the processes' `time.time()`
-come from the same host clock here.
+timestamps (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on MariaDB/MySQL, the process clock on
+SQLite) and the processes' `time.time()` come from the same host clock here.
 
 `--against pgqueuer,procrastinate` runs the equivalent flat no-op drain with each peer (through
 `cmds/bench_peers.py`, in subprocesses; feedproc never imports them) on the same PostgreSQL

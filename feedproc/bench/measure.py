@@ -85,7 +85,7 @@ class DbFacts:
 _ITEMS = (
     "SELECT id, partition_id, gate, status, created_at, updated_at FROM feedproc_items WHERE id > :after ORDER BY id"
 )
-_PARTITIONS = "SELECT id, key, status FROM feedproc_partitions WHERE id > :after"
+_PARTITIONS = 'SELECT id, "key", status FROM feedproc_partitions WHERE id > :after'  # `key` is reserved in MySQL
 _EVENTS = (
     "SELECT partition_id, kind, detail, at FROM feedproc_events"
     " WHERE kind IN ('leased', 'gate_advanced') AND partition_id > :after"
@@ -98,7 +98,8 @@ _FIRST_CLAIMS = (
 
 
 def _utc(value: datetime | str) -> datetime:
-    """A timestamp as feedproc stores it (PostgreSQL: timestamptz; SQLite: UTC text), aware UTC."""
+    """A timestamp as feedproc stores it (PostgreSQL: timestamptz; SQLite: UTC text; MariaDB/MySQL:
+    a naive DATETIME in UTC), aware UTC."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -135,23 +136,31 @@ FINISHED_PER_PARTITION = 10_000
 
 def fill_finished(url: str, count: int) -> tuple[int, int]:
     """Put `count` complete items (in complete partitions of 10,000) in the tables, as a long-lived
-    deployment has, then VACUUM, ANALYZE and CHECKPOINT as autovacuum and time would have. Returns
-    the highest partition and item ids, so that the run's own rows can be told apart."""
+    deployment has, then VACUUM, ANALYZE and CHECKPOINT (MariaDB/MySQL: ANALYZE TABLE) as
+    autovacuum and time would have. Returns the highest partition and item ids, so that the run's
+    own rows can be told apart."""
     from sqlalchemy import text
 
     own = engine(url)
+    mysql = own.dialect.name in ("mysql", "mariadb")
+    # The database's clock in UTC, as feedproc stores it (MariaDB's CURRENT_TIMESTAMP is the
+    # session's zone, and whole seconds).
+    now = "UTC_TIMESTAMP(6)" if mysql else "CURRENT_TIMESTAMP"
     try:
         with own.begin() as conn:
             for start in range(0, count, FINISHED_PER_PARTITION):
                 n = min(FINISHED_PER_PARTITION, count - start)
                 conn.execute(
                     text(
-                        "INSERT INTO feedproc_partitions (key, queue, status, gate, priority, sealed,"
+                        'INSERT INTO feedproc_partitions ("key", queue, status, gate, priority, sealed,'
                         " manual_checkpoint, created_at, updated_at)"
-                        " VALUES (:key, 'default', 'complete', 0, 0, :yes, :no, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                        f" VALUES (:key, 'default', 'complete', 0, 0, :yes, :no, {now}, {now})"
                     ),
                     {"key": f"finished-{start // FINISHED_PER_PARTITION}", "yes": True, "no": False},
                 )
+                if mysql:
+                    _fill_items_mysql(conn, n)
+                    continue
                 conn.execute(
                     text(
                         "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < :n)"
@@ -168,6 +177,9 @@ def fill_finished(url: str, count: int) -> tuple[int, int]:
                 conn.execute(text("VACUUM (ANALYZE) feedproc_items"))
                 conn.execute(text("VACUUM (ANALYZE) feedproc_partitions"))
                 conn.execute(text("CHECKPOINT"))
+            elif mysql:
+                # InnoDB purges and flushes by itself; its index statistics are what the planner needs.
+                conn.execute(text("ANALYZE TABLE feedproc_items, feedproc_partitions"))
             else:
                 conn.execute(text("ANALYZE"))
             last_partition = conn.execute(text("SELECT max(id) FROM feedproc_partitions")).scalar()
@@ -175,6 +187,23 @@ def fill_finished(url: str, count: int) -> tuple[int, int]:
         return (last_partition or 0, last_item or 0)
     finally:
         own.dispose()
+
+
+def _fill_items_mysql(conn: Any, n: int) -> None:
+    """`n` complete items in the newest partition, on MariaDB/MySQL: one executemany, which PyMySQL
+    sends as multi-row INSERTs when every value is a parameter (MySQL caps a recursive CTE at 1,000
+    rows unless told otherwise; the others' generator is not portable)."""
+    from sqlalchemy import text
+
+    partition, now = conn.execute(text("SELECT max(id), UTC_TIMESTAMP(6) FROM feedproc_partitions")).one()
+    row = {"partition": partition, "gate": 0, "status": "complete", "data": b"{}", "now": now}
+    conn.execute(
+        text(
+            "INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at)"
+            " VALUES (:partition, :gate, :status, :data, :now, :now, :now)"
+        ),
+        [row] * n,
+    )
 
 
 def drain_window(facts: DbFacts, backlog: int) -> tuple[float, float] | None:

@@ -82,11 +82,13 @@ def parse_options(
     places = list(db or [])
     if not places:
         places = ["sqlite"]
-        if fallback_db and is_pg(fallback_db):
+        if fallback_db and (is_pg(fallback_db) or is_mysql(fallback_db)):
             places.append(fallback_db)
     for place in places:
-        if not (is_pg(place) or is_sqlite(place)):
-            raise InvalidInput(f"--db {place!r}: use sqlite, sqlite:///DIR/FILE.db or postgresql://...")
+        if not (is_pg(place) or is_mysql(place) or is_sqlite(place)):
+            raise InvalidInput(
+                f"--db {place!r}: use sqlite, sqlite:///DIR/FILE.db, postgresql://... or mysql://... (MariaDB/MySQL)"
+            )
     workloads = _csv(workload or ",".join(WORKLOADS), "--workload")
     for name in workloads:
         if name not in WORKLOADS:
@@ -135,8 +137,18 @@ def _positive_int(value: str, option: str) -> int:
     return number
 
 
+def _scheme(url: str) -> str:
+    """The database of a URL, without its driver: `mysql+pymysql://...` → `mysql`."""
+    return url.split(":", 1)[0].split("+", 1)[0]
+
+
 def is_pg(url: str) -> bool:
-    return url.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
+    return _scheme(url) in ("postgresql", "postgres")
+
+
+def is_mysql(url: str) -> bool:
+    """MariaDB or MySQL (`mysql://`, `mariadb://`, with or without a driver)."""
+    return _scheme(url) in ("mysql", "mariadb")
 
 
 def is_sqlite(url: str) -> bool:

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .options import is_pg
+from .options import is_mysql, is_pg
 
 if TYPE_CHECKING:
     from sqlalchemy import URL, Engine
@@ -19,11 +19,18 @@ if TYPE_CHECKING:
 
 def engine(url: str, **options: Any) -> Engine:
     """An engine of the bench's own, without a pool (it connects seldom); `postgresql://` is
-    psycopg 3, as for feedproc."""
+    psycopg 3 and `mysql://` PyMySQL, as for feedproc. MariaDB/MySQL sessions are set up as
+    feedproc's are (UTC, ANSI quotes), so that the bench's SQL means the same on every database:
+    `"key"` is a name there too, and timestamps are UTC."""
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    return create_engine(engine_url(url), poolclass=NullPool, **options)
+    parsed = engine_url(url)
+    if parsed.get_backend_name() in ("mysql", "mariadb"):
+        from ..store.dialects import MYSQL_SESSION
+
+        options.setdefault("connect_args", {"init_command": MYSQL_SESSION, "charset": "utf8mb4"})
+    return create_engine(parsed, poolclass=NullPool, **options)
 
 
 def engine_url(url: str) -> URL:
@@ -32,19 +39,24 @@ def engine_url(url: str) -> URL:
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername in ("mysql", "mariadb"):
+        parsed = parsed.set(drivername=parsed.drivername + "+pymysql")
     return parsed
 
 
 class Place:
-    """Where throwaway databases are made: a PostgreSQL server, or a directory for SQLite files."""
+    """Where throwaway databases are made: a PostgreSQL or MariaDB/MySQL server, or a directory for
+    SQLite files."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.postgres = is_pg(url)
-        self.name = "postgresql" if self.postgres else "sqlite"
+        self.mysql = is_mysql(url)
+        # A MySQL-family server's name is settled by `version()` (a `mysql://` URL may reach MariaDB).
+        self.name = "postgresql" if self.postgres else "mariadb" if self.mysql else "sqlite"
         self._tempdir: Path | None = None
         self._admin: Any = None
-        if self.postgres:
+        if self.postgres or self.mysql:
             self._admin = engine(url, isolation_level="AUTOCOMMIT")
             self.admin_url = engine_url(url)
         else:
@@ -58,19 +70,24 @@ class Place:
                 self.directory = self._tempdir
 
     def version(self) -> str:
-        if not self.postgres:
+        if not (self.postgres or self.mysql):
             return f"SQLite {sqlite3.sqlite_version}"
         from sqlalchemy import text
 
         with self._admin.connect() as conn:
-            return "PostgreSQL " + str(conn.execute(text("SHOW server_version")).scalar()).split()[0]
+            if self.postgres:
+                return "PostgreSQL " + str(conn.execute(text("SHOW server_version")).scalar()).split()[0]
+            version = str(conn.execute(text("SELECT VERSION()")).scalar())  # 10.11.6-MariaDB-0+deb12u1, 8.0.36
+        self.name = "mariadb" if "mariadb" in version.lower() else "mysql"
+        return ("MariaDB " if self.name == "mariadb" else "MySQL ") + version.split("-")[0]
 
     def create(self, name: str) -> str:
-        if self.postgres:
+        if self.postgres or self.mysql:
             from sqlalchemy import text
 
+            quoted = f"`{name}`" if self.mysql else f'"{name}"'
             with self._admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
+                conn.execute(text(f"CREATE DATABASE {quoted}"))
             return self.admin_url.set(database=name).render_as_string(hide_password=False)
         path = self.directory / f"{name}.db"
         return f"sqlite:///{path}"
@@ -86,12 +103,16 @@ class Place:
             self.drop(url)
 
     def drop(self, url: str) -> None:
-        if self.postgres:
+        if self.postgres or self.mysql:
             from sqlalchemy import make_url, text
 
             name = make_url(url).database
+            # MariaDB/MySQL have no FORCE: the watchers are stopped by now, so nothing holds it open.
+            sql = (
+                f"DROP DATABASE IF EXISTS `{name}`" if self.mysql else f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+            )
             with self._admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                conn.execute(text(sql))
             return
         path = Path(url.removeprefix("sqlite:///"))
         for suffix in ("", "-wal", "-shm", "-journal"):

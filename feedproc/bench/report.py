@@ -167,7 +167,8 @@ LEGEND = [
     "- peak RSS: the highest of the watcher processes (psutil samples and /proc VmHWM);",
     "- statements and transactions per item: counted in the watchers by SQLAlchemy engine events "
     "(an executemany counts each row; the pool's pre-ping is not counted); server transactions: "
-    "pg_stat_database xact_commit + xact_rollback of the throwaway database over the drain, less the bench's own;",
+    "pg_stat_database xact_commit + xact_rollback of the throwaway database over the drain, less the bench's own "
+    "(PostgreSQL only: MariaDB/MySQL count server-wide);",
     "- once: every item complete, and called exactly once according to the call logs.",
 ]
 

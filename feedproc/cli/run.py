@@ -466,8 +466,8 @@ def bench(
             "--db",
             metavar="URL",
             help="Where to benchmark (repeatable): sqlite (a temporary file), sqlite:///DIR/X.db (a new file "
-            "beside it) or postgresql://... (a throwaway database created on that server, dropped after). "
-            "Default: sqlite, plus FEEDPROC_DATABASE_URL when it is PostgreSQL.",
+            "beside it), postgresql://... or mysql://... (MariaDB/MySQL; a throwaway database created on that "
+            "server, dropped after). Default: sqlite, plus FEEDPROC_DATABASE_URL when it is a server.",
         ),
     ] = None,
     workload: Annotated[

@@ -1,5 +1,5 @@
-"""`feedproc bench --quick` end to end, in a subprocess: it completes, on SQLite and PostgreSQL, and
-every item of every workload is processed exactly once. It never asserts a speed."""
+"""`feedproc bench --quick` end to end, in a subprocess: it completes, on SQLite, PostgreSQL and
+MariaDB, and every item of every workload is processed exactly once. It never asserts a speed."""
 
 from __future__ import annotations
 
@@ -15,12 +15,23 @@ from sqlalchemy import create_engine, text
 from ..conftest import _require_pg
 
 
+def _mariadb_admin_url(request: pytest.FixtureRequest) -> str | None:
+    """The MariaDB server's URL, or None when there is none (the fixture skips then; it fails when
+    FEEDPROC_REQUIRE_MARIADB=1, and that failure stands)."""
+    try:
+        return str(request.getfixturevalue("mariadb_admin_url"))
+    except pytest.skip.Exception:
+        return None
+
+
 @pytest.mark.slow
 def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     admin_url = request.getfixturevalue("pg_admin_url")
     if admin_url is None and _require_pg():
         pytest.fail("PostgreSQL is required (FEEDPROC_REQUIRE_PG=1) but none is reachable")
+    mariadb_url = _mariadb_admin_url(request)
     places = ["--db", "sqlite"] + (["--db", admin_url] if admin_url else [])
+    places += ["--db", mariadb_url] if mariadb_url else []
     report_file = tmp_path / "bench.json"
     markdown_file = tmp_path / "bench.md"
     env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
@@ -31,12 +42,12 @@ def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: 
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=360,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
     report = json.loads(report_file.read_text())
-    dbs = ["sqlite", "postgresql"] if admin_url else ["sqlite"]
+    dbs = ["sqlite"] + (["postgresql"] if admin_url else []) + (["mariadb"] if mariadb_url else [])
     assert sorted((r["db"], r["workload"]) for r in report["runs"]) == sorted(
         (db, workload) for db in dbs for workload in ("flat", "fan", "http", "http-batch", "pull")
     )
@@ -56,14 +67,21 @@ def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: 
     for db in dbs:
         assert f"| {db} | fan | 1 |" in table
 
-    if admin_url:  # the throwaway databases are gone
-        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    # The throwaway databases are gone.
+    listings = {
+        admin_url: "SELECT datname FROM pg_database",
+        mariadb_url: "SELECT schema_name FROM information_schema.schemata",
+    }
+    for url, listing in listings.items():
+        if url is None:
+            continue
+        admin = create_engine(url)
         try:
             with admin.connect() as conn:
-                names = conn.execute(text("SELECT datname FROM pg_database")).scalars().all()
+                names = conn.execute(text(listing)).scalars().all()
         finally:
             admin.dispose()
-        assert not [name for name in names if name.startswith(f"bench_{report['meta']['run_id']}_")]
+        assert not [name for name in names if name.startswith(f"bench_{report['meta']['run_id']}_")], url
 
 
 def test_fill_finished_puts_complete_rows_before_the_runs_own(db_url: str) -> None:
