@@ -91,7 +91,8 @@ def upsert(conn, rows):  # type: ignore[no-untyped-def]
         f" created_at, updated_at) VALUES {values} ON DUPLICATE KEY UPDATE"
         f" status = IF({ok}, VALUES(status), status), data = IF({ok} AND VALUES(data) <> '', VALUES(data), data),"
         f" attempts = IF({ok}, VALUES(attempts), attempts), deliveries = IF({ok}, deliveries + 1, deliveries),"
-        f" next_attempt_at = IF({ok}, UTC_TIMESTAMP(6), next_attempt_at), updated_at = IF({ok}, UTC_TIMESTAMP(6), updated_at),"
+        f" next_attempt_at = IF({ok}, UTC_TIMESTAMP(6), next_attempt_at),"
+        f" updated_at = IF({ok}, UTC_TIMESTAMP(6), updated_at),"
         f" version = IF({ok}, version + 1, version)"
     )
     params = [v for r in rows for v in (r["id"], r["version"], r["status"], r["data"], r["attempts"])]

@@ -2,7 +2,7 @@
 
 On PostgreSQL the waiter LISTENs on `feedproc_finished` (sent in the transaction that finishes a
 partition) and reads the status when notified, polling only as a slow fallback; if notifications are
-unavailable it polls. On SQLite it polls with exponential backoff.
+unavailable it polls. On SQLite and MariaDB/MySQL (no LISTEN) it polls with exponential backoff.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def wait_final(store: Store, key: str, timeout: float | None = None, *, poll_int
 
 
 def _listen(store: Store) -> Any:
-    """A FinishedListener on PostgreSQL, or None (SQLite, or notifications unavailable)."""
+    """A FinishedListener on PostgreSQL, or None (SQLite, MariaDB/MySQL, or notifications unavailable)."""
     if not store.postgres:
         return None
     from .store.notify import FinishedListener

@@ -19,7 +19,7 @@ from ..core.errors import StaleWrite
 from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
 from .schema import attempts, claims, inflight, items, partitions
@@ -371,7 +371,9 @@ class Answers(GateWriter):
             )
         if children:
             self._insert_rows(conn, children)
-        if records:
+        if records and self.mysql:
+            insert_many_mysql(conn, attempts.name, records, now=("ended_at",))
+        elif records:
             conn.execute(insert(attempts).values(ended_at=db_now()), records)
         if trimmed:
             conn.execute(delete(attempts).where(tuple_(A.item_id, A.n).in_([tuple_(i, n) for i, n in trimmed])))

@@ -167,7 +167,9 @@ class StoreBase:
 
     def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Append history entries (rows made by `event`), stamped with the database's clock."""
-        if rows:
+        if rows and self.mysql:
+            insert_many_mysql(conn, events.name, rows, now=("at",))
+        elif rows:
             conn.execute(insert(events).values(at=db_now()), rows)
 
     def _tally(self, conn: Connection, queue: str, source: str, counts: Mapping[str, int]) -> None:
@@ -194,6 +196,30 @@ class StoreBase:
                 set_={k: stats.c[k] + excluded[k] for k in values},
             )
         )
+
+
+#: Rows per multi-row INSERT on MariaDB/MySQL (`insert_many_mysql`).
+MYSQL_INSERT_CHUNK = 1000
+
+
+def insert_many_mysql(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]], *, now: Sequence[str]) -> None:
+    """Insert `rows` (all with the same keys) into `table` with multi-row INSERTs, the `now` columns
+    set to the database clock. PyMySQL's executemany sends one INSERT per row unless VALUES holds
+    nothing but placeholders, and the clock is SQL: an executemany of 2,000 items was 2,000 round
+    trips. Times are bound as naive UTC, as `UTCDateTime` stores them."""
+    columns = list(rows[0])
+    names = ", ".join(f'"{c}"' for c in [*columns, *now])
+    one = "(" + ", ".join(["%s"] * len(columns) + ["UTC_TIMESTAMP(6)"] * len(now)) + ")"
+    for start in range(0, len(rows), MYSQL_INSERT_CHUNK):
+        chunk = rows[start : start + MYSQL_INSERT_CHUNK]
+        params = [_naive_utc(row[c]) for row in chunk for c in columns]
+        conn.exec_driver_sql(f'INSERT INTO "{table}" ({names}) VALUES {", ".join([one] * len(chunk))}', tuple(params))
+
+
+def _naive_utc(value: Any) -> Any:
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
 
 
 #: The counters of `feedproc_stats`.

@@ -18,7 +18,7 @@ from ..core import gates
 from ..core.errors import Refused
 from ..core.gates import GateFacts, Move
 from ..core.models import NewItem
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, F, I, P, StoreBase
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, F, I, P, StoreBase, insert_many_mysql
 from .dialects import db_now, pg_bigint_array
 from .notify import notify_finished, notify_ready
 from .schema import inflight, items, partitions
@@ -104,6 +104,15 @@ def _insert_new_sqlite(conn: Connection, pid: int, gates_: list[int], data: list
     _insert_rows_sqlite(conn, [{"partition_id": pid, "gate": g, "status": AVAILABLE, "data": d} for g, d in rows])
 
 
+def _insert_new_mysql(conn: Connection, pid: int, gates_: list[int], data: list[bytes]) -> None:
+    rows = zip(gates_, data, strict=True)
+    _insert_rows_mysql(conn, [{"partition_id": pid, "gate": g, "status": AVAILABLE, "data": d} for g, d in rows])
+
+
+def _insert_rows_mysql(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    insert_many_mysql(conn, items.name, rows, now=("next_attempt_at", "created_at", "updated_at"))
+
+
 def _insert_rows_pg(conn: Connection, rows: list[dict[str, Any]]) -> None:
     conn.execute(_PG_INSERT_ITEMS, {column: [row[column] for row in rows] for column in _ITEM_COLUMNS})
 
@@ -120,7 +129,7 @@ class GateWriter(StoreBase):
     ) -> tuple[int, int]:
         """Insert items in multi-row chunks, refusing any below `partition_gate` (rule 4; None: a new
         partition). Returns (count, the gate a new partition starts at by rule 1)."""
-        insert_new = self._twin(_insert_new_pg, _insert_new_sqlite)
+        insert_new = self._twin(_insert_new_pg, _insert_new_sqlite, mysql=_insert_new_mysql)
         count, lowest_per_chunk, gates_, data = 0, [], [], []
         for n, value in enumerate(new_items, start=1):
             item = NewItem.coerce(value, where=f"item {n}: ")
@@ -141,7 +150,7 @@ class GateWriter(StoreBase):
     def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert item rows (partition_id, gate, status, data[, parent_id, parent_gate, seq])."""
         rows = [{"parent_id": None, "parent_gate": None, "seq": None, **row} for row in rows]
-        self._twin(_insert_rows_pg, _insert_rows_sqlite)(conn, rows)
+        self._twin(_insert_rows_pg, _insert_rows_sqlite, mysql=_insert_rows_mysql)(conn, rows)
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
         """The gate rules' inputs for partition `row` (read from the items)."""

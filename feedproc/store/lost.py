@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core.records import Lease, ReadyItem, decode_inflight, encode_inflight
@@ -15,6 +15,7 @@ from .base import AVAILABLE, FAILED, IS_AVAILABLE, F, I, P, event
 from .dialects import db_now
 from .dispatch import MARK_INFLIGHT
 from .gating import GateWriter
+from .queues import mysql_rows
 from .schema import attempts, inflight, items
 
 # A lost delivery charged (version-guarded: an item answered meanwhile is left alone).
@@ -32,6 +33,31 @@ _CHARGE_LOST = (
         version=I.version + 1,
         updated_at=db_now(),
     )
+)
+# MariaDB/MySQL's twin: one UPDATE joined to the charges (PyMySQL runs an executemany UPDATE as one
+# statement per row), version-guarded alike.
+_MYSQL_CHARGE_LOST = """
+    UPDATE feedproc_items AS i JOIN ({rows}) AS c ON i.id = c.id AND i.version = c.version
+    SET i.status = c.status, i.attempts = c.attempts, i.lost = i.lost + 1, i.deliveries = i.deliveries + 1,
+        i.last_error = c.error, i.next_attempt_at = UTC_TIMESTAMP(6), i.progress = NULL,
+        i.version = i.version + 1, i.updated_at = UTC_TIMESTAMP(6)
+    WHERE i.status = 'available'
+"""
+_MYSQL_CHARGE_CELLS = (("id", "%s"), ("version", "%s"), ("status", "%s"), ("attempts", "%s"), ("error", "%s"))
+
+# `isolate`'s record on MariaDB/MySQL (MARK_INFLIGHT's ON CONFLICT ... WHERE is PostgreSQL's and
+# SQLite's): ON DUPLICATE KEY UPDATE has no WHERE, so each column keeps its value unless the record is
+# of this lease or an older one, `epoch` assigned last (an assignment sees those made before it). The
+# record is rewritten whole, its "=" kept as on a first insert (decoding ignores it).
+_MYSQL_NEWER_OR_SAME = "feedproc_inflight.epoch <= VALUES(epoch)"
+_MYSQL_MARK_ISOLATED = text(
+    f"""
+    INSERT INTO feedproc_inflight (partition_id, watcher, epoch, entries) VALUES (:pid, :watcher, :epoch, :entries)
+    ON DUPLICATE KEY UPDATE
+        entries = IF({_MYSQL_NEWER_OR_SAME}, VALUES(entries), feedproc_inflight.entries),
+        watcher = IF({_MYSQL_NEWER_OR_SAME}, VALUES(watcher), feedproc_inflight.watcher),
+        epoch = IF({_MYSQL_NEWER_OR_SAME}, VALUES(epoch), feedproc_inflight.epoch)
+    """
 )
 
 
@@ -130,10 +156,18 @@ class LostDeliveries(GateWriter):
                     detail={"gate": r.gate, "attempts": attempt, "error": error},
                 )
             )
-        if updates:
+        if not updates:
+            return charged
+        if self.mysql:
+            keys = ("b_id", "b_version", "b_status", "b_attempts", "b_error")
+            charges = mysql_rows(_MYSQL_CHARGE_CELLS, len(updates))
+            conn.exec_driver_sql(_MYSQL_CHARGE_LOST.format(rows=charges), tuple(u[k] for u in updates for k in keys))
+            # one multi-row INSERT (PyMySQL's executemany runs a statement per row when VALUES hold SQL)
+            conn.execute(insert(attempts).values([{**r, "ended_at": db_now()} for r in records]))
+        else:
             conn.execute(_CHARGE_LOST, updates)
             conn.execute(insert(attempts).values(ended_at=db_now()), records)
-            self._events(conn, history)
+        self._events(conn, history)
         return charged
 
     def isolate(self, watcher_id: str, item: ReadyItem) -> bool:
@@ -153,5 +187,5 @@ class LostDeliveries(GateWriter):
                 return False
             entries = "=" + encode_inflight([(item.id, item.version)], alone=True)
             params = {"pid": item.partition_id, "watcher": watcher_id, "epoch": item.epoch, "entries": entries}
-            conn.execute(MARK_INFLIGHT, params)
+            conn.execute(self._twin(MARK_INFLIGHT, MARK_INFLIGHT, _MYSQL_MARK_ISOLATED), params)
             return True

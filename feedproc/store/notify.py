@@ -3,7 +3,9 @@
 Producers (and watchers, when they hand a partition over) send `NOTIFY feedproc_ready, '<queue>'`
 in the same transaction as the change, so it is delivered exactly when the change is visible. A
 watcher's `Listener` holds one extra connection in LISTEN mode on a thread of its own and calls back
-on each notification for its queue; polling remains the fallback (and the only mechanism on SQLite).
+on each notification for its queue; polling remains the fallback, and the only mechanism on SQLite
+and MariaDB/MySQL, which have no LISTEN: every `notify_*` below is a no-op there, and no listener is
+started (watchers, `Feed.listen_ready` and `wait` check `store.postgres`).
 
 A watcher that asks for a steal sends `NOTIFY feedproc_wanted, '<owner watcher id>'`: the owner
 hands the partition over as soon as its in-flight items are done, instead of at its next poll.

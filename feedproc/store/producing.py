@@ -72,23 +72,23 @@ class Producing(GateWriter):
         schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         try:
             with self.write() as conn:
-                pid = conn.execute(
-                    insert(partitions)
-                    .values(
-                        key=key,
-                        queue=queue,
-                        status=AVAILABLE,
-                        gate=0,
-                        priority=priority,
-                        sealed=sealed,
-                        manual_checkpoint=manual_checkpoint,
-                        not_before=not_before,
-                        created_at=db_now(),
-                        updated_at=db_now(),
-                        **schedule,
-                    )
-                    .returning(P.id)
-                ).scalar_one()
+                created = insert(partitions).values(
+                    key=key,
+                    queue=queue,
+                    status=AVAILABLE,
+                    gate=0,
+                    priority=priority,
+                    sealed=sealed,
+                    manual_checkpoint=manual_checkpoint,
+                    not_before=not_before,
+                    created_at=db_now(),
+                    updated_at=db_now(),
+                    **schedule,
+                )
+                if self.mysql:  # MySQL has no INSERT ... RETURNING: the id InnoDB gave it, as the driver reports it
+                    pid = int(conn.execute(created).lastrowid)
+                else:
+                    pid = conn.execute(created.returning(P.id)).scalar_one()
                 count, first_gate = self._insert_items(conn, pid, new_items, partition_gate=None)
                 if first_gate != 0:  # inserted at gate 0, where most partitions start
                     conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))

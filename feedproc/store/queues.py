@@ -53,6 +53,23 @@ _STORE_PROGRESS = (
         started_at=func.coalesce(bindparam("b_started", type_=items.c.started_at.type), I.started_at),
     )
 )
+# MariaDB/MySQL's twin: one UPDATE joined to the reports (PyMySQL runs an executemany UPDATE as one
+# statement per row).
+_MYSQL_STORE_PROGRESS = """
+    UPDATE feedproc_items AS i JOIN ({rows}) AS r ON i.id = r.id AND i.gate = r.gate
+    SET i.progress = COALESCE(r.progress, i.progress), i.started_at = COALESCE(r.started, i.started_at)
+    WHERE i.status = 'available'
+"""
+_MYSQL_PROGRESS_CELLS = (("id", "%s"), ("gate", "%s"), ("progress", "%s"), ("started", "CAST(%s AS DATETIME(6))"))
+
+
+def mysql_rows(cells: Sequence[tuple[str, str]], count: int) -> str:
+    """`count` rows of bound values as a derived table for MariaDB/MySQL, its columns named as `cells`
+    (name, placeholder expression) say: `SELECT %s AS a, %s AS b UNION ALL SELECT %s, %s ...`, for a
+    statement run with `exec_driver_sql` (a table value constructor is VALUES on MariaDB and VALUES ROW
+    on MySQL; this is both's)."""
+    first = "SELECT " + ", ".join(f"{cell} AS {name}" for name, cell in cells)
+    return first + (" UNION ALL SELECT " + ", ".join(cell for _, cell in cells)) * (count - 1)
 
 
 class Queues(StoreBase):
@@ -189,18 +206,19 @@ class Queues(StoreBase):
         """Write progress reports of items still available at the gate they were dispatched at, in
         partitions still leased under the epoch they were dispatched with (others are dropped)."""
         epochs = {lease.partition_id: lease.epoch for lease in leases}
-        rows = [
-            {
-                "b_id": r.item_id,
-                "b_gate": r.gate,
-                "b_progress": r.fraction,
-                "b_started": None if r.started_us is None else datetime.fromtimestamp(r.started_us / 1e6, UTC),
-            }
-            for r in reports
-            if epochs.get(r.partition_id) == r.epoch
-        ]
-        if rows:
-            conn.execute(_STORE_PROGRESS, rows)
+        kept = [r for r in reports if epochs.get(r.partition_id) == r.epoch]
+        if not kept:
+            return
+        if self.mysql:
+            # (the driver's own parameters: a start as a naive UTC DATETIME, as UTCDateTime binds it)
+            values = [v for r in kept for v in (r.item_id, r.gate, r.fraction, _started(r, naive=True))]
+            rows = mysql_rows(_MYSQL_PROGRESS_CELLS, len(kept))
+            conn.exec_driver_sql(_MYSQL_STORE_PROGRESS.format(rows=rows), tuple(values))
+            return
+        conn.execute(
+            _STORE_PROGRESS,
+            [{"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction, "b_started": _started(r)} for r in kept],
+        )
 
     def _schedule_status(self, conn: Connection, row: Row[Any], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         """The `status KEY` keys on scheduling: `schedule` (weight, item timeout, windows and when the
@@ -236,3 +254,11 @@ class Queues(StoreBase):
             per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
             done_all, total_all = done_all + done, total_all + total
         return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}
+
+
+def _started(report: ProgressReport, *, naive: bool = False) -> datetime | None:
+    """When a report's delivery started (UTC), if it says."""
+    if report.started_us is None:
+        return None
+    started = datetime.fromtimestamp(report.started_us / 1e6, UTC)
+    return started.replace(tzinfo=None) if naive else started

@@ -60,8 +60,12 @@ class Retention(StoreBase):
             ):
                 while True:
                     with self.write() as conn:
-                        chunk = select(row_key).where(column.in_(ids)).limit(batch).scalar_subquery()
-                        removed = conn.execute(delete(table).where(row_key.in_(chunk))).rowcount
+                        chunk = select(row_key).where(column.in_(ids)).limit(batch)
+                        if self.mysql:
+                            # No LIMIT in an IN subquery there, nor a DELETE reading its own table: the
+                            # chunk goes through a derived table (materialized: its LIMIT keeps it unmerged).
+                            chunk = select(chunk.subquery("chunk").c[0])
+                        removed = conn.execute(delete(table).where(row_key.in_(chunk.scalar_subquery()))).rowcount
                     deleted[key] += removed
                     if removed < batch:
                         break

@@ -69,8 +69,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("feedproc_attempts_partition", table_name="feedproc_attempts")
-    op.drop_index("feedproc_attempts_item", table_name="feedproc_attempts")
+    # The table with its indexes (MariaDB/MySQL refuse to drop the index its foreign key uses).
     op.drop_table("feedproc_attempts")
     for column in ("delivered_by", "duration", "started_at", "lost", "deliveries"):
         op.drop_column("feedproc_items", column)

@@ -5,10 +5,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import Boolean, UniqueConstraint, inspect, text
 
 from feedproc.core.errors import SchemaMissing
 from feedproc.store import Store, alembic_config
+from feedproc.store.dialects import MYSQL
 from feedproc.store.schema import metadata
 
 from ..support import run_cli
@@ -35,19 +36,65 @@ def schema_differences(store):
 
     with store.engine.connect() as conn:
         context = MigrationContext.configure(
-            conn, opts={"compare_type": True, "compare_server_default": True, "include_name": include_name}
+            conn,
+            opts={"compare_type": True, "compare_server_default": same_default, "include_name": include_name},
         )
         return compare_metadata(context, metadata)
 
 
+def same_default(context, inspected_column, metadata_column, inspected_default, metadata_default, rendered_default):
+    """alembic's server default comparison, except that on MariaDB/MySQL a BOOLEAN is a TINYINT(1) whose
+    `false` default reads back as 0 (MySQL: '0'): the same default, not a difference."""
+    if context.dialect.name in MYSQL and isinstance(metadata_column.type, Boolean) and rendered_default is not None:
+        as_number = {"false": "0", "true": "1", "0": "0", "1": "1"}
+        expected = as_number.get(str(rendered_default).strip("'").lower())
+        return expected is None or str(inspected_default).strip("'") != expected
+    return None  # alembic's own comparison
+
+
 def expression_indexes():
-    """Names of indexes with an expression element (e.g. `priority DESC`), which SQLite cannot reflect."""
+    """Names of indexes with an expression element (e.g. `priority DESC`), which SQLite cannot reflect
+    and alembic cannot compare on MariaDB/MySQL."""
     return {
         index.name
         for table in metadata.tables.values()
         for index in table.indexes
         if any(not hasattr(element, "table") for element in index.expressions)
     }
+
+
+def declared_columns(index):
+    """An index's columns as (name, descending), its expression elements (`priority DESC`) read as text."""
+    columns = []
+    for element in index.expressions:
+        if hasattr(element, "table"):
+            columns.append((element.name, False))
+        else:
+            name, *order = str(element).split()
+            columns.append((name, [word.upper() for word in order] == ["DESC"]))
+    return columns
+
+
+def own_indexes(inspector, table, *, mysql):
+    """A table's indexes as reflected, without those that back a constraint: of a UNIQUE constraint
+    (PostgreSQL marks them; MariaDB/MySQL have only the index, found here by its columns), and the
+    index MariaDB/MySQL add for a foreign key that no index serves (named after the constraint or its
+    column)."""
+    found = {i["name"]: i for i in inspector.get_indexes(table) if not i.get("duplicates_constraint")}
+    if mysql:
+        uniques = [
+            [column.name for column in constraint.columns]
+            for constraint in metadata.tables[table].constraints
+            if isinstance(constraint, UniqueConstraint)
+        ]
+        for name, index in list(found.items()):
+            if index["unique"] and index["column_names"] in uniques:
+                del found[name]
+        for key in inspector.get_foreign_keys(table):
+            for name in (key["name"], key["constrained_columns"][0]):
+                if name in found and found[name]["column_names"] == key["constrained_columns"]:
+                    del found[name]
+    return found
 
 
 # ---------------------------------------------------------------- a database without the schema
@@ -113,7 +160,33 @@ def test_migrated_schema_matches_the_metadata(store):
             for name in noise:
                 sql = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": name}).scalar()
                 assert sql is not None and "DESC" in sql.upper(), f"index {name}: {sql}"
+    if store.engine.dialect.name in MYSQL:
+        # alembic cannot compare an index with an expression element (`priority DESC`) on MariaDB/MySQL
+        # either, and reports it as removed and added again: those are compared here, column by
+        # column with their order, from information_schema.
+        noise = expression_indexes()
+        differences = [d for d in differences if not (d[0] in ("remove_index", "add_index") and d[1].name in noise)]
+        indexes = {index.name: index for table in metadata.tables.values() for index in table.indexes}
+        with store.engine.connect() as conn:
+            for name in noise:
+                rows = conn.execute(
+                    text(
+                        "SELECT COLUMN_NAME, COLLATION FROM information_schema.STATISTICS"
+                        " WHERE TABLE_SCHEMA = DATABASE() AND INDEX_NAME = :n ORDER BY SEQ_IN_INDEX"
+                    ),
+                    {"n": name},
+                ).all()
+                expected = declared_columns(indexes[name])
+                assert [column for column, _ in rows] == [column for column, _ in expected], name
+                if descending_indexes(store):
+                    assert [order == "D" for _, order in rows] == [desc for _, desc in expected], name
     assert differences == []
+
+
+def descending_indexes(store):
+    """Whether the server keeps an index column's DESC (MariaDB before 10.8 parses and ignores it)."""
+    dialect = store.engine.dialect
+    return not getattr(dialect, "is_mariadb", False) or dialect.server_version_info >= (10, 8)
 
 
 def test_migrated_schema_has_the_tables_and_columns_of_the_metadata(store):
@@ -126,17 +199,24 @@ def test_migrated_schema_has_the_tables_and_columns_of_the_metadata(store):
 
 def test_migrated_schema_has_the_indexes_of_the_metadata_partial_where_declared(store):
     inspector = inspect(store.engine)
+    mysql = store.engine.dialect.name in MYSQL
     with store.engine.connect() as conn:
         if store.engine.dialect.name == "sqlite":
             definitions = dict(conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'index'")).all())
-        else:
+        elif not mysql:
             definitions = dict(conn.execute(text("SELECT indexname, indexdef FROM pg_indexes")).all())
     for name, table in metadata.tables.items():
-        # PostgreSQL also lists the index behind a UNIQUE constraint; that one is the constraint's
-        reflected = {i["name"]: i for i in inspector.get_indexes(name) if not i.get("duplicates_constraint")}
+        reflected = own_indexes(inspector, name, mysql=mysql)
         assert set(reflected) == {i.name for i in table.indexes}, name
         for index in table.indexes:
             assert bool(reflected[index.name]["unique"]) == index.unique, index.name
+            if mysql:
+                # MariaDB and MySQL have no partial indexes: each is the full index on its columns (the
+                # unique child index still binds only children, a unique index admitting any number of
+                # NULL parents).
+                expected = [column for column, _ in declared_columns(index)]
+                assert reflected[index.name]["column_names"] == expected, index.name
+                continue
             partial = index.dialect_options["postgresql"]["where"] is not None
             assert ("WHERE" in definitions[index.name].upper()) == partial, definitions[index.name]
 
