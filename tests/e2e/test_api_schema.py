@@ -17,8 +17,9 @@ from feedproc import Feed
 from ..api_support import TOKEN, ApiServer
 
 MAX_EXAMPLES = int(os.environ.get("FEEDPROC_SCHEMATHESIS_EXAMPLES", "20"))
-# PostgreSQL only: it is the stricter database (integer ranges, NUL in text), and time is bounded.
-pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
+# The servers only: they are the stricter databases (integer ranges, NUL in text, lengths), and time
+# is bounded.
+pytestmark = [pytest.mark.slow, pytest.mark.servers_only]
 
 
 @pytest.fixture

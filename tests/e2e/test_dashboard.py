@@ -138,7 +138,7 @@ def test_partition_page_draws_the_mean_progress_of_items_in_flight(api: ApiServe
 
 
 @pytest.mark.slow
-@pytest.mark.postgres_only
+@pytest.mark.servers_only
 def test_dashboard_shows_live_progress_and_retries_a_failed_partition(
     browser: Any, feed: Feed, db_url: str, tmp_path: Path, watchers: WatcherProcesses, handler: HandlerService
 ) -> None:
@@ -189,7 +189,7 @@ def test_overview_ignores_filters_no_key_could_match(api: ApiServer, feed: Feed)
 
 
 @pytest.mark.slow
-@pytest.mark.postgres_only
+@pytest.mark.servers_only
 def test_running_view_item_retry_and_queue_pause_in_a_browser(
     browser: Any, feed: Feed, db_url: str, tmp_path: Path, watchers: WatcherProcesses, handler: HandlerService
 ) -> None:
@@ -331,7 +331,7 @@ def test_failed_partitions_are_retried_in_bulk_through_the_api(api: ApiServer, f
 
 
 @pytest.mark.slow
-@pytest.mark.postgres_only
+@pytest.mark.servers_only
 def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
     browser: Any, feed: Feed, db_url: str, tmp_path: Path, watchers: WatcherProcesses, handler: HandlerService
 ) -> None:

@@ -518,21 +518,24 @@ def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store)
     assert item.epoch == lease.epoch
 
 
-@pytest.mark.postgres_only
+@pytest.mark.servers_only
 def test_a_connection_lost_under_a_hot_path_statement_is_an_outage_and_is_not_reused(db_url):
     """The fetch runs on the driver's cursor: a server gone mid-way is DatabaseUnavailable like any
     statement's, and the dead connection is dropped from the pool instead of failing the next call."""
+    pid, kill = ("pg_backend_pid()", "SELECT pg_terminate_backend({})")
+    if not db_url.startswith("postgresql"):
+        pid, kill = ("CONNECTION_ID()", "KILL {}")
     store = Store(db_url, pool_size=1, pre_ping=False)  # as a watcher's: no ping before each checkout
     try:
         register(store, A)
         store.add_partition("p", [(0, b"x")])
         store.acquire(A, "default", 10, 30)
         with store.read() as conn:
-            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            backend = conn.exec_driver_sql(f"SELECT {pid}").scalar()
         killer = Store(db_url)
         try:
             with killer.write() as conn:
-                assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({backend})").scalar()
+                conn.exec_driver_sql(kill.format(backend))
         finally:
             killer.close()
         with pytest.raises(DatabaseUnavailable):
