@@ -1,10 +1,13 @@
 """The Store directly, on SQLite and PostgreSQL: producer operations, the gate rules as the database
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
+import contextlib
 import re
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select, text
@@ -1051,3 +1054,53 @@ def test_request_steals_takes_from_watchers_at_the_rounded_up_share_down_to_the_
         assert len(store.acquire(watcher, "default", count, 30.0)) == count
     assert store.request_steals("watcher-c", "default", capacity=8, most=5) == 1
     assert store.request_steals("watcher-c", "default", capacity=8, most=5) == 0
+
+
+@contextlib.contextmanager
+def sent_statements(store: Store, seen: list[str]) -> Iterator[None]:
+    """Record every statement sent to the server: on MariaDB/MySQL those the driver sends (PyMySQL
+    turns an executemany it cannot batch into one statement per row, which SQLAlchemy's events see
+    as one), elsewhere those SQLAlchemy executes."""
+    if not store.mysql:
+        with statements_observed(store, lambda conn, statement: seen.append(statement)):
+            yield
+        return
+    import pymysql.cursors
+
+    send = pymysql.cursors.Cursor._query
+
+    def counted(cursor: Any, query: str) -> Any:
+        seen.append(query)
+        return send(cursor, query)
+
+    pymysql.cursors.Cursor._query = counted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pymysql.cursors.Cursor._query = send  # type: ignore[method-assign]
+
+
+@pytest.mark.servers_only  # SQLite reads each leased partition's items with a query of its own, in-process
+def test_no_statement_per_item_or_partition_in_a_fetch_or_per_item_in_its_group_commit(store):
+    """The hot path's statements do not grow with the batch: on MariaDB, which has neither arrays
+    nor LATERAL, as on PostgreSQL. (A commit's statements grow with the partitions whose gate it
+    advances, not with its items; each item here fans out a child, so the commit also inserts.)"""
+
+    def hot_path(prefix: str, partitions: int, per_partition: int) -> tuple[int, int]:
+        for n in range(partitions):
+            store.add_partition(f"{prefix}-{n}", [(0, b"{}")] * per_partition)
+        store.acquire(A, "default", 1000, 30)
+        seen: list[str] = []
+        with sent_statements(store, seen):
+            ready = [r for r in store.fetch_ready(A, 1000) if r.partition.startswith(prefix)]
+            fetched, seen[:] = len(seen), []
+            store.apply(A, [answer(r, Kind.DONE, children=(NewItem(1, b"{}"),)) for r in ready])
+        assert len(ready) == partitions * per_partition
+        return fetched, len(seen)
+
+    register(store, A)
+    one_partition_fetch, _ = hot_path("one", 1, 2)
+    small_fetch, small_commit = hot_path("small", 4, 2)
+    large_fetch, large_commit = hot_path("large", 4, 50)
+    assert one_partition_fetch == small_fetch == large_fetch
+    assert small_commit == large_commit
