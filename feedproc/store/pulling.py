@@ -68,6 +68,15 @@ _PG_CANDIDATES = text(
     LIMIT :max
     """
 )
+# A partition of `:queue` whose items workers may claim now (not leased by a live watcher).
+_CLAIMABLE_PARTITION = (
+    P.queue == bindparam("queue"),
+    P.status == IS_AVAILABLE,
+    P.ready_at.is_not(None),
+    P.ready_at <= db_now(),
+    (P.not_before.is_(None)) | (P.not_before <= db_now()),
+    (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
+)
 # SQLite's twin: its write transaction holds the database's lock, so a plain ordered join does.
 _CANDIDATES = (
     select(
@@ -88,12 +97,7 @@ _CANDIDATES = (
     )
     .select_from(partitions.join(items, (I.partition_id == P.id) & (I.gate == P.gate)))
     .where(
-        P.queue == bindparam("queue"),
-        P.status == IS_AVAILABLE,
-        P.ready_at.is_not(None),
-        P.ready_at <= db_now(),
-        (P.not_before.is_(None)) | (P.not_before <= db_now()),
-        (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
+        *_CLAIMABLE_PARTITION,
         I.status == IS_AVAILABLE,
         I.next_attempt_at <= db_now(),
         I.claimed_until.is_(None),
@@ -116,12 +120,7 @@ _CLAIMABLE_ITEM = (
 _MYSQL_CLAIMABLE_PARTITIONS = (
     select(P.id, P.gate)
     .where(
-        P.queue == bindparam("queue"),
-        P.status == IS_AVAILABLE,
-        P.ready_at.is_not(None),
-        P.ready_at <= db_now(),
-        (P.not_before.is_(None)) | (P.not_before <= db_now()),
-        (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
+        *_CLAIMABLE_PARTITION,
         # One claimable item at least: a scalar subquery probing feedproc_items_by_gate per
         # partition (MariaDB would make an EXISTS a semi-join that reads every item of the table).
         select(literal(1))
