@@ -36,7 +36,7 @@ def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Completed
 @pytest.mark.sqlite_only
 @pytest.mark.parametrize(
     ("url", "says"),
-    [("mysql://x/y", "unsupported database 'mysql'"), ("feedproc.db", "not a database URL")],
+    [("mssql://x/y", "unsupported database 'mssql'"), ("feedproc.db", "not a database URL")],
 )
 def test_an_unusable_database_url_is_one_line_and_exit_2(url: str, says: str, tmp_path: Path) -> None:
     assert_error(cli("--db", url, "status", cwd=tmp_path), 2, says)
