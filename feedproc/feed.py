@@ -10,6 +10,8 @@ from typing import Any
 
 from .core.errors import FeedprocError, InvalidAnswer, InvalidInput, PermanentError, RetryLater
 from .core.models import NewItem, Response
+from .core.naming import naming
+from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
 from .core.records import QueueSettings
 from .store import MAX_CLAIM, ClaimAnswer, Store
@@ -82,23 +84,54 @@ class Feed:
         `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
         (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         """
-        return self.store.add_partition(
-            key,
-            items,
-            queue=queue,
-            priority=priority,
-            sealed=sealed,
-            manual_checkpoint=manual_checkpoint,
-            not_before=not_before,
-            weight=weight,
-            item_timeout=item_timeout,
-            windows=windows,
-            window_tz=window_tz,
-        )
+        with naming(lambda: self.store.gate_names(queue), f"queue {queue!r}"):  # {"gate": "ocr"}
+            return self.store.add_partition(
+                key,
+                items,
+                queue=queue,
+                priority=priority,
+                sealed=sealed,
+                manual_checkpoint=manual_checkpoint,
+                not_before=not_before,
+                weight=weight,
+                item_timeout=item_timeout,
+                windows=windows,
+                window_tz=window_tz,
+            )
 
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
-        """Add items to an open partition; refused if it is sealed or finished, or a gate is too low."""
-        return self.store.add_items(key, items)
+        """Add items to an open partition; refused if it is sealed or finished, or a gate is too low.
+        A gate may be given by its name in the partition's queue's pipeline."""
+        with naming(lambda: self._names_of_partition(key), f"the queue of partition {key!r}"):
+            return self.store.add_items(key, items)
+
+    def _names_of_partition(self, key: str) -> dict[str, int]:
+        queue = self.store.queue_of(key)
+        return self.store.gate_names(queue) if queue is not None else {}
+
+    # ------------------------------------------------------------ pipelines
+
+    def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:
+        """Store `spec` as its queue's pipeline (see `core.pipelines`); returns it with its version,
+        unchanged when the stored one is the same. Running watchers follow it within a poll interval."""
+        return self.store.apply_pipeline(spec, by=by)
+
+    def pipeline(self, queue: str) -> PipelineSpec | None:
+        """A queue's stored pipeline, or None."""
+        return self.store.pipeline(queue)
+
+    def pipelines(self) -> list[PipelineSpec]:
+        """Every stored pipeline."""
+        return self.store.pipelines()
+
+    def remove_pipeline(self, queue: str) -> bool:
+        """Remove a queue's pipeline and its schedules; returns whether it had one."""
+        return self.store.remove_pipeline(queue)
+
+    def gate_names(self, queue: str) -> dict[int, str]:
+        """Gate number -> name in a queue's pipeline (empty without one): for showing gates."""
+        spec = self.store.pipeline(queue)
+        return spec.numbers if spec is not None else {}
 
     def seal(self, key: str) -> None:
         """Declare that no more items will be added to `key`."""

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, cast
 
 from .errors import InvalidInput
+from .naming import resolve_gate
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,100}$")
@@ -77,9 +78,28 @@ def gate_problem(gate: Any) -> str | None:
 
 
 def check_gate(gate: Any, where: str = "") -> int:
-    """Return `gate` if it is a valid gate (0..MAX_GATE), else raise InvalidInput."""
+    """Return `gate` if it is a valid gate (0..MAX_GATE) or the name of one in the pipeline in scope
+    (`naming.naming`), as its number; else raise InvalidInput."""
+    if isinstance(gate, str):
+        try:
+            return resolve_gate(gate)
+        except ValueError as error:
+            raise InvalidInput(f"{where}{error}") from None
     if problem := gate_problem(gate):
         raise InvalidInput(f"{where}{problem}")
+    return int(gate)
+
+
+def gate_number(gate: Any, where: str = "") -> int:
+    """`gate` as a number: a name of the pipeline in scope is resolved (ValueError when unknown);
+    anything but a valid gate number or a str raises TypeError or ValueError naming `where`."""
+    if isinstance(gate, str):
+        try:
+            return resolve_gate(gate)
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+    if problem := gate_problem(gate):
+        raise (TypeError if isinstance(gate, bool) or not isinstance(gate, int) else ValueError)(where + problem)
     return int(gate)
 
 
@@ -135,8 +155,7 @@ def coerce_item(value: Any, where: str = "") -> NewItem:
         gate, data = value.get("gate", 0), value.get("data")
     else:
         raise TypeError(f"{where}an item is (gate, data) or {{'gate': g, 'data': ...}}, got {shown(value)}")
-    if problem := gate_problem(gate):
-        raise (TypeError if isinstance(gate, bool) or not isinstance(gate, int) else ValueError)(where + problem)
+    gate = gate_number(gate, where)
     return NewItem(gate, data if type(data) is bytes else encode_data(data, f"{where}data"))
 
 
@@ -243,6 +262,8 @@ class Response:
 
     `Response(done=True)` completes the item; `Response(gate=G)` moves it to gate G (G equal to
     its gate means "not yet: ask again later", after `retry_after` seconds or the poll interval).
+    G, and a child's gate, may be a gate's name in the queue's pipeline (`"rank"`): it is made
+    its number here (an unknown name raises ValueError).
     `data` replaces the item's data: bytes, a str (stored as UTF-8) or any other JSON value (stored
     as its JSON text). `items` are new child items added to the same partition in the same
     transaction (fan-out): `(gate, data)`, `{"gate": g, "data": d}` or `NewItem`, data by the same
@@ -252,7 +273,7 @@ class Response:
     """
 
     done: bool = False
-    gate: int | None = None
+    gate: int | str | None = None  # an int once made
     data: Any = None  # bytes once made (None: the item's data is kept)
     items: Sequence[tuple[int, Any]] | Iterable[NewItem | tuple[int, Any] | dict[str, Any]] = field(
         default_factory=tuple
@@ -268,7 +289,9 @@ class Response:
     def __post_init__(self) -> None:
         if self.done == (self.gate is not None):
             raise ValueError("a Response has either done=True or a gate, not both and not neither")
-        if self.gate is not None and (problem := gate_problem(self.gate)):
+        if isinstance(self.gate, str):
+            self.gate = gate_number(self.gate, "Response ")
+        elif self.gate is not None and (problem := gate_problem(self.gate)):
             raise ValueError(f"Response {problem}")
         if self.data is not None and type(self.data) is not bytes:
             self.data = encode_data(self.data, "Response data")

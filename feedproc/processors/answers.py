@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..core.errors import InvalidAnswer, PermanentError, RetryLater
-from ..core.models import NewItem, Response, check_delay, check_progress, gate_problem, shown, strict_json
+from ..core.models import NewItem, Response, check_delay, check_progress, gate_number, shown, strict_json
 
 BODY_KEPT = 500  # bytes of a failed answer's body kept in last_error
 
@@ -158,22 +158,24 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
     for n, child in enumerate(children_value, start=1):
         if not isinstance(child, dict):
             raise InvalidAnswer(f"child {n} is not an object")
-        gate = child.get("gate", 0)
-        if isinstance(gate, bool) or not isinstance(gate, int):
-            raise InvalidAnswer(f"child {n} has gate {shown(gate)}, not an integer")
-        if problem := gate_problem(gate):
-            raise InvalidAnswer(f"child {n}: {problem}")
+        gate = _answer_gate(child.get("gate", 0), f"child {n}: ")
         children.append(NewItem(gate, _answer_data(child.get("data"), f"child {n} data")))
     if done is True:
         return Response(done=True, data=data, items=children, retry_after=retry_after, progress=progress)
     gate = answer.get("gate")
     if gate is None:
         raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
-    if isinstance(gate, bool) or not isinstance(gate, int):
-        raise InvalidAnswer(f"gate must be an integer, got {shown(gate)}")
-    if problem := gate_problem(gate):
-        raise InvalidAnswer(problem)
-    return Response(gate=gate, data=data, items=children, retry_after=retry_after, progress=progress)
+    return Response(gate=_answer_gate(gate, ""), data=data, items=children, retry_after=retry_after, progress=progress)
+
+
+def _answer_gate(value: Any, where: str) -> int:
+    """An answer's gate: an integer from 0 to MAX_GATE, or the name of a gate of the queue's pipeline."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidAnswer(f"{where}gate must be an integer or a gate's name, got {shown(value)}")
+    try:
+        return gate_number(value)
+    except ValueError as error:
+        raise InvalidAnswer(f"{where}{error}") from None
 
 
 def _answer_data(value: Any, what: str) -> bytes:

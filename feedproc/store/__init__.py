@@ -9,7 +9,8 @@ Callers:
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
   charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
   batch of answers (`answers.py`);
-* scheduling controls: queue settings, slots, deferral, progress (`queues.py`);
+* scheduling controls: queue settings, slots, deferral, progress (`queues.py`); pipelines, their
+  versions and schedules (`pipelines.py`, `scheduling.py`);
 * pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
   the claims of silent workers (`pulling.py`).
 
@@ -37,6 +38,7 @@ from .insight import Insight
 from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
+from .pipelines import Pipelines
 from .producing import Producing
 from .pulling import MAX_CLAIM, ClaimAnswer, Pulling
 from .queues import Queues
@@ -69,6 +71,7 @@ class Store(
     Pulling,
     Answers,
     Queues,
+    Pipelines,
     Retention,
     StoreBase,
 ):

@@ -139,6 +139,8 @@ watchers = Table(
     # Weight of the items this watcher has in flight, counted against its queue's concurrency limit
     # while the watcher is alive (0002): a dead watcher's slots come back when it expires.
     Column("slots", Integer, nullable=False, server_default=text("0")),
+    # The same per gate of a pipeline with gate limits (0009): JSON {"gate": weight, ...}.
+    Column("gate_slots", LongText, nullable=True),
     Index("feedproc_watchers_queue", "queue", "expires_at"),
 )
 
@@ -249,4 +251,27 @@ stats = Table(
     Column("processed", BigInteger, nullable=False, server_default=text("0")),
     Column("completed", BigInteger, nullable=False, server_default=text("0")),
     Column("failed", BigInteger, nullable=False, server_default=text("0")),
+)
+
+# Pipelines (0009): one per queue, the JSON of `core.pipelines.PipelineSpec.to_mapping`, with a
+# version every applied change raises; watchers read it once per poll interval and follow it.
+pipelines = Table(
+    "feedproc_pipelines",
+    metadata,
+    Column("queue", String(100), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("spec", LongText, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(120), nullable=True),
+)
+
+# The last tick each schedule of a pipeline started a partition for (0009): the row is locked while
+# a tick is fired, so any number of watchers start each tick's partition once.
+schedules = Table(
+    "feedproc_schedules",
+    metadata,
+    Column("queue", String(100), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("last_tick", UTCDateTime(), nullable=False),
+    Column("last_key", String(200), nullable=True),
 )

@@ -1,0 +1,380 @@
+"""Pipelines: a queue's gates named, each routed to its own handler with its own settings, and the
+partitions it starts on a schedule.
+
+A `PipelineSpec` is what `feedproc pipeline apply FILE.toml` stores (as the JSON of `to_mapping`)
+and every watcher of the queue follows. It is checked whole when it is made, so a stored pipeline
+is always one a watcher can serve:
+
+```toml
+queue = "uploads"
+
+[defaults]                 # optional: every gate's settings unless the gate says otherwise
+timeout = 30
+
+[[gate]]
+name = "list"
+number = 0
+handler = "http://127.0.0.1:8081/"
+
+[[gate]]
+name = "ocr"
+number = 1
+handler = "http://127.0.0.1:8082/"
+limit = 8                  # at most 8 items at this gate in flight, fleet-wide
+timeout = 120
+
+[[schedule]]
+name = "nightly"
+cron = "0 2 * * *"
+timezone = "Europe/Berlin"
+key = "nightly-{date:%Y%m%d}"
+items = [{gate = "list", data = {folder = "/incoming"}}]
+```
+
+Pure: no database, network or clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from . import windows as timewindows
+from .errors import InvalidInput
+from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
+from .naming import check_gate_name, naming
+from .policy import RetryPolicy
+
+#: Items a batch delivery holds at most (the watcher's `--batch` bound too).
+MAX_BATCH = 1000
+
+#: The settings a gate may give (and `[defaults]` may give every gate), with their types.
+GATE_SETTINGS: dict[str, type] = {
+    "timeout": float,
+    "item_timeout": float,
+    "max_attempts": int,
+    "retry_delay": float,
+    "max_retry_delay": float,
+    "limit": int,
+    "windows": list,
+    "timezone": str,
+    "batch": int,
+    "headers": dict,
+}
+_GATE_KEYS = {"name", "number", "handler", "processor", *GATE_SETTINGS}
+_SCHEDULE_KEYS = {"name", "cron", "timezone", "key", "items", "priority"}
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpec:
+    """One gate of a pipeline: its name and number, where its items go (a handler URL or a Python
+    processor `module:attr`; neither: the watcher's own processor), and its settings (None: the
+    watcher's)."""
+
+    name: str
+    number: int
+    handler: str | None = None
+    processor: str | None = None
+    timeout: float | None = None  # seconds one HTTP request may take
+    item_timeout: float | None = None  # seconds a processor call may take
+    max_attempts: int | None = None
+    retry_delay: float | None = None
+    max_retry_delay: float | None = None
+    limit: int | None = None  # items of this gate in flight fleet-wide, by weight
+    windows: str | None = None  # "22:00-06:00,12:00-13:00": when items of this gate may start
+    timezone: str | None = None  # of the windows (None: UTC)
+    batch: int | None = None  # items of one partition delivered in one call at most
+    headers: tuple[tuple[str, str], ...] = ()  # extra headers on this gate's handler requests
+
+    def policy(self, base: RetryPolicy) -> RetryPolicy:
+        """`base` (the watcher's) with this gate's attempts and backoff where it gives them."""
+        if self.max_attempts is None and self.retry_delay is None and self.max_retry_delay is None:
+            return base
+        return RetryPolicy(
+            self.max_attempts if self.max_attempts is not None else base.max_attempts,
+            self.retry_delay if self.retry_delay is not None else base.retry_delay,
+            self.max_retry_delay if self.max_retry_delay is not None else base.max_retry_delay,
+            base.not_yet_delay,
+        )
+
+    @property
+    def parsed_windows(self) -> tuple[timewindows.Window, ...]:
+        return timewindows.parse_windows(self.windows)
+
+    def to_mapping(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "number": self.number}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in out or value is None or value == ():
+                continue
+            if f.name == "windows":
+                value = value.split(",")
+            elif f.name == "headers":
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """Partitions started on a schedule: at every tick of `cron` (five fields, or six with seconds
+    last) in `timezone`, a partition keyed `key.format(date=<the tick in that zone>)` with `items`
+    and `priority`, created once per tick across every watcher."""
+
+    name: str
+    cron: str
+    key: str
+    timezone: str = "UTC"
+    items: tuple[NewItem, ...] = ()
+    priority: int = 0
+
+    def to_mapping(self, gate_names: Mapping[int, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "cron": self.cron, "timezone": self.timezone, "key": self.key}
+        out["items"] = [{"gate": gate_names.get(i.gate, i.gate), "data": _json_of(i.data)} for i in self.items]
+        out["priority"] = self.priority
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSpec:
+    """A queue's pipeline: its gates in number order and its schedules. `version` is the stored
+    version (0: not stored)."""
+
+    queue: str
+    gates: tuple[GateSpec, ...]
+    schedules: tuple[ScheduleSpec, ...] = ()
+    version: int = 0
+    _by_number: dict[int, GateSpec] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_number.update({gate.number: gate for gate in self.gates})
+
+    @property
+    def names(self) -> dict[str, int]:
+        """Gate name -> number."""
+        return {gate.name: gate.number for gate in self.gates}
+
+    @property
+    def numbers(self) -> dict[int, str]:
+        """Gate number -> name."""
+        return {gate.number: gate.name for gate in self.gates}
+
+    def gate(self, number: int) -> GateSpec | None:
+        """The gate of that number, if the pipeline has it."""
+        return self._by_number.get(number)
+
+    def number(self, gate: int | str) -> int:
+        """A gate's number from its number or name; InvalidInput for a name the pipeline lacks."""
+        if isinstance(gate, str):
+            if gate not in self.names:
+                raise InvalidInput(
+                    f"unknown gate {gate!r}: the pipeline of queue {self.queue!r} has {', '.join(self.names)}"
+                )
+            return self.names[gate]
+        if problem := gate_problem(gate):
+            raise InvalidInput(problem)
+        return int(gate)
+
+    @property
+    def limits(self) -> dict[int, int]:
+        """Gate number -> its fleet-wide concurrency limit, for the gates that have one."""
+        return {gate.number: gate.limit for gate in self.gates if gate.limit}
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The pipeline as TOML's shape in plain values (what is stored, as JSON, and shown)."""
+        out: dict[str, Any] = {"queue": self.queue, "gate": [gate.to_mapping() for gate in self.gates]}
+        if self.schedules:
+            out["schedule"] = [schedule.to_mapping(self.numbers) for schedule in self.schedules]
+        return out
+
+    def with_version(self, version: int) -> PipelineSpec:
+        return PipelineSpec(self.queue, self.gates, self.schedules, version)
+
+
+def parse_toml(text: str, *, source: str = "pipeline") -> PipelineSpec:
+    """A pipeline from its TOML text: InvalidInput naming the problem (and `source`) otherwise."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise InvalidInput(f"{source}: invalid TOML: {error}") from None
+    return from_mapping(document, source=source)
+
+
+def from_mapping(document: Mapping[str, Any], *, source: str = "pipeline", version: int = 0) -> PipelineSpec:
+    """A pipeline from its TOML shape (also what is stored): every value checked, InvalidInput
+    naming the first problem and where it is."""
+    if not isinstance(document, Mapping):
+        raise InvalidInput(f"{source}: a pipeline is a table")
+    unknown = set(document) - {"queue", "defaults", "gate", "schedule"}
+    if unknown:
+        raise InvalidInput(f"{source}: unknown key(s) {', '.join(sorted(unknown))} (queue, defaults, gate, schedule)")
+    try:
+        queue = check_queue(document.get("queue", "default"))
+    except InvalidInput as error:
+        raise InvalidInput(f"{source}: {error}") from None
+    defaults = document.get("defaults", {})
+    if not isinstance(defaults, Mapping):
+        raise InvalidInput(f"{source}: [defaults] must be a table")
+    bad = set(defaults) - set(GATE_SETTINGS)
+    if bad:
+        raise InvalidInput(f"{source}: [defaults]: unknown setting(s) {', '.join(sorted(bad))}")
+    raw_gates = document.get("gate", [])
+    if not isinstance(raw_gates, list) or not raw_gates:
+        raise InvalidInput(f"{source}: a pipeline needs at least one [[gate]]")
+    gates: list[GateSpec] = []
+    for n, raw in enumerate(raw_gates, start=1):
+        where = f"{source}: gate {n}: "
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{where}a gate is a table")
+        gates.append(_gate({**defaults, **raw}, where))
+    seen_names: set[str] = set()
+    seen_numbers: set[int] = set()
+    for gate in gates:
+        if gate.name in seen_names:
+            raise InvalidInput(f"{source}: two gates are named {gate.name!r}")
+        if gate.number in seen_numbers:
+            raise InvalidInput(f"{source}: two gates have number {gate.number}")
+        seen_names.add(gate.name)
+        seen_numbers.add(gate.number)
+    gates.sort(key=lambda gate: gate.number)
+    names = {gate.name: gate.number for gate in gates}
+    raw_schedules = document.get("schedule", [])
+    if not isinstance(raw_schedules, list):
+        raise InvalidInput(f"{source}: schedule must be an array of tables ([[schedule]])")
+    schedules: list[ScheduleSpec] = []
+    for n, raw in enumerate(raw_schedules, start=1):
+        where = f"{source}: schedule {n}: "
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{where}a schedule is a table")
+        with naming(names, f"queue {queue!r}"):
+            schedules.append(_schedule(raw, where))
+    if len({s.name for s in schedules}) != len(schedules):
+        raise InvalidInput(f"{source}: two schedules have the same name")
+    return PipelineSpec(queue, tuple(gates), tuple(schedules), version)
+
+
+def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
+    unknown = set(raw) - _GATE_KEYS
+    if unknown:
+        raise InvalidInput(f"{where}unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        name = check_gate_name(raw.get("name"))
+    except ValueError as error:
+        raise InvalidInput(f"{where}{error}") from None
+    where = f"{where.rsplit(': ', 2)[0]}: gate {name!r}: "
+    number = raw.get("number")
+    if problem := gate_problem(number):
+        raise InvalidInput(f"{where}number: {problem}")
+    handler, processor = raw.get("handler"), raw.get("processor")
+    if handler is not None and processor is not None:
+        raise InvalidInput(f"{where}give a handler or a processor, not both")
+    if handler is not None and (not isinstance(handler, str) or not handler.startswith(("http://", "https://"))):
+        raise InvalidInput(f"{where}handler must be an http:// or https:// URL, got {shown(handler)}")
+    if processor is not None and (not isinstance(processor, str) or ":" not in processor):
+        raise InvalidInput(f"{where}processor must be module:attr, got {shown(processor)}")
+    values: dict[str, Any] = {}
+    for key in ("timeout", "item_timeout", "retry_delay", "max_retry_delay"):
+        if key in raw:
+            values[key] = _seconds(raw[key], f"{where}{key}", positive=key != "retry_delay")
+    for key, low, high in (("max_attempts", 1, MAX_INT32), ("limit", 1, MAX_INT32), ("batch", 1, MAX_BATCH)):
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidInput(f"{where}{key} must be an integer from {low} to {high}, got {shown(value)}")
+            values[key] = value
+    if "windows" in raw:
+        spec = raw["windows"]
+        spec = [spec] if isinstance(spec, str) else spec
+        if not isinstance(spec, list) or not all(isinstance(w, str) for w in spec):
+            raise InvalidInput(f'{where}windows must be a list like ["22:00-06:00"]')
+        try:
+            values["windows"] = timewindows.format_windows(timewindows.parse_windows(spec))
+        except InvalidInput as error:
+            raise InvalidInput(f"{where}{error}") from None
+    if "timezone" in raw:
+        try:
+            timewindows.zone(raw["timezone"])
+        except InvalidInput as error:
+            raise InvalidInput(f"{where}{error}") from None
+        values["timezone"] = raw["timezone"]
+    if "headers" in raw:
+        headers = raw["headers"]
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in headers.items()
+        ):
+            raise InvalidInput(f'{where}headers must be a table of strings, like {{Authorization = "Bearer ..."}}')
+        values["headers"] = tuple(sorted(headers.items()))
+    return GateSpec(name, int(number), handler, processor, **values)
+
+
+def _seconds(value: Any, what: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{what} must be a number of seconds, got {shown(value)}")
+    if positive and value == 0:
+        raise InvalidInput(f"{what} must be more than 0 seconds")
+    return float(value)
+
+
+def _schedule(raw: Mapping[str, Any], where: str) -> ScheduleSpec:
+    from .schedules import check_cron, render_key  # the cron parser, kept out of the module's import cost
+
+    unknown = set(raw) - _SCHEDULE_KEYS
+    if unknown:
+        raise InvalidInput(f"{where}unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        name = check_gate_name(raw.get("name"))
+    except ValueError as error:
+        raise InvalidInput(f"{where}{str(error).replace('gate name', 'schedule name')}") from None
+    where = f"{where.rsplit(': ', 2)[0]}: schedule {name!r}: "
+    timezone = raw.get("timezone", "UTC")
+    try:
+        timewindows.zone(timezone)
+    except InvalidInput as error:
+        raise InvalidInput(f"{where}{error}") from None
+    cron = raw.get("cron")
+    try:
+        check_cron(cron)
+    except ValueError as error:
+        raise InvalidInput(f"{where}{error}") from None
+    key = raw.get("key")
+    if not isinstance(key, str) or "{date" not in key:
+        raise InvalidInput(f"{where}key must be a template with {{date...}}, like 'nightly-{{date:%Y%m%d}}'")
+    try:
+        render_key(key, timezone_name=timezone)
+    except ValueError as error:
+        raise InvalidInput(f"{where}{error}") from None
+    priority = raw.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT32:
+        raise InvalidInput(f"{where}priority must be an integer, got {shown(priority)}")
+    raw_items = raw.get("items", [])
+    if not isinstance(raw_items, list):
+        raise InvalidInput(f'{where}items must be a list like [{{gate = "list", data = {{}}}}]')
+    items: list[NewItem] = []
+    for n, row in enumerate(raw_items, start=1):
+        if not isinstance(row, Mapping) or set(row) - {"gate", "data"}:
+            raise InvalidInput(f"{where}item {n}: expected {{gate = ..., data = ...}}")
+        gate = check_gate(row.get("gate", 0), f"{where}item {n}: ")
+        items.append(NewItem(gate, encode_json(row.get("data"), f"{where}item {n}: ")))
+    return ScheduleSpec(name, cron, key, timezone, tuple(items), priority)
+
+
+def _json_of(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
+
+
+__all__ = [
+    "GATE_SETTINGS",
+    "MAX_GATE",
+    "GateSpec",
+    "PipelineSpec",
+    "ScheduleSpec",
+    "from_mapping",
+    "parse_toml",
+]

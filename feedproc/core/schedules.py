@@ -1,0 +1,55 @@
+"""Schedules' ticks: which tick of a cron expression is due, the next ones, and a tick's partition key.
+
+croniter reads the expressions (five fields, or six with seconds last; `@daily` and the like) and
+walks them in the schedule's time zone, so `0 2 * * *` in Europe/Berlin is 02:00 there in summer
+and winter. Every moment here is an aware datetime; what is due is decided against a `now` the
+caller gives (the database's clock in the watcher, any clock in a test).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from croniter import croniter
+
+from . import windows as timewindows
+from .models import check_key
+
+
+def check_cron(expression: Any) -> str:
+    """Return `expression` if croniter reads it, else raise ValueError."""
+    if not isinstance(expression, str) or not croniter.is_valid(expression):
+        raise ValueError(
+            f"cron {expression!r} is not a cron expression (five fields like '0 2 * * *', or six with seconds last)"
+        )
+    return expression
+
+
+def due_tick(expression: str, timezone_name: str, after: datetime, now: datetime) -> datetime | None:
+    """The latest tick in (after, now], in UTC, or None: ticks missed while no watcher ran come due
+    as one (the latest), never one per tick missed."""
+    zone = timewindows.zone(timezone_name)
+    latest = croniter(expression, (now + timedelta(microseconds=1)).astimezone(zone)).get_prev(datetime)
+    latest = latest.astimezone(UTC)
+    return latest if latest > after else None
+
+
+def next_ticks(expression: str, timezone_name: str, after: datetime, count: int = 1) -> list[datetime]:
+    """The next `count` ticks after `after`, in UTC."""
+    walk = croniter(expression, after.astimezone(timewindows.zone(timezone_name)))
+    return [walk.get_next(datetime).astimezone(UTC) for _ in range(count)]
+
+
+def render_key(template: str, *, timezone_name: str = "UTC", at: datetime | None = None) -> str:
+    """The partition key of the tick `at` (a sample moment when None): the template formatted with
+    `date` (the tick in the schedule's zone); ValueError when the result is not a valid key."""
+    when = (at or datetime(2026, 1, 31, 23, 59, 58, tzinfo=UTC)).astimezone(timewindows.zone(timezone_name))
+    try:
+        key = template.format(date=when)
+    except (KeyError, IndexError, ValueError, AttributeError) as error:
+        raise ValueError(f"key template {template!r} cannot be formatted: {error!r}") from None
+    try:
+        return check_key(key)
+    except ValueError as error:
+        raise ValueError(f"key template {template!r} makes {error}") from None

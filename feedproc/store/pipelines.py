@@ -1,0 +1,111 @@
+"""Pipelines: a queue's stored pipeline (`core.pipelines`), versioned, and its schedules' state.
+
+`apply_pipeline` stores a checked spec as JSON and raises its version when it differs from the one
+stored (applying the same file twice changes nothing); watchers read `pipeline_version` once per
+poll interval (one primary-key read) and the whole spec only when the version moved. The
+schedules' rows (`feedproc_schedules`) are kept in step in the same transaction: a new schedule
+starts counting ticks from the moment it is applied (nothing is back-filled), a removed one's row
+goes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from ..core.errors import InvalidInput
+from ..core.models import check_queue
+from ..core.pipelines import PipelineSpec, from_mapping
+from .base import StoreBase
+from .dialects import db_now
+from .notify import notify_ready
+from .schema import partitions, pipelines, schedules
+
+PL, SC = pipelines.c, schedules.c
+
+
+class Pipelines(StoreBase):
+    """Stored pipelines and their schedules' rows."""
+
+    def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:
+        """Store `spec` as its queue's pipeline. Returns it with its version: the stored one when
+        nothing changed, else one more (1 for a queue's first). Running watchers follow it within a
+        poll interval; items in flight finish under the version they started with."""
+        text = json.dumps(spec.to_mapping(), sort_keys=True, separators=(",", ":"))
+        with self.write() as conn:
+            row = conn.execute(
+                select(PL.version, PL.spec).where(PL.queue == spec.queue).with_for_update()
+            ).one_or_none()
+            if row is not None and row.spec == text:
+                return spec.with_version(int(row.version))
+            version = 1 if row is None else int(row.version) + 1
+            values = {"version": version, "spec": text, "updated_at": db_now(), "updated_by": by[:120]}
+            if row is None:
+                conn.execute(insert(pipelines).values(queue=spec.queue, **values))
+            else:
+                conn.execute(update(pipelines).where(PL.queue == spec.queue).values(**values))
+            self._keep_schedules(conn, spec)
+            notify_ready(conn, spec.queue)  # watchers of the queue look again now
+            return spec.with_version(version)
+
+    def _keep_schedules(self, conn: Connection, spec: PipelineSpec) -> None:
+        names = [schedule.name for schedule in spec.schedules]
+        gone = delete(schedules).where(SC.queue == spec.queue)
+        conn.execute(gone.where(SC.name.not_in(names)) if names else gone)
+        have = set(conn.execute(select(SC.name).where(SC.queue == spec.queue)).scalars())
+        for name in names:
+            if name not in have:
+                conn.execute(insert(schedules).values(queue=spec.queue, name=name, last_tick=db_now()))
+
+    def remove_pipeline(self, queue: str) -> bool:
+        """Remove a queue's pipeline (and its schedules): its watchers fall back to their own
+        processor and settings. Returns whether there was one."""
+        check_queue(queue)
+        with self.write() as conn:
+            conn.execute(delete(schedules).where(SC.queue == queue))
+            done = conn.execute(delete(pipelines).where(PL.queue == queue)).rowcount
+            notify_ready(conn, queue)
+            return bool(done)
+
+    def pipeline(self, queue: str) -> PipelineSpec | None:
+        """A queue's stored pipeline with its version, or None."""
+        check_queue(queue)
+        with self.read() as conn:
+            return self._pipeline(conn, queue)
+
+    def _pipeline(self, conn: Connection, queue: str) -> PipelineSpec | None:
+        row = conn.execute(select(PL.version, PL.spec).where(PL.queue == queue)).one_or_none()
+        return None if row is None else _spec(row.spec, int(row.version), queue)
+
+    def pipelines(self) -> list[PipelineSpec]:
+        """Every stored pipeline, by queue."""
+        with self.read() as conn:
+            rows = conn.execute(select(PL.queue, PL.version, PL.spec).order_by(PL.queue)).all()
+        return [_spec(row.spec, int(row.version), row.queue) for row in rows]
+
+    def pipeline_version(self, queue: str) -> int:
+        """The version of a queue's pipeline (0: none): what a watcher polls."""
+        with self.single() as conn:
+            version = conn.execute(select(PL.version).where(PL.queue == queue)).scalar_one_or_none()
+        return 0 if version is None else int(version)
+
+    def gate_names(self, queue: str) -> dict[str, int]:
+        """Gate name -> number in a queue's pipeline (empty without one)."""
+        spec = self.pipeline(queue)
+        return spec.names if spec is not None else {}
+
+    def queue_of(self, key: str) -> str | None:
+        """The queue of partition `key`, if it exists."""
+        with self.read() as conn:
+            queue: Any = conn.execute(select(partitions.c.queue).where(partitions.c.key == key)).scalar_one_or_none()
+        return queue
+
+
+def _spec(text: str, version: int, queue: str) -> PipelineSpec:
+    try:
+        return from_mapping(json.loads(text), source=f"stored pipeline of queue {queue!r}", version=version)
+    except (ValueError, InvalidInput) as error:  # written by a newer feedproc, or by hand
+        raise InvalidInput(f"the stored pipeline of queue {queue!r} cannot be read: {error}") from None
