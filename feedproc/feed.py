@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -84,7 +85,7 @@ class Feed:
         `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
         (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         """
-        with naming(lambda: self.store.gate_names(queue), f"queue {queue!r}"):  # {"gate": "ocr"}
+        with self.gate_naming(queue=queue):  # {"gate": "ocr"}
             return self.store.add_partition(
                 key,
                 items,
@@ -102,8 +103,17 @@ class Feed:
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
         """Add items to an open partition; refused if it is sealed or finished, or a gate is too low.
         A gate may be given by its name in the partition's queue's pipeline."""
-        with naming(lambda: self._names_of_partition(key), f"the queue of partition {key!r}"):
+        with self.gate_naming(key=key):
             return self.store.add_items(key, items)
+
+    def gate_naming(self, *, queue: str | None = None, key: str | None = None) -> AbstractContextManager[None]:
+        """A block within which gate names (`{"gate": "ocr"}`, `check_gate("ocr")`) are those of
+        `queue`'s pipeline, or of the queue of partition `key`: for a front door that checks items
+        before it hands them over. The pipeline is read only if a name is met."""
+        if queue is not None:
+            return naming(lambda: self.store.gate_names(queue), f"queue {queue!r}")
+        assert key is not None, "gate_naming needs a queue or a key"
+        return naming(lambda: self._names_of_partition(key), f"the queue of partition {key!r}")
 
     def _names_of_partition(self, key: str) -> dict[str, int]:
         queue = self.store.queue_of(key)
