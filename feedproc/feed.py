@@ -143,6 +143,16 @@ class Feed:
         spec = self.store.pipeline(queue)
         return spec.numbers if spec is not None else {}
 
+    def fire_schedules(self, queue: str, now: datetime | None = None) -> list[str]:
+        """Create the partitions of `queue`'s schedules whose tick is due at `now` (None: the
+        database's clock), each tick's once however many callers; returns the keys created."""
+        return self.store.fire_schedules(queue, now)
+
+    def schedules(self, queue: str | None = None, count: int = 3) -> list[dict[str, Any]]:
+        """Every stored pipeline's schedules (or `queue`'s): cron, zone, key template, last tick and
+        key, the next `count` ticks (ISO, UTC) and the key of the next."""
+        return self.store.schedule_list(queue, count=count)
+
     def seal(self, key: str) -> None:
         """Declare that no more items will be added to `key`."""
         self.store.seal(key)

@@ -10,7 +10,8 @@ Callers:
   charge the deliveries a watcher lost (`lost.py`), fetch ready items (`dispatch.py`), and apply a
   batch of answers (`answers.py`);
 * scheduling controls: queue settings, slots, deferral, progress (`queues.py`); pipelines, their
-  versions and schedules (`pipelines.py`, `scheduling.py`);
+  versions and schedules' rows (`pipelines.py`); schedules' ticks, each fired once whoever calls,
+  and their next ticks (`scheduling.py`);
 * pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
   the claims of silent workers (`pulling.py`).
 
@@ -44,6 +45,7 @@ from .pulling import MAX_CLAIM, ClaimAnswer, Pulling
 from .queues import Queues
 from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
 from .retention import Retention
+from .scheduling import Scheduling
 
 __all__ = [
     "FAILED_ITEMS_SHOWN",
@@ -60,6 +62,7 @@ __all__ = [
 
 
 class Store(
+    Scheduling,
     Producing,
     ItemActions,
     Reading,

@@ -7,11 +7,12 @@ gate advance, and ends by settling the partition through the gate rules (`gating
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..core import gates
@@ -72,34 +73,63 @@ class Producing(GateWriter):
         schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         try:
             with self.write() as conn:
-                created = insert(partitions).values(
-                    key=key,
+                return self._create_partition(
+                    conn,
+                    key,
+                    new_items,
                     queue=queue,
-                    status=AVAILABLE,
-                    gate=0,
                     priority=priority,
                     sealed=sealed,
                     manual_checkpoint=manual_checkpoint,
                     not_before=not_before,
-                    created_at=db_now(),
-                    updated_at=db_now(),
                     **schedule,
                 )
-                if self.mysql:  # MySQL has no INSERT ... RETURNING: the id InnoDB gave it, as the driver reports it
-                    pid = int(conn.execute(created).lastrowid)
-                else:
-                    pid = conn.execute(created.returning(P.id)).scalar_one()
-                count, first_gate = self._insert_items(conn, pid, new_items, partition_gate=None)
-                if first_gate != 0:  # inserted at gate 0, where most partitions start
-                    conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
-                self._event(conn, pid, "created", detail={"items": count, "gate": first_gate})
-                self._tally(conn, queue, this_process("producer"), {"added": count})
-                self._settle(conn, pid)
-                return count
         except IntegrityError as error:
             if is_unique_violation(error):
                 raise DuplicateKey(f"partition {key!r} exists already") from error
             raise
+
+    def _create_partition(
+        self,
+        conn: Connection,
+        key: str,
+        new_items: NewItems,
+        *,
+        queue: str,
+        priority: int,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+        source: str = "producer",
+        detail: Mapping[str, Any] | None = None,
+        **schedule: Any,
+    ) -> int:
+        """Create partition `key` and its items in the caller's transaction (arguments checked
+        already; `schedule` as `_schedule_values` makes it, default when empty); its history's
+        "created" entry gets `detail` too. Returns the number of items; IntegrityError when the key
+        exists."""
+        created = insert(partitions).values(
+            key=key,
+            queue=queue,
+            status=AVAILABLE,
+            gate=0,
+            priority=priority,
+            sealed=sealed,
+            manual_checkpoint=manual_checkpoint,
+            not_before=not_before,
+            created_at=db_now(),
+            updated_at=db_now(),
+            **(schedule or _schedule_values(1, None, None, None)),
+        )
+        # MySQL has no INSERT ... RETURNING: the id InnoDB gave it, as the driver reports it
+        pid = int(conn.execute(created).lastrowid) if self.mysql else conn.execute(created.returning(P.id)).scalar_one()
+        count, first_gate = self._insert_items(conn, pid, new_items, partition_gate=None)
+        if first_gate != 0:  # inserted at gate 0, where most partitions start
+            conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
+        self._event(conn, pid, "created", detail={"items": count, "gate": first_gate, **(detail or {})})
+        self._tally(conn, queue, this_process(source), {"added": count})
+        self._settle(conn, pid)
+        return count
 
     def add_items(self, key: str, new_items: NewItems) -> int:
         """Add items to an open partition (not sealed, not finished); returns how many."""
