@@ -100,15 +100,20 @@ def test_the_skipped_tick_is_due_once_on_the_spring_forward_day() -> None:
     assert due_tick("30 2 * * *", BERLIN, at("2026-03-29 01:00"), at("2026-03-29 23:00")) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="croniter yields both 02:30s of the repeated hour (00:30 and 01:30 UTC): core/schedules.py "
-    "ticks twice; a date-only key makes the second tick's partition a duplicate, skipped by the store",
-)
 def test_a_daily_tick_in_the_hour_repeated_in_autumn_comes_once() -> None:
     # 2026-10-25 in Berlin: 03:00 CEST becomes 02:00 CET; 02:30 happens twice
     ticks = next_ticks("30 2 * * *", BERLIN, at("2026-10-24 12:00"), 2)
     assert ticks == [at("2026-10-25 00:30"), at("2026-10-26 01:30")]
+
+
+def test_the_repeated_hour_does_not_make_a_fired_tick_due_again() -> None:
+    first = at("2026-10-25 00:30")  # 02:30 CEST, fired
+    assert due_tick("30 2 * * *", BERLIN, first, at("2026-10-25 01:45")) is None  # 02:30 CET came and went
+
+
+def test_a_cron_that_never_ticks_is_refused() -> None:
+    with pytest.raises(ValueError, match="never ticks"):
+        check_cron("0 0 30 2 *")
 
 
 # ---------------------------------------------------------------- six fields: seconds last
