@@ -50,8 +50,9 @@ class WatcherMetrics:
         self._retried = Counter(
             "feedproc_items_retried", "Transient failures scheduled for another attempt.", ["queue"], registry=r
         ).labels(*q)
-        self.latency = LatencyHistogram(LATENCY_BUCKETS)
-        r.register(_HistogramCollector(self.latency, queue))
+        #: Per gate (its pipeline name, else its number): `latency(gate)` makes one on first use.
+        self.latencies: dict[str, LatencyHistogram] = {}
+        r.register(_HistogramCollector(self.latencies, queue))
         held = Gauge("feedproc_leases_held", "Partitions leased by this watcher now.", ["queue"], registry=r)
         held.labels(*q).set_function(leases_held)
         steals = Counter(
@@ -79,6 +80,13 @@ class WatcherMetrics:
         self.given_up = fenced.labels(queue, "watcher")
         self._backlog = _Backlog(queue)
         r.register(self._backlog)
+
+    def latency(self, gate: str) -> LatencyHistogram:
+        """The processing-time histogram of `gate` (its pipeline name, else its number as text)."""
+        histogram = self.latencies.get(gate)
+        if histogram is None:
+            histogram = self.latencies[gate] = LatencyHistogram(LATENCY_BUCKETS)
+        return histogram
 
     def written(self, kinds: Mapping[str, int]) -> None:
         """Count the answers of one group commit, by kind (`Kind` values: done, move, later, retry, fail)."""
@@ -113,22 +121,23 @@ class LatencyHistogram:
 
 
 class _HistogramCollector(Collector):
-    """`feedproc_processing_seconds` from a LatencyHistogram, as prometheus-client's histogram family."""
+    """`feedproc_processing_seconds{queue, gate}` from the LatencyHistograms of each gate, as
+    prometheus-client's histogram family."""
 
-    def __init__(self, histogram: LatencyHistogram, queue: str) -> None:
-        self.histogram, self.queue = histogram, queue
+    def __init__(self, histograms: dict[str, LatencyHistogram], queue: str) -> None:
+        self.histograms, self.queue = histograms, queue
 
     def collect(self) -> Iterator[Metric]:
-        h = self.histogram
-        counts, total = list(h.counts), h.sum
-        cumulative, buckets = 0, []
-        for bound, n in zip((*h.buckets, float("inf")), counts, strict=True):
-            cumulative += n
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         family = HistogramMetricFamily(
-            "feedproc_processing_seconds", "Time the processor (handler) took per delivery.", labels=["queue"]
+            "feedproc_processing_seconds", "Time the processor (handler) took per delivery.", labels=["queue", "gate"]
         )
-        family.add_metric([self.queue], buckets, total)
+        for gate, h in list(self.histograms.items()):
+            counts, total = list(h.counts), h.sum
+            cumulative, buckets = 0, []
+            for bound, n in zip((*h.buckets, float("inf")), counts, strict=True):
+                cumulative += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            family.add_metric([self.queue, gate], buckets, total)
         yield family
 
 

@@ -31,7 +31,10 @@ from .app import (
 
 @app.command()
 def watch(
-    queue: Annotated[str, typer.Option(envvar="FEEDPROC_QUEUE", help="Queue to serve.")] = "default",
+    queue: Annotated[
+        str | None,
+        typer.Option(envvar="FEEDPROC_QUEUE", help="Queue to serve (default: default, or a Pipeline's own queue)."),
+    ] = None,
     handler: Annotated[
         str | None,
         typer.Option(
@@ -187,8 +190,13 @@ def watch(
     from ..processors import HTTPProcessor, load_processor
     from ..watcher import Watcher, WatcherConfig
 
-    if (handler is None) == (processor is None):
-        raise InvalidInput("watch needs exactly one of --handler URL or --processor module:attr")
+    if handler is not None and processor is not None:
+        raise InvalidInput("watch takes --handler URL or --processor module:attr, not both")
+    target: Any = None
+    if processor is not None:  # loaded first: a Pipeline names its queue
+        sys.path.insert(0, os.getcwd())
+        target = load_processor(processor)
+    queue = _served_queue(queue, target)
     if not header and os.environ.get("FEEDPROC_HEADERS"):  # one 'Name: value' per line
         header = [line for line in os.environ["FEEDPROC_HEADERS"].splitlines() if line.strip()]
     headers = parse_headers(header or [])
@@ -213,11 +221,14 @@ def watch(
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
-    if processor is not None:
-        sys.path.insert(0, os.getcwd())
-        target = load_processor(processor)
-    else:
-        assert handler is not None
+    http_options: dict[str, Any] = {
+        "timeout": timeout,
+        "headers": headers,
+        "max_connections": max(concurrency, 10),
+        "max_answer_bytes": max_answer_bytes,
+        "callback_url": callback_url,
+    }
+    if handler is not None:
         check_http_url(handler, "--handler")
         if callback_url is not None:
             check_http_url(callback_url, "--callback-url")
@@ -235,8 +246,15 @@ def watch(
         logs.add_secret(value)
     logs.add_url_secrets(handler)
     logs.add_url_secrets(database_url(db))
-    watcher = Watcher.connect(database_url(db), target, config, table_prefix=_global["table_prefix"])
+    watcher = Watcher.connect(
+        database_url(db), target, config, table_prefix=_global["table_prefix"], http_options=http_options
+    )
     try:
+        if target is None and watcher.store.pipeline_version(queue) == 0:
+            raise Refused(
+                f"queue {queue!r} has no pipeline: apply one (feedproc pipeline apply FILE.toml) "
+                "or give --handler URL or --processor module:attr"
+            )
         if handler is not None:
             shown = logs.redact_url(handler)
             logging.getLogger("feedproc.watcher").info("handler %s", shown, extra={"handler": shown})
@@ -252,6 +270,18 @@ def watch(
     fatal = getattr(watcher, "fatal", None)
     if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
         raise Refused(f"watcher stopped: {fatal}")
+
+
+def _served_queue(queue: str | None, processor: Any) -> str:
+    """The queue a watcher serves: --queue, else a Pipeline's own queue, else `default`; a --queue
+    that is not the Pipeline's is refused (its gates are that queue's)."""
+    from ..processors.pipeline import Pipeline
+
+    if isinstance(processor, Pipeline):
+        if queue is not None and queue != processor.queue:
+            raise InvalidInput(f"--queue {queue!r}: the pipeline given serves queue {processor.queue!r}")
+        return processor.queue
+    return queue if queue is not None else "default"
 
 
 def _request_format(request: str | None, processor: str | None, batch: int) -> str:

@@ -41,8 +41,9 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
+from ..redact import redact_url
 from . import windows as timewindows
 from .errors import InvalidInput
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
@@ -191,6 +192,17 @@ class PipelineSpec:
             out["schedule"] = [schedule.to_mapping(self.numbers) for schedule in self.schedules]
         return out
 
+    def shown(self) -> dict[str, Any]:
+        """`to_mapping` with its `version`, fit to show (status, the API, `pipeline show`): a
+        handler URL's `user:password@` as `***@`, header values as `***`."""
+        out = {"version": self.version, **self.to_mapping()}
+        for gate in out["gate"]:
+            if "handler" in gate:
+                gate["handler"] = redact_url(gate["handler"])
+            if "headers" in gate:
+                gate["headers"] = dict.fromkeys(gate["headers"], "***")
+        return out
+
     def with_version(self, version: int) -> PipelineSpec:
         return PipelineSpec(self.queue, self.gates, self.schedules, version)
 
@@ -308,7 +320,7 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
         ):
             raise InvalidInput(f'{where}headers must be a table of strings, like {{Authorization = "Bearer ..."}}')
         values["headers"] = tuple(sorted(headers.items()))
-    return GateSpec(name, int(number), handler, processor, **values)
+    return GateSpec(name, cast(int, number), handler, processor, **values)
 
 
 def _seconds(value: Any, what: str, *, positive: bool) -> float:
@@ -359,7 +371,7 @@ def _schedule(raw: Mapping[str, Any], where: str) -> ScheduleSpec:
             raise InvalidInput(f"{where}item {n}: expected {{gate = ..., data = ...}}")
         gate = check_gate(row.get("gate", 0), f"{where}item {n}: ")
         items.append(NewItem(gate, encode_json(row.get("data"), f"{where}item {n}: ")))
-    return ScheduleSpec(name, cron, key, timezone, tuple(items), priority)
+    return ScheduleSpec(name, cast(str, cron), key, timezone, tuple(items), priority)
 
 
 def _json_of(data: bytes) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import cast
 
 from .errors import InvalidAnswer, PermanentError, RetryLater
 from .gates import check_not_below
@@ -81,9 +82,9 @@ def validate(item: ReadyItem, response: Response) -> None:
     A second line of defence: `Response` checks its values when it is made, but it may be changed
     afterwards, so gates (0..MAX_GATE), data and children are checked again before any write."""
     if response.gate is not None:
-        if problem := gate_problem(response.gate):
+        if problem := gate_problem(response.gate):  # (a name, too: Response makes names numbers)
             raise InvalidAnswer(problem)
-        if response.gate < item.gate:
+        if cast(int, response.gate) < item.gate:
             raise InvalidAnswer(f"gate {response.gate} is lower than the item's gate {item.gate}")
     if response.data is not None and type(response.data) is not bytes:
         raise InvalidAnswer(f"data must be bytes once the Response is made, got {type(response.data).__name__}")
@@ -133,7 +134,7 @@ def outcome_of(
                 attempts=item.attempts,
                 progress=response.progress,
             )
-        return Outcome(*base, kind=Kind.MOVE, new_gate=response.gate, data=response.data, children=children)
+        return Outcome(*base, kind=Kind.MOVE, new_gate=cast(int, response.gate), data=response.data, children=children)
     attempts = item.attempts + 1
     message = describe(error)
     if isinstance(error, PermanentError) or attempts >= policy.max_attempts:

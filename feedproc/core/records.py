@@ -4,7 +4,7 @@ nothing here touches a database."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -127,10 +127,13 @@ class ProgressReport:
 
 @dataclass(frozen=True, slots=True)
 class SlotClaim:
-    """A watcher of a limited queue asking for slots: its queue and the weight it has in flight."""
+    """A watcher of a limited queue (or of a pipeline with gate limits) asking for slots: its queue,
+    the weight it has in flight, and per limited gate its limit and the weight it has in flight there."""
 
     queue: str
     held: int = 0
+    gate_limits: Mapping[int, int] = field(default_factory=dict)
+    gate_held: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,14 +158,18 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
     for n, child in enumerate(children_value, start=1):
         if not isinstance(child, dict):
             raise InvalidAnswer(f"child {n} is not an object")
-        gate = _answer_gate(child.get("gate", 0), f"child {n}: ")
-        children.append(NewItem(gate, _answer_data(child.get("data"), f"child {n} data")))
+        children.append(
+            NewItem(
+                _answer_gate(child.get("gate", 0), f"child {n}: "), _answer_data(child.get("data"), f"child {n} data")
+            )
+        )
     if done is True:
         return Response(done=True, data=data, items=children, retry_after=retry_after, progress=progress)
-    gate = answer.get("gate")
-    if gate is None:
+    if answer.get("gate") is None:
         raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
-    return Response(gate=_answer_gate(gate, ""), data=data, items=children, retry_after=retry_after, progress=progress)
+    return Response(
+        gate=_answer_gate(answer["gate"], ""), data=data, items=children, retry_after=retry_after, progress=progress
+    )
 
 
 def _answer_gate(value: Any, where: str) -> int:

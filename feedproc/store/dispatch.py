@@ -10,7 +10,7 @@ items in one UNION ALL of per-partition index walks, each stopping at the limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -275,7 +275,8 @@ def _mark_inflight_sqlite(
 
 
 class Dispatch(Queues):
-    """Fetching ready items, recording them in flight, within a queue's concurrency limit."""
+    """Fetching ready items, recording them in flight, within a queue's concurrency limit and its
+    pipeline's gate limits."""
 
     def fetch_ready(
         self,
@@ -285,34 +286,55 @@ class Dispatch(Queues):
         *,
         slots: SlotClaim | None = None,
         closed: Iterable[int] = (),
+        closed_gates: Iterable[int] = (),
         kept: InFlight | None = None,
     ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): partitions by priority then age, items in
-        the order they became ready. Partitions in `closed` (outside their time windows) are skipped.
+        the order they became ready. Partitions in `closed` (outside their time windows), and those
+        whose current gate is in `closed_gates` (a pipeline gate outside its windows), are skipped.
 
-        With `slots` (the watcher's queue has a concurrency limit) the fetch is also the slot claim:
-        see `_fetch_within_limit`.
+        With `slots` (the watcher's queue has a concurrency limit, or its pipeline gate limits) the
+        fetch is also the slot claim: see `_fetch_within_limit`.
 
         The items returned are recorded as in flight (`feedproc_inflight`) before they are returned,
         appended to what the partition's record holds, or, for the partitions in `kept` (partition id
         -> (item id, version) of the items still in flight from earlier fetches), replacing it with
         those and these: a watcher that takes a partition over charges whatever is still there."""
         excluded, shut, kept = sorted(set(exclude)), sorted(set(closed)), kept or {}
+        gates = sorted(set(closed_gates))
         if slots is not None:
-            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept)
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept, gates)
         if limit <= 0:
             return []
         with self.single() as conn:  # PostgreSQL: autocommit; SQLite: a write transaction
+            shut = self._at_gates(conn, watcher_id, gates, shut)
             return self._fetch(conn, watcher_id, limit, excluded, shut, kept)
 
+    def _at_gates(self, conn: Connection, watcher_id: str, gates: list[int], closed: list[int]) -> list[int]:
+        """`closed` and the partitions leased to `watcher_id` whose current gate is one of `gates`."""
+        if not gates:
+            return closed
+        at = select(P.id).where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE, P.gate.in_(gates))
+        return sorted(set(closed) | set(conn.execute(at).scalars()))
+
     def _fetch(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], kept: InFlight
+        self,
+        conn: Connection,
+        watcher_id: str,
+        limit: int,
+        excluded: list[int],
+        closed: list[int],
+        kept: InFlight,
+        keep: Callable[[list[ReadyItem]], list[ReadyItem]] | None = None,
     ) -> list[ReadyItem]:
-        """Find the ready items and record them in flight (with `kept`), per partition; the items of
-        partitions whose record a newer lease holds are dropped."""
+        """Find the ready items, keep those `keep` takes (all without it), and record them in flight
+        (with `kept`), per partition; the items of partitions whose record a newer lease holds are
+        dropped."""
         find = self._twin(_find_ready_pg, _find_ready_sqlite, mysql=_find_ready_mysql)
         found = find(conn, watcher_id, limit, excluded, closed)
+        if keep is not None:
+            found = keep(found)
         if not found:
             return found
         taken: InFlight = {}
@@ -330,31 +352,78 @@ class Dispatch(Queues):
         return found if len(marked) == len(pids) else [item for item in found if item.partition_id in marked]
 
     def _fetch_within_limit(
-        self, watcher_id: str, want: int, excluded: list[int], claim: SlotClaim, closed: list[int], kept: InFlight
+        self,
+        watcher_id: str,
+        want: int,
+        excluded: list[int],
+        claim: SlotClaim,
+        closed: list[int],
+        kept: InFlight,
+        closed_gates: list[int] = [],  # noqa: B006 - read only
     ) -> list[ReadyItem]:
-        """Fetch ready items only as far as the queue's concurrency limit allows, and take their slots,
-        in one write transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
+        """Fetch ready items only as far as the queue's concurrency limit and its gates' limits
+        allow, and take their slots, in one write transaction under the queue row's lock (SQLite:
+        BEGIN IMMEDIATE).
 
         Free = limit - slots of the queue's other live watchers - `claim.held` (the weight this
-        watcher still has in flight, which it knows exactly). Items are taken in dispatch order while
-        their weights fit (a weight above the limit counts as the limit, so such an item runs alone);
-        the watcher's row is then set to held + taken. A dead watcher's slots stop counting when its
+        watcher still has in flight, which it knows exactly); likewise per limited gate, with the
+        watchers' per-gate slots and the claims at that gate. Partitions whose current gate has no
+        slot free are not read. Items are taken in dispatch order while their weights fit (a weight
+        above a limit counts as the limit, so such an item runs alone); a heavy item that does not
+        fit stops the queue's fetch, and its gate's (it is not overtaken by lighter ones). The
+        watcher's row is then set to what it holds. A dead watcher's slots stop counting when its
         registration expires."""
         with self.write() as conn:
             settings = self._queue(conn, claim.queue, lock=True)
-            taken: list[ReadyItem] = []
-            if not settings.limited:  # the limit was lifted meanwhile
+            limits = dict(claim.gate_limits)
+            if not settings.limited and not limits:  # the limits were lifted meanwhile
                 self._set_slots(conn, watcher_id, 0)
-                if want > 0:
-                    taken = self._fetch(conn, watcher_id, want, excluded, closed, kept)
-                return taken
-            free = settings.limit - self._slots_in_use(conn, claim.queue, besides=watcher_id) - claim.held
-            if free > 0 and want > 0:
-                for item in self._fetch(conn, watcher_id, min(want, free), excluded, closed, kept):
-                    weight = min(item.weight, settings.limit)
-                    if weight > free:
-                        break  # strict dispatch order: a heavy item is not overtaken by lighter ones
-                    free -= weight
-                    taken.append(replace(item, weight=weight))
-            self._set_slots(conn, watcher_id, claim.held + sum(item.weight for item in taken))
+                if want <= 0:
+                    return []
+                return self._fetch(
+                    conn, watcher_id, want, excluded, self._at_gates(conn, watcher_id, closed_gates, closed), kept
+                )
+            queue_free: int | None = None
+            if settings.limited:
+                queue_free = settings.limit - self._slots_in_use(conn, claim.queue, besides=watcher_id) - claim.held
+            gate_free: dict[int, int] = {}
+            if limits:
+                used = self._gate_slots_in_use(conn, claim.queue, besides=watcher_id)
+                gate_free = {g: n - used.get(g, 0) - claim.gate_held.get(g, 0) for g, n in limits.items()}
+            full = [g for g, free in gate_free.items() if free <= 0]
+            budget = want if queue_free is None else min(want, queue_free)
+            taken: list[ReadyItem] = []
+            if budget > 0:
+
+                def keep(found: list[ReadyItem]) -> list[ReadyItem]:
+                    nonlocal queue_free
+                    out: list[ReadyItem] = []
+                    for item in found:
+                        weight = min(item.weight, settings.limit) if settings.limited else item.weight
+                        if item.gate in limits:
+                            weight = min(weight, limits[item.gate])
+                        if queue_free is not None and weight > queue_free:
+                            break  # strict dispatch order: a heavy item is not overtaken by lighter ones
+                        if item.gate in gate_free:
+                            if weight > gate_free[item.gate]:
+                                gate_free[item.gate] = 0  # nor within its gate
+                                continue
+                            gate_free[item.gate] -= weight
+                        if queue_free is not None:
+                            queue_free -= weight
+                        out.append(replace(item, weight=weight))
+                    return out
+
+                shut = self._at_gates(conn, watcher_id, sorted({*closed_gates, *full}), closed)
+                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep)
+            held_at = dict(claim.gate_held)
+            for item in taken:
+                if item.gate in limits:
+                    held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
+            self._set_slots(
+                conn,
+                watcher_id,
+                claim.held + sum(item.weight for item in taken),
+                gate_slots=held_at if limits else None,
+            )
             return taken

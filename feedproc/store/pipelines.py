@@ -11,7 +11,7 @@ goes.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import cast
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
@@ -100,8 +100,8 @@ class Pipelines(StoreBase):
     def queue_of(self, key: str) -> str | None:
         """The queue of partition `key`, if it exists."""
         with self.read() as conn:
-            queue: Any = conn.execute(select(partitions.c.queue).where(partitions.c.key == key)).scalar_one_or_none()
-        return queue
+            queue = conn.execute(select(partitions.c.queue).where(partitions.c.key == key)).scalar_one_or_none()
+        return cast(str | None, queue)
 
 
 def _spec(text: str, version: int, queue: str) -> PipelineSpec:

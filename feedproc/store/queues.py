@@ -10,7 +10,8 @@ watcher's stop counting when its registration expires.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -169,8 +170,32 @@ class Queues(StoreBase):
         row = conn.execute(select(held.scalar_subquery(), claimed.scalar_subquery())).one()
         return int(row[0]) + int(row[1])
 
-    def _set_slots(self, conn: Connection, watcher_id: str, slots: int) -> None:
-        done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0)))
+    def _gate_slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> dict[int, int]:
+        """Weights in flight per gate for `queue`: the per-gate slots of its live watchers (other
+        than `besides`) and the weights of the unexpired claims at each gate. (A handful of rows:
+        one per watcher of the queue, its gates' slots as JSON summed here.)"""
+        held = select(W.gate_slots).where(W.queue == queue, W.expires_at > db_now(), W.gate_slots.is_not(None))
+        if besides is not None:
+            held = held.where(W.id != besides)
+        used: dict[int, int] = {}
+        for text in conn.execute(held).scalars():
+            for gate, weight in json.loads(text).items():
+                used[int(gate)] = used.get(int(gate), 0) + int(weight)
+        claimed = (
+            select(C.gate, func.sum(C.weight))
+            .where(C.queue == queue, C.state == ACTIVE_CLAIM, C.expires_at > db_now())
+            .group_by(C.gate)
+        )
+        for gate, weight in conn.execute(claimed).all():
+            used[int(gate)] = used.get(int(gate), 0) + int(weight)
+        return used
+
+    def _set_slots(
+        self, conn: Connection, watcher_id: str, slots: int, *, gate_slots: Mapping[int, int] | None = None
+    ) -> None:
+        """Set the weight this watcher has in flight (and per limited gate: None clears it)."""
+        per_gate = None if gate_slots is None else json.dumps({str(g): n for g, n in gate_slots.items() if n > 0})
+        done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0), gate_slots=per_gate))
         if done.rowcount == 0:  # reaped: its slots would go uncounted; claim none until it registers again
             raise WatcherGone(watcher_id)
 

@@ -13,9 +13,10 @@ from typing import Any
 from .. import tracing
 from ..core.errors import Accepted, RetryLater
 from ..core.models import Item, Response
-from ..core.policy import outcome_of
+from ..core.policy import RetryPolicy, outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
-from ..processors import HTTPProcessor, call_batch, call_processor
+from ..processors import HTTPProcessor
+from ..processors.pipeline import Route
 from .config import TRACEBACK_KEPT
 from .leases import Leasing
 from .state import CANCELLED_CALL
@@ -36,10 +37,11 @@ class Delivering(Leasing):
             lease = self._startable(item)
             if lease is None:
                 continue
-            if self.config.batch == 1:
+            size = self._batch_of(item.gate)
+            if size == 1:
                 await self._run_one(item, lease)
             else:
-                batch, carry, last = await self._gather(item)
+                batch, carry, last = await self._gather(item, size)
                 if len(batch) == 1:
                     await self._run_one(item, lease)
                 else:
@@ -66,14 +68,14 @@ class Delivering(Leasing):
             return None
         return lease
 
-    async def _gather(self, first: ReadyItem) -> tuple[list[ReadyItem], ReadyItem | None, bool]:
+    async def _gather(self, first: ReadyItem, size: int) -> tuple[list[ReadyItem], ReadyItem | None, bool]:
         """A batch led by `first`: the buffered items that follow it of the same partition, gate and
         lease (dispatch order keeps them together), up to `batch`, waiting up to `batch_wait` for
         more. Returns the batch, the item taken that does not belong to it (delivered next by this
         worker) and whether this worker's stop signal was taken."""
         batch, cfg, deadline = [first], self.config, None
         loop = asyncio.get_running_loop()
-        while len(batch) < cfg.batch:
+        while len(batch) < size:
             try:
                 item = self._buffer.get_nowait()
             except asyncio.QueueEmpty:
@@ -99,7 +101,9 @@ class Delivering(Leasing):
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
         failure: Exception | None = None
-        timeout = lease.item_timeout or self.config.item_timeout
+        router = self.router  # the pipeline version this delivery starts under, kept to its end
+        route = router.route(ready.gate)
+        timeout = self._timeout_of(lease, route)
         started_us = time.time_ns() // 1000
         started = time.perf_counter_ns()
         task = asyncio.current_task()
@@ -112,7 +116,7 @@ class Delivering(Leasing):
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
                 try:
-                    result = await call_processor(self.processor, item, timeout)
+                    result = await router.process(route, item, timeout)
                 except asyncio.CancelledError:
                     if not self._was_cancelled(task):
                         raise  # the watcher is stopping
@@ -123,8 +127,8 @@ class Delivering(Leasing):
                     self._running.pop(ready.id, None)
                     self._unannounced.pop(ready.id, None)
                 elapsed = time.perf_counter_ns() - started
-                self.metrics.latency.observe(elapsed / 1e9)
-                outcome, failure = self._outcome_of(ready, result)
+                self.metrics.latency(self._gate_label(route, ready.gate)).observe(elapsed / 1e9)
+                outcome, failure = self._outcome_of(ready, result, route.policy)
                 span.outcome(outcome.kind, outcome.error)
         except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
             log.exception(
@@ -133,10 +137,10 @@ class Delivering(Leasing):
                 extra={"event": "internal_error", "key": ready.partition, "item": ready.id, "watcher": self.id},
             )
             failure, elapsed = error, time.perf_counter_ns() - started
-            outcome = outcome_of(ready, self.policy, error=error)
+            outcome = outcome_of(ready, route.policy, error=error)
         finally:
             self.busy.discard(ready.id)
-        self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
+        self._queue_outcome(ready, item, outcome, failure, started_us, elapsed, route.processor)
         self._results_ready.set()
 
     async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
@@ -148,7 +152,9 @@ class Delivering(Leasing):
         for ready in batch:
             self.busy.add(ready.id)
             self._running[ready.id] = (ready.partition_id, task, tuple(items))
-        timeout = lease.item_timeout or self.config.item_timeout
+        router = self.router
+        route = router.route(batch[0].gate)
+        timeout = self._timeout_of(lease, route)
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         for ready in batch:
             self._unannounced[ready.id] = ProgressReport(
@@ -158,7 +164,7 @@ class Delivering(Leasing):
         try:
             with tracing.batch_delivery([r.id for r in batch], first.partition, first.queue, first.gate) as span:
                 try:
-                    results = await call_batch(self.processor, items, timeout)
+                    results = await router.process_batch(route, items, timeout)
                 except asyncio.CancelledError:
                     if not self._was_cancelled(task):
                         raise  # the watcher is stopping
@@ -169,7 +175,9 @@ class Delivering(Leasing):
                     )
                     results = [error] * len(batch)
                 elapsed = time.perf_counter_ns() - started
-                outcomes = [self._outcome_of(ready, result) for ready, result in zip(batch, results, strict=True)]
+                outcomes = [
+                    self._outcome_of(ready, result, route.policy) for ready, result in zip(batch, results, strict=True)
+                ]
                 failed = [outcome for outcome, _ in outcomes if outcome.kind in (Kind.RETRY, Kind.FAIL)]
                 span.outcome(*((failed[0].kind, failed[0].error) if failed else (outcomes[0][0].kind, None)))
         finally:
@@ -177,16 +185,25 @@ class Delivering(Leasing):
                 self.busy.discard(ready.id)
                 self._running.pop(ready.id, None)
                 self._unannounced.pop(ready.id, None)
+        latency = self.metrics.latency(self._gate_label(route, first.gate))
         for ready, item, (outcome, failure) in zip(batch, items, outcomes, strict=True):
-            self.metrics.latency.observe(elapsed / 1e9)
-            self._queue_outcome(ready, item, outcome, failure, started_us, elapsed)
+            latency.observe(elapsed / 1e9)
+            self._queue_outcome(ready, item, outcome, failure, started_us, elapsed, route.processor)
         self._results_ready.set()
 
-    def _outcome_of(self, ready: ReadyItem, result: Response | Exception) -> tuple[Outcome, Exception | None]:
-        """An item's outcome from its answer or failure (an answer our rules cannot read is a transient failure)."""
+    def _timeout_of(self, lease: Lease, route: Route) -> float | None:
+        """How long a call may take: the partition's item timeout, else its gate's, else the watcher's."""
+        gate = route.gate.item_timeout if route.gate is not None else None
+        return lease.item_timeout or gate or self.config.item_timeout
+
+    def _outcome_of(
+        self, ready: ReadyItem, result: Response | Exception, policy: RetryPolicy
+    ) -> tuple[Outcome, Exception | None]:
+        """An item's outcome from its answer or failure (an answer our rules cannot read is a
+        transient failure), by its gate's attempts and backoff (`policy`)."""
         if not isinstance(result, Exception):
             try:
-                return outcome_of(ready, self.policy, response=result), None
+                return outcome_of(ready, policy, response=result), None
             except Exception as error:
                 result = error
         if isinstance(result, Accepted):  # the handler answers later, through the API
@@ -202,7 +219,7 @@ class Delivering(Leasing):
                 token=result.token,
             )
             return outcome, None
-        return outcome_of(ready, self.policy, error=result), result
+        return outcome_of(ready, policy, error=result), result
 
     def _queue_outcome(
         self,
@@ -212,6 +229,7 @@ class Delivering(Leasing):
         failure: BaseException | None,
         started_us: int,
         elapsed: int,
+        processor: Any = None,
     ) -> None:
         """Queue a delivery's outcome for the next group commit, with its record: its number,
         attempt, start, duration and (a Python processor's own exception) the end of its traceback;
@@ -219,7 +237,7 @@ class Delivering(Leasing):
         report = self._progress.pop(ready.id, None)  # its answer is written instead
         outcome.n, outcome.attempt = ready.deliveries + 1, item.attempt
         outcome.started_us, outcome.duration_us = started_us, elapsed // 1000
-        if failure is not None and not isinstance(self.processor, HTTPProcessor):
+        if failure is not None and not isinstance(processor, HTTPProcessor):
             text = "".join(traceback.format_exception(failure)).rstrip()
             outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
         if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:

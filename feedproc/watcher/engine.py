@@ -29,12 +29,13 @@ releases its leases and stops (the command exits 1) instead of holding leases wh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..processors import ProcessorLike
+from ..processors.pipeline import close_processors
 from ..store import Store
 from ..store.notify import Listener
 from .config import WatcherConfig
@@ -54,10 +55,11 @@ class Watcher(Fetching, Delivering, Writing):
     def connect(
         cls,
         url: str,
-        processor: ProcessorLike,
+        processor: ProcessorLike | None,
         config: WatcherConfig | None = None,
         *,
         table_prefix: str | None = None,
+        http_options: Mapping[str, Any] | None = None,
     ) -> Watcher:
         """A watcher of the database at `url` (the tables under `table_prefix`, else
         $FEEDPROC_TABLE_PREFIX, else `feedproc_`) on a connection pool of its own, closed by
@@ -70,7 +72,7 @@ class Watcher(Fetching, Delivering, Writing):
         except BaseException:
             store.close()
             raise
-        watcher = cls(store, processor, config)
+        watcher = cls(store, processor, config, http_options=http_options)
         watcher._owns_store = True
         return watcher
 
@@ -97,9 +99,10 @@ class Watcher(Fetching, Delivering, Writing):
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
         )
-        start = getattr(self.processor, "start", None)
-        if start is not None:
-            await start()
+        await self._follow_pipeline()
+        if self.code_pipeline is not None and self.code_pipeline.spec.limits:  # gate limits lock the queue's row
+            await self._db_call(self._db, self.store.set_queue, cfg.queue, by=self.id)
+        await self.router.start(self._started_processors)
         listener = None
         if self.store.postgres:
             loop = asyncio.get_running_loop()
@@ -117,6 +120,7 @@ class Watcher(Fetching, Delivering, Writing):
             asyncio.create_task(self._poll_loop(), name="poll"),
         ]
         helpers.append(asyncio.create_task(self._isolation_loop(), name="isolation"))
+        helpers.append(asyncio.create_task(self._schedule_loop(), name="schedules"))
         if cfg.retention:
             helpers.append(asyncio.create_task(self._retention_loop(cfg.retention), name="retention"))
         flusher = asyncio.create_task(self._flush_loop(), name="flush")
@@ -196,10 +200,7 @@ class Watcher(Fetching, Delivering, Writing):
             log.warning(
                 "could not release leases on stop (%s); they expire after %gs", error, self.config.lease_seconds
             )
-        close = getattr(self.processor, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()
+        await close_processors([*self.router.processors, *self._retired])
         for executor in (self._db, self._writer, self._hb):
             executor.shutdown(wait=False, cancel_futures=True)
 

@@ -66,7 +66,7 @@ class Fetching(Leasing):
         settings = self.queue_settings
         if settings.paused or (settings.windows is not None and not settings.is_open(datetime.now(UTC))):
             return  # in-flight items finish; nothing new is fetched
-        if self.queue_settings.limited:
+        if self.queue_settings.limited or self.router.limits:
             return await self._fill_within_limit()
         target = self.config.prefetch
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
@@ -88,6 +88,7 @@ class Fetching(Leasing):
             list(self.inflight),
             slots=slots,
             closed=self._not_now(),
+            closed_gates=self._closed_gates(),
             kept=kept,
         )
         self._note_fetch(ready, kept)
@@ -101,12 +102,17 @@ class Fetching(Leasing):
         want = (
             0 if self.stopping or self._isolating else self.config.concurrency - len(self.busy) - self._buffer.qsize()
         )
-        held = self._held_weight()
-        if (want <= 0 or not self.owned) and held == self._slots_reported:
+        held, limits = self._held_weight(), self.router.limits
+        held_at = self._held_at_gates(limits)
+        if (want <= 0 or not self.owned) and (held, held_at) == self._slots_reported:
             return
-        claim, want = SlotClaim(self.config.queue, held), max(want, 0) if self.owned else 0
+        claim = SlotClaim(self.config.queue, held, limits, held_at)
+        want = max(want, 0) if self.owned else 0
         ready = await self._fetch(want, slots=claim)
-        self._slots_reported = held + sum(item.weight for item in ready)
+        for item in ready:
+            if item.gate in limits:
+                held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
+        self._slots_reported = (held + sum(item.weight for item in ready), held_at)
         self._take(ready)
 
     def _take(self, ready: list[ReadyItem]) -> None:
@@ -140,6 +146,15 @@ class Fetching(Leasing):
         """Weight of the items fetched whose processor call has not returned (buffered or running):
         the slots this watcher holds. An answered item's slot is free even before its answer is written."""
         return sum(item.weight for item_id, item in self.inflight.items() if item_id not in self._answered)
+
+    def _held_at_gates(self, limits: dict[int, int]) -> dict[int, int]:
+        """`_held_weight` per limited gate."""
+        held: dict[int, int] = {}
+        if limits:
+            for item_id, item in self.inflight.items():
+                if item.gate in limits and item_id not in self._answered:
+                    held[item.gate] = held.get(item.gate, 0) + item.weight
+        return held
 
     def _not_now(self) -> set[int]:
         """Owned partitions not to fetch from now: outside their windows, or with a charge pending."""

@@ -17,7 +17,7 @@ from typing import Any
 from ..core import windows
 from ..core.errors import WatcherGone
 from ..core.records import Lease
-from .state import WatcherState
+from .routing import Routing
 
 log = logging.getLogger("feedproc.watcher")
 # Seconds between a watcher's looks at claims that expired and at items an operator skipped or
@@ -26,7 +26,7 @@ CLAIM_CHECK_EVERY = 1.0
 _FINISHED_EVENTS = {"complete": "partition_completed", "failed": "partition_failed", "cancelled": "partition_cancelled"}
 
 
-class Leasing(WatcherState):
+class Leasing(Routing):
     """Leases: what this watcher holds, renewed, reconciled with the database, handed over."""
 
     async def _heartbeat_loop(self) -> None:
@@ -193,6 +193,7 @@ class Leasing(WatcherState):
         if time.monotonic() - self._settings_read_at >= cfg.poll_interval:  # not on every early maintenance
             settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
             self._settings_read_at = time.monotonic()
+            await self._follow_pipeline()
         lowered = settings.limited and (not self.queue_settings.limited or settings.limit < self.queue_settings.limit)
         if lowered or (settings.paused and not self.queue_settings.paused):
             # A limit set or lowered, or the queue paused, while items wait in the buffer: give them

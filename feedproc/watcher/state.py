@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,9 +21,11 @@ from typing import Any, cast
 from tenacity import RetryCallState, wait_random_exponential
 
 from ..core.models import Item
+from ..core.policy import RetryPolicy
 from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
 from ..metrics import WatcherMetrics
 from ..processors import HTTPProcessor, ProcessorLike
+from ..processors.pipeline import GateRouter, Pipeline
 from ..store import Store
 from .config import WatcherConfig
 
@@ -74,14 +76,31 @@ STOPPED.set()
 class WatcherState:
     """The watcher's state; the parts (leases, fetching, delivery, writing) are mixins over it."""
 
-    def __init__(self, store: Store, processor: ProcessorLike, config: WatcherConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        processor: ProcessorLike | None,
+        config: WatcherConfig | None = None,
+        *,
+        http_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.store = store
+        #: The watcher's own processor (`--handler`/`--processor`); None: the queue's pipeline routes every gate.
         self.processor = processor
         self._owns_store = False  # True when connect() made the store
         self.config = config or WatcherConfig()
         if self.config.batch > 1 and getattr(processor, "request", "json") == "raw":
             raise ValueError("a raw-request HTTPProcessor sends one item per request: batch must be 1")
         self.policy = self.config.retry_policy
+        # Pipelines: a Python `Pipeline` given as the processor is the pipeline (its code is its
+        # version); otherwise the queue's stored pipeline is followed (`_follow_pipeline`), each
+        # version through a router of its own. `http_options` make its gates' HTTP processors.
+        self.code_pipeline = processor if isinstance(processor, Pipeline) else None
+        self.http_options = dict(http_options or {})
+        spec = self.code_pipeline.spec if self.code_pipeline is not None else None
+        self.router = GateRouter(spec, processor, self.policy, route=False)
+        self._started_processors: set[int] = set()  # ids of the processors started (each once)
+        self._retired: list[ProcessorLike] = []  # earlier versions' processors, closed on stop
         self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.owned: dict[int, Lease] = {}
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
@@ -113,7 +132,8 @@ class WatcherState:
         # their start (the dashboard's running view), so an item that finishes sooner costs nothing.
         self._unannounced: dict[int, ProgressReport] = {}
         self._tally: Counter[str] = Counter()  # throughput since the last heartbeat (feedproc_stats)
-        self._slots_reported = 0  # slots the database counts for this watcher, as last set by a fetch
+        # Slots the database counts for this watcher (and per limited gate), as last set by a fetch.
+        self._slots_reported: tuple[int, dict[int, int]] = (0, {})
         self._answered: set[int] = set()  # in `inflight` but their call has returned: no slot held
         self._closing = False  # stop() was called and the workers are done: flush what is left
         self._maintain_now = True  # lease bookkeeping is due (a lease may be lost, start-up)
@@ -134,6 +154,10 @@ class WatcherState:
         self._db = ThreadPoolExecutor(1, thread_name_prefix="feedproc-poll")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="feedproc-flush")
         self._hb = ThreadPoolExecutor(1, thread_name_prefix="feedproc-heartbeat")
+
+    def _policy_of(self, ready: ReadyItem) -> RetryPolicy:
+        """The attempts and backoff of `ready`'s gate under the pipeline version now followed."""
+        return self.router.route(ready.gate).policy
 
     def stop(self) -> None:
         """Ask the watcher to stop: no new leases or items; in-flight items get `shutdown_grace`."""
@@ -185,7 +209,7 @@ class WatcherState:
             lease_seconds=cfg.lease_seconds,
             slots=0,  # slots are only ever claimed under the queue's lock, by the fetch (`_fill_within_limit`)
         )
-        self._slots_reported = 0
+        self._slots_reported = (0, {})
         self._wake.set()  # a limited queue: claim what is still running at once
 
     def _cancel_calls(self, partition_id: int | None = None, item_ids: Iterable[int] = ()) -> int:

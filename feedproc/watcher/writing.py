@@ -174,7 +174,7 @@ class Writing(WatcherState):
         if ready is None:
             return None
         cause = RuntimeError(f"the answer could not be written: {type(error).__name__}: {error}")
-        replacement = outcome_of(ready, self.policy, error=cause)
+        replacement = outcome_of(ready, self._policy_of(ready), error=cause)
         replacement.n, replacement.attempt = outcome.n, outcome.attempt
         replacement.started_us, replacement.duration_us = outcome.started_us, outcome.duration_us
         return replacement

@@ -133,7 +133,7 @@ def test_children_from_a_generator_are_kept() -> None:
         ([(1, b"a", "extra")], TypeError, r"^Response child 1: an item is \(gate, data\)"),
         ([[1, b"a"]], TypeError, r"^Response child 1: an item is \(gate, data\)"),
         ([5], TypeError, r"^Response child 1: an item is"),
-        ([("1", b"a")], TypeError, r"^Response child 1: gate must be an integer"),
+        ([("1", b"a")], ValueError, r"^Response child 1: gate '1' is a name, and names need a pipeline"),
         ([(True, b"a")], TypeError, r"^Response child 1: gate must be an integer"),
         ([(-1, b"a")], ValueError, r"^Response child 1: gate must be an integer >= 0"),
         (
@@ -151,7 +151,7 @@ def test_children_from_a_generator_are_kept() -> None:
         "triple",
         "list-not-tuple",
         "int",
-        "gate-str",
+        "gate-name-without-pipeline",
         "gate-bool",
         "gate-negative",
         "gate-2**63",

@@ -78,7 +78,8 @@ def test_metrics_count_completed_items_gate_advances_and_latency(
     text = scrape(
         port, feedproc_items_completed_total=3, feedproc_gate_advances_total=1, feedproc_processing_seconds_count=3
     )
-    assert metric(text, "feedproc_processing_seconds_bucket", queue="default", le="+Inf") == 3
+    assert metric(text, "feedproc_processing_seconds_bucket", queue="default", gate="0", le="+Inf") == 2
+    assert metric(text, "feedproc_processing_seconds_bucket", queue="default", gate="1", le="+Inf") == 1
     assert metric(text, "feedproc_backlog_items", queue="default") == 0
     assert "# TYPE feedproc_leases_held gauge" in text
 

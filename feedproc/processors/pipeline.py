@@ -1,0 +1,234 @@
+"""Pipelines at run time: `Pipeline`, a queue's gates written as Python functions, and `GateRouter`,
+which hands each item to its gate's processor.
+
+```python
+pipeline = Pipeline("uploads")
+
+@pipeline.gate("list", 0)
+def list_folder(item: Item) -> Response:
+    return Response(done=True, items=[{"gate": "ocr", "data": {"file": f}} for f in ...])
+
+@pipeline.gate("ocr", 1, limit=8, timeout=120)
+async def ocr(item: Item) -> Response: ...
+```
+
+`feedproc watch --processor mymodule:pipeline` serves it; `feedproc pipeline apply --from
+mymodule:pipeline` stores its gates and settings so that names, limits and `status` work for every
+watcher and producer of the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import PermanentError
+from ..core.models import Item, Response
+from ..core.naming import naming
+from ..core.pipelines import GateSpec, PipelineSpec, ScheduleSpec, from_mapping
+from ..core.policy import RetryPolicy
+from .calling import ProcessorLike, call_batch, call_processor, load_processor
+from .http import HTTPProcessor
+
+log = logging.getLogger("feedproc.watcher")
+
+GateFunction = Callable[[Item], Response | Awaitable[Response]]
+
+
+class Pipeline:
+    """A queue's gates as Python functions (plain or `async def`, each answering a `Response`),
+    with each gate's settings (`limit`, `timeout`, `item_timeout`, `max_attempts`, `retry_delay`,
+    `max_retry_delay`, `windows`, `timezone`, `batch`). A processor itself: it hands each item to
+    its gate's function, with the gates' names in scope (`Response(gate="rank")`)."""
+
+    def __init__(self, queue: str = "default", *, schedules: list[Mapping[str, Any]] | None = None) -> None:
+        self.queue = queue
+        self._gates: dict[int, tuple[dict[str, Any], GateFunction]] = {}
+        self._schedules = list(schedules or [])
+        self._spec: PipelineSpec | None = None
+
+    def gate(self, name: str, number: int, **settings: Any) -> Callable[[GateFunction], GateFunction]:
+        """Decorator: the function serves gate `number`, named `name`, with these settings."""
+
+        def register(function: GateFunction) -> GateFunction:
+            if number in self._gates:
+                raise ValueError(f"gate {number} of pipeline {self.queue!r} has a function already")
+            self._gates[number] = ({"name": name, "number": number, **settings}, function)
+            self._spec = None
+            self.spec  # noqa: B018 - checked now, where the decorator is, not when a watcher starts
+            return function
+
+        return register
+
+    def schedule(self, name: str, cron: str, key: str, **options: Any) -> None:
+        """Start a partition keyed `key` (a template with `{date...}`) at every tick of `cron`
+        (`timezone`, `items`, `priority` as in a pipeline file's `[[schedule]]`)."""
+        self._schedules.append({"name": name, "cron": cron, "key": key, **options})
+        self._spec = None
+        self.spec  # noqa: B018
+
+    @property
+    def spec(self) -> PipelineSpec:
+        """The pipeline's gates, settings and schedules as a PipelineSpec (what `apply --from` stores)."""
+        if self._spec is None:
+            document = {
+                "queue": self.queue,
+                "gate": [settings for settings, _ in self._gates.values()],
+                "schedule": self._schedules,
+            }
+            self._spec = from_mapping(document, source=f"Pipeline({self.queue!r})")
+        return self._spec
+
+    def function(self, gate: int) -> GateFunction | None:
+        entry = self._gates.get(gate)
+        return entry[1] if entry is not None else None
+
+    async def process(self, item: Item) -> Response:
+        function = self.function(item.gate)
+        if function is None:
+            raise PermanentError(f"pipeline {self.queue!r} has no function for gate {item.gate}")
+        with naming(self.spec.names, f"queue {self.queue!r}"):
+            return await call_processor(_FunctionProcessor(function), item)
+
+
+@dataclass(slots=True)
+class _FunctionProcessor:
+    function: GateFunction
+
+    def process(self, item: Item) -> Response | Awaitable[Response]:
+        return self.function(item)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one gate's items go under one version of the pipeline, and with what settings."""
+
+    processor: ProcessorLike | None  # None: nowhere (the delivery fails permanently, with `why`)
+    gate: GateSpec | None
+    policy: RetryPolicy
+    why: str = ""
+
+
+class GateRouter:
+    """Hands each item to its gate's processor under one version of a pipeline (`spec`), with the
+    pipeline's gate names in scope. A gate with a handler gets its own HTTPProcessor (its timeout and
+    headers), one with a processor path its own loaded processor; other gates, and every gate when
+    `route` is False, go to `fallback` (the watcher's `--handler`/`--processor`).
+
+    A watcher keeps one router per version: a delivery holds the router it started with, so a change
+    applied meanwhile reaches only the deliveries that start after it."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec | None,
+        fallback: ProcessorLike | None,
+        policy: RetryPolicy,
+        *,
+        route: bool = True,
+        http_options: Mapping[str, Any] | None = None,
+        reuse: Mapping[tuple[Any, ...], ProcessorLike] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.fallback = fallback
+        self.version = spec.version if spec is not None else 0
+        self._names = spec.names if spec is not None else {}
+        self._whose = f"queue {spec.queue!r}" if spec is not None else ""
+        self._routes: dict[int, Route] = {}
+        self._limits = spec.limits if spec is not None else {}
+        #: (kind, target, settings) -> processor: what this router made, for the next version to reuse.
+        self.made: dict[tuple[Any, ...], ProcessorLike] = {}
+        self._started: list[ProcessorLike] = []
+        options = dict(http_options or {})
+        for gate in spec.gates if spec is not None else ():
+            processor: ProcessorLike | None = None
+            if route and gate.handler is not None:
+                timeout = gate.timeout if gate.timeout is not None else options.get("timeout", 30.0)
+                headers = {**options.get("headers", {}), **dict(gate.headers)}
+                made_key: tuple[Any, ...] = ("http", gate.handler, timeout, tuple(sorted(headers.items())))
+                processor = (reuse or {}).get(made_key) or HTTPProcessor(
+                    gate.handler, **{**options, "timeout": timeout, "headers": headers}
+                )
+                self.made[made_key] = processor
+            elif route and gate.processor is not None:
+                made_key = ("python", gate.processor)
+                processor = (reuse or {}).get(made_key) or load_processor(gate.processor)
+                self.made[made_key] = processor
+            else:
+                processor = fallback
+            why = f"gate {gate.number} ({gate.name}) of the pipeline of {self._whose} has no handler or processor"
+            self._routes[gate.number] = Route(processor, gate, gate.policy(policy), why)
+        self._default = Route(
+            fallback,
+            None,
+            policy,
+            f"{self._whose or 'this queue'}'s pipeline (version {self.version}) has no gate of that number, "
+            "and the watcher has no --handler or --processor for it",
+        )
+
+    @property
+    def limits(self) -> dict[int, int]:
+        """Gate number -> fleet-wide concurrency limit, for the gates of this version that have one."""
+        return self._limits
+
+    def route(self, gate: int) -> Route:
+        """The route of `gate`'s items."""
+        return self._routes.get(gate, self._default)
+
+    @property
+    def processors(self) -> list[ProcessorLike]:
+        """Every distinct processor this router hands items to (the fallback included)."""
+        seen: dict[int, ProcessorLike] = {}
+        for route in [*self._routes.values(), self._default]:
+            if route.processor is not None:
+                seen.setdefault(id(route.processor), route.processor)
+        return list(seen.values())
+
+    def naming(self) -> contextlib.AbstractContextManager[None]:
+        """The block in which answers are made: the pipeline's gate names in scope."""
+        return naming(self._names, self._whose) if self._names else contextlib.nullcontext()
+
+    async def process(self, route: Route, item: Item, timeout: float | None) -> Response:
+        """One item through its route."""
+        if route.processor is None:
+            raise PermanentError(f"no processor for gate {item.gate}: {route.why}")
+        with self.naming():
+            return await call_processor(route.processor, item, timeout)
+
+    async def process_batch(self, route: Route, items: list[Item], timeout: float | None) -> list[Response | Exception]:
+        """A batch of one gate through its route."""
+        if route.processor is None:
+            error = PermanentError(f"no processor for gate {items[0].gate}: {route.why}")
+            return [error] * len(items)
+        with self.naming():
+            return await call_batch(route.processor, items, timeout)
+
+    async def start(self, already: set[int]) -> None:
+        """Start the processors not started yet (`already`: ids of those that were)."""
+        for processor in self.processors:
+            if id(processor) in already:
+                continue
+            already.add(id(processor))
+            start = getattr(processor, "start", None)
+            if start is not None:
+                await start()
+            self._started.append(processor)
+
+
+async def close_processors(processors: list[ProcessorLike]) -> None:
+    """Close each processor once (a failing close is logged, not raised)."""
+    for processor in processors:
+        close = getattr(processor, "close", None)
+        if close is None:
+            continue
+        try:
+            await close()
+        except Exception as error:
+            log.warning("closing a processor failed: %s", error)
+        await asyncio.sleep(0)
+
+
+__all__ = ["GateRouter", "Pipeline", "Route", "ScheduleSpec", "close_processors"]
