@@ -106,14 +106,25 @@ class Feed:
         with self.gate_naming(key=key):
             return self.store.add_items(key, items)
 
-    def gate_naming(self, *, queue: str | None = None, key: str | None = None) -> AbstractContextManager[None]:
+    def gate_naming(
+        self, *, queue: str | None = None, key: str | None = None, item: int | None = None
+    ) -> AbstractContextManager[None]:
         """A block within which gate names (`{"gate": "ocr"}`, `check_gate("ocr")`) are those of
-        `queue`'s pipeline, or of the queue of partition `key`: for a front door that checks items
-        before it hands them over. The pipeline is read only if a name is met."""
+        `queue`'s pipeline, or of the queue of partition `key`, or of item `item`'s: for a front door
+        that checks items or answers before it hands them over. The pipeline is read only if a name
+        is met."""
         if queue is not None:
             return naming(lambda: self.store.gate_names(queue), f"queue {queue!r}")
-        assert key is not None, "gate_naming needs a queue or a key"
+        if item is not None:
+            return naming(lambda: self._names_of_item(item), f"the queue of item {item}")
+        assert key is not None, "gate_naming needs a queue, a key or an item"
         return naming(lambda: self._names_of_partition(key), f"the queue of partition {key!r}")
+
+    def _names_of_item(self, item_id: int) -> dict[str, int]:
+        try:
+            return self._names_of_partition(self.store.item(item_id)["partition"])
+        except (KeyError, FeedprocError):
+            return {}
 
     def _names_of_partition(self, key: str) -> dict[str, int]:
         queue = self.store.queue_of(key)
@@ -386,7 +397,8 @@ class Feed:
                 valid.append((n, (item_id, token, answer, None)))
                 continue
             try:
-                valid.append((n, (item_id, token, read_worker_answer(answer), None)))
+                with self.gate_naming(item=item_id):  # {"gate": "rank"}: the item's queue's pipeline
+                    valid.append((n, (item_id, token, read_worker_answer(answer), None)))
             except (PermanentError, RetryLater) as reported:
                 valid.append((n, (item_id, token, None, reported)))
             except InvalidInput as invalid:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import PermanentError
+from ..core.errors import PermanentError, RetryLater
 from ..core.models import Item, Response
 from ..core.naming import naming
 from ..core.pipelines import GateSpec, PipelineSpec, ScheduleSpec, from_mapping
@@ -107,10 +107,11 @@ class _FunctionProcessor:
 class Route:
     """Where one gate's items go under one version of the pipeline, and with what settings."""
 
-    processor: ProcessorLike | None  # None: nowhere (the delivery fails permanently, with `why`)
+    processor: ProcessorLike | None  # None: nowhere (the delivery fails, with `why`)
     gate: GateSpec | None
     policy: RetryPolicy
     why: str = ""
+    transient: bool = False  # the failure is retried (a processor that could not be loaded: a fix may come)
 
 
 class GateRouter:
@@ -155,7 +156,12 @@ class GateRouter:
                 self.made[made_key] = processor
             elif route and gate.processor is not None:
                 made_key = ("python", gate.processor)
-                processor = (reuse or {}).get(made_key) or load_processor(gate.processor)
+                try:
+                    processor = (reuse or {}).get(made_key) or load_processor(gate.processor)
+                except Exception as error:  # the user's module: contained to this gate's items
+                    log.error("gate %d (%s): %s", gate.number, gate.name, error)
+                    self._routes[gate.number] = Route(None, gate, gate.policy(policy), str(error), transient=True)
+                    continue
                 self.made[made_key] = processor
             else:
                 processor = fallback
@@ -194,28 +200,40 @@ class GateRouter:
     async def process(self, route: Route, item: Item, timeout: float | None) -> Response:
         """One item through its route."""
         if route.processor is None:
-            raise PermanentError(f"no processor for gate {item.gate}: {route.why}")
+            raise _nowhere(route, item.gate)
         with self.naming():
             return await call_processor(route.processor, item, timeout)
 
     async def process_batch(self, route: Route, items: list[Item], timeout: float | None) -> list[Response | Exception]:
         """A batch of one gate through its route."""
         if route.processor is None:
-            error = PermanentError(f"no processor for gate {items[0].gate}: {route.why}")
-            return [error] * len(items)
+            return [_nowhere(route, items[0].gate)] * len(items)
         with self.naming():
             return await call_batch(route.processor, items, timeout)
 
-    async def start(self, already: set[int]) -> None:
-        """Start the processors not started yet (`already`: ids of those that were)."""
+    async def start(self, already: set[int], *, strict: bool = False) -> None:
+        """Start the processors not started yet (`already`: ids of those that were). A start that
+        raises is raised when `strict` (the watcher's own processor, at start-up: the watcher exits),
+        else logged (a new version's: its gate's items fail as its calls do; the watcher goes on)."""
         for processor in self.processors:
             if id(processor) in already:
                 continue
             already.add(id(processor))
             start = getattr(processor, "start", None)
             if start is not None:
-                await start()
+                try:
+                    await start()
+                except Exception as error:
+                    if strict:
+                        raise
+                    log.error("starting a processor failed: %s: %s", type(error).__name__, error)
             self._started.append(processor)
+
+
+def _nowhere(route: Route, gate: int) -> Exception:
+    """The failure of a delivery whose gate has no processor."""
+    text = f"no processor for gate {gate}: {route.why}"
+    return RetryLater(text) if route.transient else PermanentError(text)
 
 
 async def close_processors(processors: list[ProcessorLike]) -> None:

@@ -99,10 +99,10 @@ class Watcher(Fetching, Delivering, Writing):
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
         )
+        await self.router.start(self._started_processors, strict=True)  # its own processor: fails the start
         await self._follow_pipeline()
         if self.code_pipeline is not None and self.code_pipeline.spec.limits:  # gate limits lock the queue's row
             await self._db_call(self._db, self.store.set_queue, cfg.queue, by=self.id)
-        await self.router.start(self._started_processors)
         listener = None
         if self.store.postgres:
             loop = asyncio.get_running_loop()
