@@ -1,0 +1,109 @@
+"""Stored pipelines and gate limits in the store (issue 22), on every database: versions, the
+per-gate slot claim of a fetch, and gates whose partitions are not fetched from."""
+
+from __future__ import annotations
+
+import pytest
+
+from feedproc import Feed, InvalidInput
+from feedproc.core.pipelines import parse_toml
+from feedproc.core.records import SlotClaim
+from feedproc.store import Store
+
+from ..support import register
+
+TWO_GATES = """
+queue = "default"
+[[gate]]
+name = "list"
+number = 0
+[[gate]]
+name = "ocr"
+number = 1
+limit = 2
+"""
+
+
+def lease_all(store: Store, watcher: str) -> None:
+    while store.acquire(watcher, "default", 50, 30):
+        pass
+
+
+def test_a_pipeline_is_stored_with_a_version_that_each_change_raises(feed: Feed) -> None:
+    spec = parse_toml(TWO_GATES)
+    assert feed.apply_pipeline(spec).version == 1
+    assert feed.apply_pipeline(spec).version == 1  # nothing changed
+    changed = parse_toml(TWO_GATES.replace("limit = 2", "limit = 3"))
+    assert feed.apply_pipeline(changed).version == 2
+    stored = feed.pipeline("default")
+    assert stored is not None and stored.version == 2 and stored.limits == {1: 3}
+    assert feed.store.pipeline_version("default") == 2
+
+
+def test_a_removed_pipeline_is_gone_and_its_version_is_0(feed: Feed) -> None:
+    feed.apply_pipeline(parse_toml(TWO_GATES))
+    assert feed.remove_pipeline("default") is True
+    assert feed.pipeline("default") is None and feed.store.pipeline_version("default") == 0
+    assert feed.remove_pipeline("default") is False
+
+
+def test_a_stored_pipeline_shows_no_credentials(feed: Feed) -> None:
+    text = (
+        '[[gate]]\nname = "g"\nnumber = 0\nhandler = "http://user:s3cret@127.0.0.1:9/"\nheaders = {X-Token = "t0k"}\n'
+    )
+    feed.apply_pipeline(parse_toml(text))
+    shown = str(feed.pipeline("default").shown())  # type: ignore[union-attr]
+    assert "s3cret" not in shown and "t0k" not in shown and "***@127.0.0.1:9" in shown
+
+
+def test_names_resolve_in_items_added_later_to_a_partition_of_the_queue(feed: Feed) -> None:
+    feed.apply_pipeline(parse_toml(TWO_GATES))
+    feed.add_partition("p", [{"gate": "list", "data": 1}], sealed=False)
+    assert feed.add_items("p", [{"gate": "ocr", "data": 2}]) == 1
+    assert [i["gate"] for i in feed.items("p")] == [0, 1]
+    with pytest.raises(InvalidInput, match="unknown gate 'rank'"):
+        feed.add_items("p", [{"gate": "rank", "data": 3}])
+
+
+def test_a_fetch_takes_no_more_of_a_limited_gate_than_its_limit(feed: Feed, store: Store) -> None:
+    feed.add_partition("a", [(1, b"{}")] * 5)
+    feed.add_partition("b", [(0, b"{}")] * 3)  # gate 0 has no limit
+    register(store, "w1")
+    lease_all(store, "w1")
+    taken = store.fetch_ready("w1", 10, slots=SlotClaim("default", gate_limits={1: 2}))
+    assert sorted(i.gate for i in taken) == [0, 0, 0, 1, 1]
+
+
+def test_gate_slots_held_by_one_watcher_are_not_given_to_another(feed: Feed, store: Store) -> None:
+    feed.add_partition("a", [(1, b"{}")] * 4)
+    feed.add_partition("b", [(1, b"{}")] * 4)
+    register(store, "w1")
+    register(store, "w2")
+    assert store.acquire("w1", "default", 1, 30) and store.acquire("w2", "default", 1, 30)
+    limits = {1: 3}
+    first = store.fetch_ready("w1", 2, slots=SlotClaim("default", gate_limits=limits))
+    second = store.fetch_ready("w2", 10, slots=SlotClaim("default", gate_limits=limits))
+    assert (len(first), len(second)) == (2, 1)
+    again = store.fetch_ready("w2", 10, [i.id for i in second], slots=SlotClaim("default", 1, limits, {1: 1}))
+    assert again == []
+    # w1's calls returned: its next fetch hands its slots back, and w2 may take them
+    assert store.fetch_ready("w1", 0, [i.id for i in first], slots=SlotClaim("default", 0, limits, {})) == []
+    more = store.fetch_ready("w2", 10, [i.id for i in second], slots=SlotClaim("default", 1, limits, {1: 1}))
+    assert len(more) == 2
+
+
+def test_a_partition_at_a_full_gate_does_not_hold_up_the_others(feed: Feed, store: Store) -> None:
+    feed.add_partition("full", [(1, b"{}")] * 5, priority=9)  # first in dispatch order
+    feed.add_partition("free", [(0, b"{}")] * 2)
+    register(store, "w1")
+    lease_all(store, "w1")
+    taken = store.fetch_ready("w1", 2, slots=SlotClaim("default", 0, {1: 1}, {1: 1}))  # gate 1 is full
+    assert [i.partition for i in taken] == ["free", "free"]
+
+
+def test_partitions_at_a_closed_gate_are_not_fetched_from(feed: Feed, store: Store) -> None:
+    feed.add_partition("shut", [(1, b"{}")] * 2, priority=9)
+    feed.add_partition("open", [(0, b"{}")] * 2)
+    register(store, "w1")
+    lease_all(store, "w1")
+    assert {i.partition for i in store.fetch_ready("w1", 10, closed_gates=[1])} == {"open"}
