@@ -80,14 +80,10 @@ def gate_problem(gate: Any) -> str | None:
 def check_gate(gate: Any, where: str = "") -> int:
     """Return `gate` if it is a valid gate (0..MAX_GATE) or the name of one in the pipeline in scope
     (`naming.naming`), as its number; else raise InvalidInput."""
-    if isinstance(gate, str):
-        try:
-            return resolve_gate(gate)
-        except ValueError as error:
-            raise InvalidInput(f"{where}{error}") from None
-    if problem := gate_problem(gate):
-        raise InvalidInput(f"{where}{problem}")
-    return int(gate)
+    try:
+        return gate_number(gate, where)
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(str(error)) from None
 
 
 def gate_number(gate: Any, where: str = "") -> int:

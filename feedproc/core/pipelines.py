@@ -269,15 +269,21 @@ def from_mapping(document: Mapping[str, Any], *, source: str = "pipeline", versi
     return PipelineSpec(queue, tuple(gates), tuple(schedules), version)
 
 
-def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
-    unknown = set(raw) - _GATE_KEYS
+def _named(raw: Mapping[str, Any], keys: set[str], where: str, kind: str) -> tuple[str, str]:
+    """A gate's or a schedule's table checked for unknown keys, and its name; with `where` now
+    naming it ("uploads.toml: gate 'ocr': ") instead of its position."""
+    unknown = set(raw) - keys
     if unknown:
         raise InvalidInput(f"{where}unknown key(s) {', '.join(sorted(unknown))}")
     try:
         name = check_gate_name(raw.get("name"))
     except ValueError as error:
-        raise InvalidInput(f"{where}{error}") from None
-    where = f"{where.rsplit(': ', 2)[0]}: gate {name!r}: "
+        raise InvalidInput(f"{where}{str(error).replace('gate name', f'{kind} name')}") from None
+    return name, f"{where.rsplit(': ', 2)[0]}: {kind} {name!r}: "
+
+
+def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
+    name, where = _named(raw, _GATE_KEYS, where, "gate")
     number = raw.get("number")
     if problem := gate_problem(number):
         raise InvalidInput(f"{where}number: {problem}")
@@ -334,14 +340,7 @@ def _seconds(value: Any, what: str, *, positive: bool) -> float:
 def _schedule(raw: Mapping[str, Any], where: str) -> ScheduleSpec:
     from .schedules import check_cron, render_key  # the cron parser, kept out of the module's import cost
 
-    unknown = set(raw) - _SCHEDULE_KEYS
-    if unknown:
-        raise InvalidInput(f"{where}unknown key(s) {', '.join(sorted(unknown))}")
-    try:
-        name = check_gate_name(raw.get("name"))
-    except ValueError as error:
-        raise InvalidInput(f"{where}{str(error).replace('gate name', 'schedule name')}") from None
-    where = f"{where.rsplit(': ', 2)[0]}: schedule {name!r}: "
+    name, where = _named(raw, _SCHEDULE_KEYS, where, "schedule")
     timezone = raw.get("timezone", "UTC")
     try:
         timewindows.zone(timezone)
