@@ -1,31 +1,46 @@
 #!/usr/bin/env python3
-"""An example feedproc handler service: folder -> classify each file -> rank (standard library only).
+"""An example feedproc handler service: folder -> OCR -> classify -> rank (standard library only).
 
-    python cmds/example_handler.py --port 8080 --db sqlite:///feedproc.db
+    python cmds/example_handler.py --port 8080 --db sqlite:///feedproc.db        # one service, no pipeline
+    python cmds/example_handler.py --serve list,rank --port 8081 --db sqlite:///feedproc.db
+    python cmds/example_handler.py --serve ocr --port 8082                        # the pipeline's services
+    python cmds/example_handler.py --serve classify --port 8083
 
-Items and what the handler answers (the HTTP handler contract, see README):
+It answers each item by its data's ``kind`` (the HTTP handler contract, see README), so the same
+code serves a queue without a pipeline (gates by number) and the README's ``uploads`` pipeline
+(gates by name: list 0, ocr 1, classify 2, rank 3; the request still carries the gate's number):
 
-* gate 0, ``{"kind": "folder", "files": ["a.pdf", ...]}``: fans out one child per file to gate 1
-  and answers ``{"done": true, "items": [...]}``.
-* gate 1, ``{"kind": "file", "name": "a.pdf"}``: "classifies" the file (a score derived from its
-  name) and answers ``{"done": true, "data": {..., "score": 0.73}}``.
-* gate 2, ``{"kind": "rank", "top": 3}``: runs only after every file is classified (the fan-in
-  barrier). Reads the scores through the feedproc Python API and answers done with the top N.
+* list, ``{"kind": "folder", "files": ["a.pdf", ...]}`` (or ``"path": "/some/dir"``: its files):
+  fans out one child ``{"kind": "file", "name": "a.pdf"}`` per file, to gate ``ocr`` (by name)
+  with ``--serve``, to gate 1 without, and answers ``{"done": true, "items": [...]}``.
+* ocr, a file without ``text``: a fake OCR; adds ``"text"`` and moves the item to gate
+  ``classify`` (``{"gate": "classify", "data": ...}``).
+* classify, a file: a score derived from its name and a label; answers done with them.
+* rank, ``{"kind": "rank", "top": 3}``: runs only after every file is classified (the fan-in
+  barrier). Reads the scores through the feedproc Python API (``--db``) and answers done with the
+  top N.
 
-``--delay`` makes each classification take that many seconds, to watch the progress; ``--fail``
-names a file whose classification fails permanently (HTTP 422), to try ``feedproc retry``.
+``--serve`` names the steps this process answers (comma-separated); an item of another step gets
+a 422. Without it the process is the whole example without a pipeline and without the OCR step:
+folder at gate 0, files classified at gate 1, rank at gate 2. ``--delay`` makes each file's first
+step (OCR; without ``--serve``, classification) take that many seconds, to watch the progress;
+``--fail`` names a file whose first step fails permanently (HTTP 422), to try ``feedproc retry``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+STEPS = ("list", "ocr", "classify", "rank")
 
 
 def score_of(name: str) -> float:
@@ -33,13 +48,23 @@ def score_of(name: str) -> float:
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
 
 
-class Handler:
-    """The business logic, separate from HTTP so it reads as the contract."""
+def label_of(score: float) -> str:
+    return "invoice" if score >= 0.5 else "letter"
 
-    def __init__(self, db_url: str | None, delay: float = 0.0, fail: str | None = None) -> None:
+
+class Handler:
+    """The business logic, separate from HTTP so it reads as the contract.
+
+    `serve`: the steps answered (a subset of STEPS, gates named as in the pipeline), or None for
+    the example without a pipeline (gates by number, no OCR step)."""
+
+    def __init__(
+        self, db_url: str | None, delay: float = 0.0, fail: str | None = None, serve: set[str] | None = None
+    ) -> None:
         self.db_url = db_url
         self.delay = delay
         self.fail = fail
+        self.serve = serve
         self._feed: Any = None
         self._lock = threading.Lock()
 
@@ -51,36 +76,79 @@ class Handler:
                 self._feed = Feed(self.db_url)
             return self._feed
 
-    def answer(self, item: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        data = item.get("data") or {}
+    def warm_up(self) -> None:
+        with contextlib.suppress(Exception):  # reported by the first rank that needs it
+            self.feed()
+
+    def step_of(self, data: dict[str, Any]) -> str | None:
+        """Which step an item's data asks for."""
         kind = data.get("kind")
         if kind == "folder":
-            files = data.get("files", [])
-            children = [{"gate": 1, "data": {"kind": "file", "name": name}} for name in files]
-            return 200, {"done": True, "items": children, "data": {**data, "listed": len(files)}}
+            return "list"
+        if kind == "rank":
+            return "rank"
         if kind == "file":
+            return "ocr" if self.serve is not None and "text" not in data else "classify"
+        return None
+
+    def answer(self, item: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        data = item.get("data") or {}
+        step = self.step_of(data)
+        if step is None:
+            return 422, {"error": f"unknown item kind {data.get('kind')!r}"}
+        if self.serve is not None and step not in self.serve:
+            served = ", ".join(s for s in STEPS if s in self.serve)
+            return 422, {"error": f"this service answers {served}, not {step} (gate {item.get('gate')})"}
+        steps = {"list": self.list_folder, "ocr": self.ocr, "classify": self.classify, "rank": self.rank}
+        return steps[step](item, data)
+
+    def list_folder(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if "path" in data:
+            try:
+                files = sorted(e.name for e in os.scandir(data["path"]) if e.is_file())
+            except OSError as error:
+                return 422, {"error": f"cannot list {data['path']}: {error.strerror}"}
+        else:
+            files = data.get("files", [])
+        gate: int | str = "ocr" if self.serve is not None else 1
+        children = [{"gate": gate, "data": {"kind": "file", "name": name}} for name in files]
+        return 200, {"done": True, "items": children, "data": {**data, "listed": len(files)}}
+
+    def ocr(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.delay:
+            time.sleep(self.delay)
+        if data.get("name") == self.fail:
+            return 422, {"error": f"cannot read {data['name']}"}
+        return 200, {"gate": "classify", "data": {**data, "text": f"the text of {data['name']}"}}
+
+    def classify(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.serve is None:  # the first step of a file without a pipeline
             if self.delay:
                 time.sleep(self.delay)
             if data.get("name") == self.fail:
                 return 422, {"error": f"cannot read {data['name']}"}
-            return 200, {"done": True, "data": {**data, "score": round(score_of(data["name"]), 4)}}
-        if kind == "rank":
-            if self.db_url is None:
-                return 422, {"error": "rank needs --db to read the scores"}
-            scores = []
-            after = 0
-            while page := self.feed().items(item["partition"], gate=1, after_id=after, limit=1000):
-                for row in page:
+        score = round(score_of(data["name"]), 4)
+        return 200, {"done": True, "data": {**data, "score": score, "label": label_of(score)}}
+
+    def rank(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.db_url is None:
+            return 422, {"error": "rank needs --db to read the scores"}
+        scores = []
+        after = 0
+        while page := self.feed().items(item["partition"], after_id=after, limit=1000):
+            for row in page:
+                try:
                     child = json.loads(row["data"])
-                    if "score" in child:
-                        scores.append((child["score"], child["name"]))
-                after = page[-1]["id"]
-            top = sorted(scores, reverse=True)[: int(data.get("top", 3))]
-            return 200, {
-                "done": True,
-                "data": {**data, "ranked": len(scores), "top": [{"name": n, "score": s} for s, n in top]},
-            }
-        return 422, {"error": f"unknown item kind {kind!r}"}
+                except ValueError:
+                    continue
+                if isinstance(child, dict) and child.get("kind") == "file" and "score" in child:
+                    scores.append((child["score"], child["name"]))
+            after = page[-1]["id"]
+        top = sorted(scores, reverse=True)[: int(data.get("top", 3))]
+        return 200, {
+            "done": True,
+            "data": {**data, "ranked": len(scores), "top": [{"name": n, "score": s} for s, n in top]},
+        }
 
 
 class Server(ThreadingHTTPServer):
@@ -123,19 +191,40 @@ def serve(handler: Handler, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
+def parse_steps(value: str) -> set[str]:
+    steps = {part.strip() for part in value.split(",") if part.strip()}
+    if "all" in steps:
+        return set(STEPS)
+    unknown = steps - set(STEPS)
+    if unknown or not steps:
+        raise argparse.ArgumentTypeError(f"steps are {', '.join(STEPS)} or all, got {value!r}")
+    return steps
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument(
+        "--serve",
+        type=parse_steps,
+        default=None,
+        metavar="STEPS",
+        help="the pipeline steps to answer, comma-separated: list, ocr, classify, rank (or all); "
+        "omitted: the example without a pipeline (gates 0, 1, 2 by number, no OCR)",
+    )
     parser.add_argument("--db", default=None, help="feedproc database URL (for the rank step)")
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds each classification takes")
-    parser.add_argument("--fail", default=None, help="a file name whose classification fails")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each file's OCR (or classification) takes")
+    parser.add_argument("--fail", default=None, help="a file name whose OCR (or classification) fails")
     args = parser.parse_args(argv)
     # One thread per keep-alive connection: with the default 5 ms GIL switch interval, a thread
     # woken by a request waits behind the others; a short interval keeps answers prompt.
     sys.setswitchinterval(0.0002)
-    server = serve(Handler(args.db, args.delay, args.fail), args.host, args.port)
+    handler = Handler(args.db, args.delay, args.fail, args.serve)
+    server = serve(handler, args.host, args.port)
     print(f"listening on http://{args.host}:{server.server_address[1]}/", flush=True)
+    if args.db is not None and (args.serve is None or "rank" in args.serve):
+        threading.Thread(target=handler.warm_up, daemon=True).start()  # import feedproc before the first rank
     try:
         server.serve_forever()
     except KeyboardInterrupt:

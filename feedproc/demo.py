@@ -1,8 +1,10 @@
-"""`feedproc demo`: the folder -> classify -> rank scenario, end to end, on a throwaway SQLite file.
+"""`feedproc demo`: the folder -> OCR -> classify -> rank pipeline, end to end, on a throwaway SQLite file.
 
-Starts the example handler service (cmds/example_handler.py) and one `feedproc watch` process,
-submits a few folder partitions, draws a progress bar per partition from the database, and ends
-with a summary. Everything it starts is stopped; the temporary directory is removed unless --keep.
+Starts the example handler (cmds/example_handler.py) as the pipeline's three services (list and
+rank, OCR, classify), applies the README's `uploads` pipeline with their URLs, starts one
+`feedproc watch --queue uploads` (no handler: it serves the stored pipeline), submits a few folder
+partitions with named gates, draws a progress bar per partition from the database, and ends with
+a summary. Everything it starts is stopped; the temporary directory is removed unless --keep.
 """
 
 from __future__ import annotations
@@ -23,7 +25,42 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .core.errors import FeedprocError
+from .core.pipelines import PipelineSpec, parse_toml
 from .feed import Feed
+
+#: The README's uploads.toml, without its schedule, with the services' URLs filled in.
+PIPELINE = """\
+queue = "uploads"
+
+[defaults]
+max_attempts = 8
+retry_delay = 2
+
+[[gate]]
+name = "list"
+number = 0
+handler = "{list}"
+
+[[gate]]
+name = "ocr"
+number = 1
+handler = "{ocr}"
+limit = 8
+timeout = 120
+
+[[gate]]
+name = "classify"
+number = 2
+handler = "{classify}"
+
+[[gate]]
+name = "rank"
+number = 3
+handler = "{list}"
+"""
+
+#: The example handler's services: what each answers (its --serve), and its log's name.
+SERVICES = {"list": "list,rank", "ocr": "ocr", "classify": "classify"}
 
 
 def example_handler_path() -> Path:
@@ -71,30 +108,34 @@ def run_demo(
     workdir = Path(tempfile.mkdtemp(prefix="feedproc-demo-"))
     db_url = f"sqlite:///{workdir / 'demo.db'}"
     env = dict(os.environ, FEEDPROC_DATABASE_URL=db_url, PYTHONUNBUFFERED="1")
-    handler = watcher = None
+    handlers: list[subprocess.Popen[bytes]] = []
+    watcher = None
     feed = Feed(db_url)
     try:
         feed.migrate()
-        handler = _start(
-            [sys.executable, str(example_handler_path()), "--port", "0", "--db", db_url, "--delay", str(delay)],
-            workdir / "handler.log",
-            env,
-        )
-        assert handler.stdout is not None
-        line = handler.stdout.readline().decode().strip()
-        if not line.startswith("listening on "):
-            raise FeedprocError(f"the example handler did not start (see {workdir / 'handler.log'})")
-        url = line.removeprefix("listening on ")
+        urls = {}
+        for role, steps in SERVICES.items():
+            args = [sys.executable, str(example_handler_path()), "--serve", steps, "--port", "0"]
+            if "rank" in steps:
+                args += ["--db", db_url]
+            if role == "ocr":
+                args += ["--delay", str(delay)]
+            log = workdir / f"handler-{role}.log"
+            handlers.append(_start(args, log, env))
+            urls[role] = _listening(handlers[-1], log)
+        spec = feed.apply_pipeline(parse_toml(PIPELINE.format(**urls), source="the demo's pipeline"))
         console.print(f"[bold]feedproc demo[/] in {workdir}")
-        console.print(f"  handler  {url}  (cmds/example_handler.py)")
+        for role, steps in SERVICES.items():
+            console.print(f"  handler   {urls[role]}  answers {steps.replace(',', ', '):<10}  (example_handler.py)")
+        console.print(f"  pipeline  {_described(spec)}")
         watcher = _start(
             [
                 sys.executable,
                 "-m",
                 "feedproc",
                 "watch",
-                "--handler",
-                url,
+                "--queue",
+                spec.queue,
                 "--concurrency",
                 str(concurrency),
                 "--poll-interval",
@@ -103,7 +144,7 @@ def run_demo(
             workdir / "watcher.log",
             env,
         )
-        console.print(f"  watcher  pid {watcher.pid}  (feedproc watch --handler {url})")
+        console.print(f"  watcher   pid {watcher.pid}  (feedproc watch --queue {spec.queue}, no --handler)")
         keys = []
         for n in range(partitions):
             key = f"upload-{n + 1}"
@@ -111,32 +152,47 @@ def run_demo(
             feed.add_partition(
                 key,
                 [
-                    (0, json.dumps({"kind": "folder", "files": names}).encode()),
-                    (2, json.dumps({"kind": "rank", "top": 3}).encode()),
+                    {"gate": "list", "data": {"kind": "folder", "files": names}},
+                    {"gate": "rank", "data": {"kind": "rank", "top": 3}},
                 ],
+                queue=spec.queue,
                 priority=partitions - n,
             )
             keys.append(key)
-        console.print(
-            f"  submitted {partitions} folders: gate 0 lists files, gate 1 classifies each, "
-            "gate 2 ranks them once all are classified\n"
-        )
+        console.print(f"  submitted {partitions} folders: files go list -> ocr -> classify, rank waits for all\n")
         started = time.monotonic()
-        final = _show_progress(feed, keys, watcher, console)
+        final = _show_progress(feed, keys, watcher, spec, console)
         elapsed = time.monotonic() - started
         _summary(final, elapsed, console)
         return final
     finally:
         _stop(watcher)
-        _stop(handler)
+        for handler in handlers:
+            _stop(handler)
         feed.close()
         if keep:
-            console.print(f"kept {workdir} (database demo.db, handler.log, watcher.log)")
+            console.print(f"kept {workdir} (database demo.db, handler-*.log, watcher.log)")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _show_progress(feed: Feed, keys: list[str], watcher: subprocess.Popen[bytes], console: Console) -> dict[str, Any]:
+def _listening(handler: subprocess.Popen[bytes], log: Path) -> str:
+    """The URL a handler service printed as it started ("listening on URL")."""
+    assert handler.stdout is not None
+    line = handler.stdout.readline().decode().strip()
+    if not line.startswith("listening on "):
+        raise FeedprocError(f"the example handler did not start (see {log})")
+    return line.removeprefix("listening on ")
+
+
+def _described(spec: PipelineSpec) -> str:
+    gates = [f"{gate.number} {gate.name}" + (f" (limit {gate.limit})" if gate.limit else "") for gate in spec.gates]
+    return f"{spec.queue} v{spec.version}: " + ", ".join(gates)
+
+
+def _show_progress(
+    feed: Feed, keys: list[str], watcher: subprocess.Popen[bytes], spec: PipelineSpec, console: Console
+) -> dict[str, Any]:
     columns = (
         TextColumn("{task.description:<10}"),
         BarColumn(),
@@ -157,10 +213,10 @@ def _show_progress(feed: Feed, keys: list[str], watcher: subprocess.Popen[bytes]
                 status = feed.status(key)
                 items = status["items"]
                 done = items["complete"] + items["failed"] + items["cancelled"]
-                state = f"{status['status']} at gate {status['gate']}"
+                state = f"{status['status']} at gate {status['gate']} ({spec.numbers.get(status['gate'], '?')})"
                 progress.update(tasks[key], total=items["total"], completed=done, state=state)
                 if status["status"] != "available":
-                    ranked = feed.items(key, gate=2, limit=1)
+                    ranked = feed.items(key, gate=spec.names["rank"], limit=1)
                     status["rank_top"] = json.loads(ranked[0]["data"]).get("top", []) if ranked else []
                     final[key] = status
             time.sleep(0.1)
