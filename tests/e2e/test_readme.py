@@ -1,15 +1,21 @@
 """The README's examples run as written (issue 18): its Python files (blocks whose first line is
-`# NAME.py`) with a real watcher, and its command-line session, each in a fresh directory."""
+`# NAME.py`) with a real watcher, its command-line session, and its pipeline (issue 22) as the TOML
+file with three handler services and as a Python `Pipeline`, each in a fresh directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from feedproc import Feed
+from feedproc.core.pipelines import parse_toml
 
 from ..support import ROOT, WatcherProcesses, feedproc_env
 
@@ -30,6 +36,38 @@ def python_files() -> dict[str, str]:
         if re.fullmatch(r"# [a-z_]+\.py", first):
             found[first[2:]] = block
     return found
+
+
+def sh_block(containing: str) -> str:
+    """The README's one shell block that contains `containing`."""
+    [block] = [block for block in blocks("sh") if containing in block]
+    return block
+
+
+def run_session(script: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """A shell session as a reader runs it, with the virtualenv active, in `cwd`; the jobs it
+    started in the background are stopped at its end."""
+    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # "with the virtualenv active"
+    script = "set -e\n" + script + "kill $(jobs -p)\nwait || true\n"
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now, for the README's fixed ones (CI may have those taken)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def uploads_toml() -> str:
+    [block] = [block for block in blocks("toml") if block.startswith("# uploads.toml\n")]
+    return block
 
 
 def test_the_python_api_example_runs_as_two_files_with_a_watcher(tmp_path: Path) -> None:
@@ -56,16 +94,58 @@ def test_the_python_api_example_runs_as_two_files_with_a_watcher(tmp_path: Path)
 
 
 def test_the_command_line_session_runs_as_written(tmp_path: Path) -> None:
-    session = next(block for block in blocks("sh") if block.startswith("feedproc migrate\n"))
+    session = sh_block("feedproc add upload-42")
     (tmp_path / "cmds").symlink_to(ROOT / "cmds")
-    script = (
-        "set -e\n"
-        + session
-        + "feedproc wait upload-42 --timeout 60\n"  # then stop the two background jobs it started
-        + "kill $(jobs -p)\nwait || true\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
-    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # "with the virtualenv active"
-    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    result = run_session(session + "feedproc wait upload-42 --timeout 60\n", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "complete" in result.stdout
+
+
+def test_the_pipeline_runs_as_written_with_three_handler_services(tmp_path: Path) -> None:
+    """uploads.toml, the three example handler services, `pipeline apply`, `watch --queue uploads`
+    without a handler and `add` with named gates: a folder through list, ocr, classify and rank."""
+    toml, session = uploads_toml(), sh_block("feedproc pipeline apply uploads.toml")
+    for readme_port, port in zip(("8081", "8082", "8083"), free_ports(3), strict=True):
+        assert f":{readme_port}/" in toml and f"--port {readme_port}" in session
+        toml, session = toml.replace(readme_port, str(port)), session.replace(readme_port, str(port))
+    (tmp_path / "uploads.toml").write_text(toml)
+    (tmp_path / "cmds").symlink_to(ROOT / "cmds")
+    result = run_session(session, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "pipeline version 1 (gates 0=list, 1=ocr, 2=classify, 3=rank, 1 schedule(s))" in result.stdout
+    [ranking] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id"')]
+    assert ranking["gate"] == 3 and ranking["data"]["ranked"] == 3 and len(ranking["data"]["top"]) == 2
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        assert feed.status("scan-7")["status"] == "complete"
+        files = [row for row in feed.items("scan-7") if json.loads(row["data"])["kind"] == "file"]
+        assert len(files) == 3
+        for row in files:  # each file went to the ocr service, then to the classify service
+            assert [delivery["gate"] for delivery in feed.item(row["id"])["history"]] == [1, 2]
+            assert {"text", "score"} <= set(json.loads(row["data"]))
+
+
+def test_the_demo_runs_the_readmes_pipeline() -> None:
+    """`feedproc demo` applies uploads.toml's gates and settings (with its services' URLs)."""
+    from feedproc.demo import PIPELINE
+
+    readme = parse_toml(uploads_toml())
+    urls = {gate.name: gate.handler for gate in readme.gates}
+    demo = parse_toml(PIPELINE.format(**urls))
+    assert demo.queue == readme.queue and demo.gates == readme.gates
+
+
+def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
+    """uploads_pipeline.py served by `feedproc watch --processor uploads_pipeline:pipeline`, stored
+    with `pipeline apply --from`, and a folder added with named gates."""
+    (tmp_path / "uploads_pipeline.py").write_text(python_files()["uploads_pipeline.py"])
+    session = sh_block("feedproc watch --processor uploads_pipeline:pipeline")
+    result = run_session("feedproc migrate\n" + session, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        final = feed.status("scan-8")
+        [ranked] = feed.items("scan-8", gate=3)
+        [stored] = feed.pipelines()
+    assert final["status"] == "complete", final
+    assert json.loads(ranked["data"])["top"][0]["file"] in {"a.pdf", "b.pdf"}
+    assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
+    assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
