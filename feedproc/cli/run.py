@@ -477,7 +477,7 @@ def serve(
 def demo(
     partitions: Annotated[int, typer.Option(min=1, max=20, help="Folders to submit.")] = 3,
     files: Annotated[int, typer.Option(min=1, max=5000, help="Files in the first folder.")] = 40,
-    delay: Annotated[float, typer.Option(min=0.0, help="Seconds each classification takes.")] = 0.02,
+    delay: Annotated[float, typer.Option(min=0.0, help="Seconds each OCR call takes.")] = 0.02,
     keep: Annotated[bool, typer.Option(help="Keep the temporary database and logs.")] = False,
 ) -> None:
     """Run a fan-out/fan-in example end to end on a throwaway SQLite database."""

@@ -58,8 +58,7 @@ class Pipeline:
             if number in self._gates:
                 raise ValueError(f"gate {number} of pipeline {self.queue!r} has a function already")
             self._gates[number] = ({"name": name, "number": number, **settings}, function)
-            self._spec = None
-            self.spec  # noqa: B018 - checked now, where the decorator is, not when a watcher starts
+            self._check()
             return function
 
         return register
@@ -68,8 +67,14 @@ class Pipeline:
         """Start a partition keyed `key` (a template with `{date...}`) at every tick of `cron`
         (`timezone`, `items`, `priority` as in a pipeline file's `[[schedule]]`)."""
         self._schedules.append({"name": name, "cron": cron, "key": key, **options})
+        self._check()
+
+    def _check(self) -> None:
+        """Check the settings now, where the decorator is (not when a watcher starts); schedules
+        wait for a first gate."""
         self._spec = None
-        self.spec  # noqa: B018
+        if self._gates:
+            self.spec  # noqa: B018
 
     @property
     def spec(self) -> PipelineSpec:

@@ -63,6 +63,8 @@ class Fetching(Leasing):
     async def _fill_buffer(self) -> None:
         if self._isolating:
             return  # a suspect is delivered alone
+        if self.processor is None and self.router.spec is None:
+            return  # serving a pipeline that was removed: nothing is delivered (nor failed) until one is applied
         settings = self.queue_settings
         if settings.paused or (settings.windows is not None and not settings.is_open(datetime.now(UTC))):
             return  # in-flight items finish; nothing new is fetched

@@ -45,6 +45,13 @@ class Routing(WatcherState):
         if set((spec.limits if spec else {}).items()) - set((old.spec.limits if old.spec else {}).items()):
             self._drop_buffered(lambda item: True)  # a gate limit set or changed: fetched again through the claim
         self.router = router
+        if spec is None and self.processor is None:
+            log.warning(
+                "queue %s has no pipeline any more: nothing is delivered until one is applied",
+                queue,
+                extra={"event": "pipeline_removed", "watcher": self.id},
+            )
+            return
         log.info(
             "queue %s: pipeline version %d (%s)",
             queue,

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -170,6 +171,23 @@ def test_a_pipeline_applied_while_watchers_run_reaches_them(
         wait_status(feed, "before", "complete")
     assert [d.body["partition"] for d in second.deliveries] == ["after"]
     assert [d.body["partition"] for d in handler.deliveries] == ["before"]
+
+
+def test_a_removed_pipeline_stops_delivery_without_failing_items_until_one_is_applied(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    text = f'[[gate]]\nname = "g"\nnumber = 0\nhandler = "{handler.url}"\n'
+    apply(feed, text)
+    with watching(db_url, None, poll_interval=0.1) as running:
+        feed.add_partition("first", [(0, b"1")])
+        wait_status(feed, "first", "complete")
+        feed.remove_pipeline("default")
+        wait_until(lambda: running.watcher.router.spec is None, what="the watcher to see the removal")
+        feed.add_partition("waits", [(0, b"2")])
+        time.sleep(1.0)  # ten polls: nothing may be delivered or failed meanwhile
+        assert feed.status("waits")["items"]["available"] == 1 and len(handler.deliveries) == 1
+        apply(feed, text)
+        wait_status(feed, "waits", "complete")
 
 
 def test_applying_the_same_pipeline_again_keeps_its_version(feed: Feed) -> None:
