@@ -1,8 +1,9 @@
-"""feedproc: partitioned fan-out/fan-in workflows, kept in SQLite or PostgreSQL.
+"""feedproc: partitioned fan-out/fan-in workflows, kept in SQLite, PostgreSQL or MariaDB/MySQL.
 
 Public API: `Feed` (producers), `Processor`, `Item`, `Response`, `HTTPProcessor`,
-`PermanentError`, `RetryLater`, `Watcher` for running a watcher inside your own program, and
-`RemoteWorker` for a pull worker that claims items from `feedproc serve`.
+`PermanentError`, `RetryLater`, `Pipeline` (a queue's gates as Python functions), `Watcher` for
+running a watcher inside your own program, and `RemoteWorker` for a pull worker that claims items
+from `feedproc serve`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .core.errors import (
 from .core.models import Item, NewItem, Response
 from .feed import Feed
 from .processors import HTTPProcessor, Processor
+from .processors.pipeline import Pipeline
 from .watcher import Watcher, WatcherConfig
 from .worker import RemoteWorker
 
@@ -36,6 +38,7 @@ __all__ = [
     "NewItem",
     "NotFound",
     "PermanentError",
+    "Pipeline",
     "Processor",
     "Refused",
     "RemoteWorker",

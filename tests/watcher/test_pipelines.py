@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from feedproc import Feed, Item, Response
+from feedproc import Feed, Item, Pipeline, Response
 from feedproc.core.pipelines import parse_toml
-from feedproc.processors.pipeline import Pipeline
 
 from ..support import HandlerService, feedproc_env, run_cli, wait_status, wait_until, watching
 from .test_scheduling import ConcurrencyMeter
@@ -254,7 +253,7 @@ def test_a_pipelines_settings_are_checked_where_it_is_written() -> None:
 def test_pipeline_apply_from_a_python_pipeline_and_watch_serve_it(db_url: str, feed: Feed, tmp_path: Any) -> None:
     module = tmp_path / "my_uploads.py"
     module.write_text(
-        "from feedproc import Response\nfrom feedproc.processors.pipeline import Pipeline\n"
+        "from feedproc import Pipeline, Response\n"
         "pipeline = Pipeline('uploads')\n"
         "@pipeline.gate('list', 0, limit=2)\n"
         "def list_folder(item):\n    return Response(done=True, items=[{'gate': 'ocr', 'data': 1}])\n"
