@@ -37,11 +37,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._version import __version__
 from .core.errors import FeedprocError, InvalidInput, StaleClaim
 from .core.models import KEY_PATTERN, MAX_DEPTH, MAX_PAGE, QUEUE_PATTERN, check_key, item_from_row, json_depth
+from .core.naming import GATE_NAME_PATTERN
 from .feed import Feed
+from .gatenames import GateNames, gate_filter, with_name
 from .health import serve_health
 from .metrics import CONTENT_TYPE, render_down, render_gauges
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+GATE_NAME = f"^{GATE_NAME_PATTERN.pattern}$"
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 StatusName = Literal["available", "complete", "failed", "cancelled"]
@@ -59,11 +62,17 @@ class ApiError(Exception):
 # ---------------------------------------------------------------- request bodies
 
 
+#: A gate: its number, or its name in the queue's pipeline (a name never starts with a digit: "1" is
+#: neither, as before names). A well-formed name the pipeline lacks is a 400 naming it.
+GateIn = Annotated[int, Field(ge=0, le=INT32, strict=True)] | Annotated[str, Field(pattern=GATE_NAME)]
+GATE_HELP = "a gate number, or the name of a gate in the pipeline of the partition's queue"
+
+
 class ItemIn(BaseModel):
-    """One item: its gate (default 0) and its data (any JSON)."""
+    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any JSON)."""
 
     model_config = ConfigDict(extra="forbid")
-    gate: int = Field(0, ge=0, le=INT32, strict=True)
+    gate: GateIn = Field(0, description=GATE_HELP, examples=[0, "ocr"])
     data: Any = None
 
 
@@ -246,7 +255,14 @@ def _not_before(value: str | None) -> datetime | None:
 
 
 def _items(items: list[ItemIn]) -> list[Any]:
+    """The items checked, gate names resolved: call it within `Feed.gate_naming` (an unknown name
+    is a 400 naming it, before anything is written)."""
     return [item_from_row(item.model_dump(), where=f"item {n}: ") for n, item in enumerate(items, start=1)]
+
+
+def _status(feed: Feed, key: str) -> dict[str, Any]:
+    """A partition's status object, with its gates' names when its queue has a pipeline."""
+    return GateNames(feed).status(feed.status(key))
 
 
 def _data(raw: bytes) -> dict[str, Any]:
@@ -283,9 +299,11 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
     """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
     feed = _feed(request)
+    with feed.gate_naming(queue=body.queue):  # {"gate": "ocr"}
+        items = _items(body.items)
     count = feed.add_partition(
         body.key,
-        _items(body.items),
+        items,
         queue=body.queue,
         priority=body.priority,
         sealed=not body.open,
@@ -296,7 +314,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         windows=body.windows,
         window_tz=body.timezone,
     )
-    return {"added": count, "partition": feed.status(body.key)}
+    return {"added": count, "partition": _status(feed, body.key)}
 
 
 @api.get("/partitions", tags=["partitions"])
@@ -318,9 +336,12 @@ def list_partitions(
     on, then last changed), `priority` or `age` (pages by `offset`)."""
     if sort != "key" and after is not None:
         raise ApiError(400, "after goes with sort=key; page other sorts by offset")
-    rows = _feed(request).partitions(
+    feed = _feed(request)
+    rows = feed.partitions(
         queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
     )
+    names = GateNames(feed)
+    rows = [names.status(row) for row in rows]
     if sort != "key":
         return {"items": rows, "next_offset": offset + limit if len(rows) == limit else None}
     return _page(rows, limit, "key")
@@ -329,36 +350,48 @@ def list_partitions(
 @api.get("/status", tags=["partitions"])
 def summary(request: Request) -> dict[str, Any]:
     """Counts of partitions and items by status (`feedproc status --json`)."""
-    return _feed(request).summary()
+    feed = _feed(request)
+    return GateNames(feed).summary(feed.summary())
 
 
 @api.get("/partitions/{key:path}", tags=["partitions"])
 def partition_status(
     key: KeyPath, request: Request, history: Annotated[int, Query(ge=0, le=1000)] = 0
 ) -> dict[str, Any]:
-    """One partition: the `feedproc status KEY --json` object (with `history` events when asked)."""
-    return _feed(request).status(_key(key), history=history)
+    """One partition: the `feedproc status KEY --json` object (with `history` events when asked).
+    When its queue has a pipeline: `gate_name` beside `gate`, `gate_names` beside `gates`."""
+    feed = _feed(request)
+    return GateNames(feed).status(feed.status(_key(key), history=history))
 
 
 @api.get("/items", tags=["partitions"])
 def list_items(
     request: Request,
     key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
-    gate: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    gate: Annotated[str | None, Query(pattern=f"^[0-9]{{1,10}}$|{GATE_NAME}", description=GATE_HELP)] = None,
     status: StatusName | None = None,
     after: Annotated[int, Query(ge=0, le=INT64, description="last item id of the page before")] = 0,
     limit: Limit = 100,
 ) -> dict[str, Any]:
-    """A partition's items in id order (data as JSON, or `data_base64`)."""
-    rows = _feed(request).items(key, gate=gate, status=status, after_id=after, limit=limit)
-    return _page([{**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])} for r in rows], limit, "id")
+    """A partition's items in id order (data as JSON, or `data_base64`; `gate_name` beside `gate`
+    when the partition's queue has a pipeline). `gate` filters by a gate's number or name."""
+    feed = _feed(request)
+    rows = feed.items(key, gate=gate_filter(feed, key, gate), status=status, after_id=after, limit=limit)
+    names = GateNames(feed).of_items(key, rows)
+    return _page(
+        [with_name({**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])}, names) for r in rows],
+        limit,
+        "id",
+    )
 
 
 @api.get("/items/{item_id}", tags=["partitions"])
 def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
     """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
-    (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error)."""
-    item = _feed(request).item(item_id)
+    (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error);
+    `gate_name` beside each gate when its queue has a pipeline."""
+    feed = _feed(request)
+    item = GateNames(feed).item(feed.item(item_id))
     return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
 
 
@@ -377,8 +410,10 @@ def history(
 def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
     """Add items to an open partition (`feedproc add-items`)."""
     feed = _feed(request)
-    count = feed.add_items(_key(key), _items(body.items))
-    return {"added": count, "partition": feed.status(key)}
+    with feed.gate_naming(key=_key(key)):  # {"gate": "ocr"}
+        items = _items(body.items)
+    count = feed.add_items(key, items)
+    return {"added": count, "partition": _status(feed, key)}
 
 
 @api.post("/partitions/{key:path}/seal", dependencies=Mutating, tags=["actions"])
@@ -386,7 +421,7 @@ def seal(key: KeyPath, request: Request) -> dict[str, Any]:
     """No more items will be added (`feedproc seal`)."""
     feed = _feed(request)
     feed.seal(_key(key))
-    return {"partition": feed.status(key)}
+    return {"partition": _status(feed, key)}
 
 
 @api.post("/partitions/{key:path}/retry", dependencies=Mutating, tags=["actions"])
@@ -394,7 +429,7 @@ def retry(key: KeyPath, request: Request) -> dict[str, Any]:
     """A failed partition and its failed items back to work (`feedproc retry`); 409 unless failed."""
     feed = _feed(request)
     count = feed.retry(_key(key))
-    return {"retried": count, "partition": feed.status(key)}
+    return {"retried": count, "partition": _status(feed, key)}
 
 
 @api.post("/partitions/{key:path}/cancel", dependencies=Mutating, tags=["actions"])
@@ -402,7 +437,7 @@ def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
     """Cancel a partition and its available items (`feedproc cancel`); 409 if complete."""
     feed = _feed(request)
     feed.cancel(_key(key))
-    return {"partition": feed.status(key)}
+    return {"partition": _status(feed, key)}
 
 
 @api.post("/partitions/{key:path}/checkpoint", dependencies=Mutating, tags=["actions"])
@@ -410,7 +445,7 @@ def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
     """Advance a manual-checkpoint partition whose gate has drained (`feedproc checkpoint`)."""
     feed = _feed(request)
     gate = feed.checkpoint(_key(key))
-    return {"gate": gate, "partition": feed.status(key)}
+    return {"gate": gate, "partition": _status(feed, key)}
 
 
 class ItemSelection(BaseModel):
@@ -419,7 +454,7 @@ class ItemSelection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ids: list[Annotated[int, Field(ge=1, le=INT64, strict=True)]] | None = Field(None, min_length=1, max_length=1000)
     partition: str | None = Field(None, description="a partition key")
-    gate: int | None = Field(None, ge=0, le=INT32, strict=True)
+    gate: GateIn | None = Field(None, description=GATE_HELP)
 
 
 ItemAction = Literal["retry", "skip", "cancel"]
@@ -435,8 +470,10 @@ def act_on_items(action: ItemAction, body: ItemSelection, request: Request) -> d
         raise ApiError(400, "give ids or partition, not both")
     if body.gate is not None and body.partition is None:
         raise ApiError(400, "gate goes with partition")
+    feed = _feed(request)
     key = _key(body.partition) if body.partition is not None else None
-    return _feed(request).act_on_items(action, ids=body.ids, key=key, gate=body.gate, by="api")
+    gate = gate_filter(feed, key, body.gate) if key is not None else None
+    return feed.act_on_items(action, ids=body.ids, key=key, gate=gate, by="api")
 
 
 def _one_item_action(action: str) -> Any:
@@ -510,17 +547,35 @@ def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], requ
     return feed.queue(name)
 
 
+@api.get("/pipelines", tags=["queues"])
+def list_pipelines(request: Request) -> dict[str, Any]:
+    """Every stored pipeline (`feedproc pipeline show --json`): its version, queue, gates (names,
+    numbers, handlers, settings) and schedules; credentials (header values, a handler URL's user and
+    password) shown as `***`, since reads need no token."""
+    return {"pipelines": [spec.shown() for spec in _feed(request).pipelines()]}
+
+
+@api.get("/pipelines/{queue}", tags=["queues"])
+def get_pipeline(queue: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """A queue's stored pipeline (`feedproc pipeline show QUEUE --json`); 404 when it has none."""
+    spec = _feed(request).pipeline(queue)
+    if spec is None:
+        raise ApiError(404, f"queue {queue!r} has no pipeline")
+    return spec.shown()
+
+
 @api.get("/watchers", tags=["watchers"])
 def list_watchers(request: Request) -> dict[str, Any]:
     """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""
     feed = _feed(request)
-    return {"watchers": feed.watchers(), "leases": feed.leases()}
+    return {"watchers": feed.watchers(), "leases": GateNames(feed).rows(feed.leases())}
 
 
 @api.get("/failures", tags=["partitions"])
 def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
     """The most recently failed partitions, each with one of its errors."""
-    return {"items": _feed(request).recent_failures(limit=limit)}
+    feed = _feed(request)
+    return {"items": GateNames(feed).rows(feed.recent_failures(limit=limit))}
 
 
 class FailedSelection(BaseModel):
@@ -550,7 +605,8 @@ def running(
 ) -> dict[str, Any]:
     """Items in flight now, longest running first: watcher deliveries and worker or callback claims,
     with gate, attempt, who has it, elapsed seconds (once a heartbeat reported it) and progress."""
-    return {"items": _feed(request).running(queue=queue, limit=limit)}
+    feed = _feed(request)
+    return {"items": GateNames(feed).rows(feed.running(queue=queue, limit=limit))}
 
 
 @api.get("/throughput", tags=["partitions"])

@@ -30,6 +30,7 @@ from markupsafe import Markup, escape
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
 from .feed import Feed
+from .gatenames import GateNames, with_name
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # partitions per page
@@ -95,9 +96,13 @@ def install(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
 
-def gate_bars(counts: dict[str, dict[str, int]], current: int) -> list[dict[str, Any]]:
+def gate_bars(
+    counts: dict[str, dict[str, int]], current: int, names: dict[int, str] | None = None
+) -> list[dict[str, Any]]:
     """One progress bar per gate: complete or cancelled out of all its items; failed ones apart, so a
-    gate whose items all failed reads 0% done with its failures, never 100%."""
+    gate whose items all failed reads 0% done with its failures, never 100%. `names`: the gates'
+    names in the queue's pipeline (shown beside the numbers)."""
+    names = names or {}
     bars = []
     for gate, c in sorted(counts.items(), key=lambda kv: int(kv[0])):
         total = sum(c.values())
@@ -105,6 +110,7 @@ def gate_bars(counts: dict[str, dict[str, int]], current: int) -> list[dict[str,
         bars.append(
             {
                 "gate": int(gate),
+                "name": names.get(int(gate)),
                 "total": total,
                 "done": done,
                 "failed": c["failed"],
@@ -181,8 +187,9 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
         offset=f["offset"],
         limit=PAGE,
     )
+    names = GateNames(feed)
     for p in partitions:
-        p["bars"] = gate_bars(p["gates"], p["gate"])
+        p["bars"] = gate_bars(p["gates"], p["gate"], names.of(p["queue"]))
         p["percent"] = overall(p["items"])
     leases: dict[str, list[dict[str, Any]]] = {}
     for lease in feed.leases(limit=500):
@@ -206,7 +213,7 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
         "queues": [q["name"] for q in feed.queues()],
         "watchers": feed.watchers(),
         "leases": leases,
-        "failures": feed.recent_failures(limit=10),
+        "failures": names.rows(feed.recent_failures(limit=10)),
         "statuses": STATUSES,
         "bulk": {k: v for k, v in base.items() if k in ("queue", "prefix", "error") and v},
     }
@@ -214,15 +221,17 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
 
 def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
     status = feed.status(key, history=50)
+    named = GateNames(feed)
+    names = named.of(status["queue"])  # the gates' names, when its queue has a pipeline
     timings = feed.timings(key)
     return {
-        "p": status,
-        "gate_rows": gate_bars(status["gates"], status["gate"]),
+        "p": named.status(status),
+        "gate_rows": gate_bars(status["gates"], status["gate"], names),
         "percent": overall(status["items"]),
         "timings": timings["gates"],
-        "current": timings["current"],
+        "current": with_name(timings["current"], names) if timings["current"] else None,
         "items": [
-            {**item, "data": item["data"][:300].decode("utf-8", errors="replace")}
+            with_name({**item, "data": item["data"][:300].decode("utf-8", errors="replace")}, names)
             for item in feed.items(key, after_id=after, limit=ITEMS_PAGE)
         ],
         "items_after": after,
@@ -231,7 +240,7 @@ def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
 
 
 def _item(feed: Feed, item_id: int) -> dict[str, Any]:
-    item = feed.item(item_id)
+    item = GateNames(feed).item(feed.item(item_id))
     raw: bytes = item["data"]
     text = raw.decode("utf-8", errors="replace")
     try:
@@ -249,11 +258,15 @@ def _item(feed: Feed, item_id: int) -> dict[str, Any]:
 
 def _queue(feed: Feed, name: str) -> dict[str, Any]:
     queue = feed.queue(check_queue(name))
+    names = GateNames(feed).of(name)
     return {
         "q": queue,
         "backlog": feed.backlog_by_gate(name),
-        "running": feed.running(queue=name, limit=50),
-        "partitions": feed.partitions(queue=name, status="available", sort="activity", limit=20),
+        "gate_names": names,
+        "running": [with_name(r, names) for r in feed.running(queue=name, limit=50)],
+        "partitions": [
+            with_name(p, names) for p in feed.partitions(queue=name, status="available", sort="activity", limit=20)
+        ],
         "hour": feed.throughput(queue=name, seconds=3600, step=300),
     }
 
@@ -278,13 +291,16 @@ def overview_live(request: Request) -> HTMLResponse:
 
 @router.get("/running", response_class=HTMLResponse)
 def running_page(request: Request) -> HTMLResponse:
-    context = {"running": request.app.state.feed.running()}
-    return _page(request, "running.html", context, "/ui/running")
+    return _page(request, "running.html", _running(request.app.state.feed), "/ui/running")
 
 
 @router.get("/ui/running", response_class=HTMLResponse)
 def running_live(request: Request) -> HTMLResponse:
-    return _render(request, "_running.html", {"running": request.app.state.feed.running()})
+    return _render(request, "_running.html", _running(request.app.state.feed))
+
+
+def _running(feed: Feed) -> dict[str, Any]:
+    return {"running": GateNames(feed).rows(feed.running())}
 
 
 @router.get("/queues", response_class=HTMLResponse)

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from .gatenames import label
+
 STATUSES = ("available", "complete", "failed", "cancelled")
 
 
@@ -22,9 +24,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> None:
 
 def print_partition(status: dict[str, Any]) -> None:
     flags = [name for name in ("sealed", "manual_checkpoint") if status.get(name)]
+    current = label(status["gate"], status.get("gate_name"))
     typer.echo(
         f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
-        f"gate {status['gate']}  priority {status['priority']}  {' '.join(flags)}".rstrip()
+        f"gate {current}  priority {status['priority']}  {' '.join(flags)}".rstrip()
     )
     if status.get("not_before"):
         typer.echo(f"not before {status['not_before']}")
@@ -55,6 +58,7 @@ def print_partition(status: dict[str, Any]) -> None:
     totals = status["items"]
     typer.echo(f"items: {totals['total']} total, " + ", ".join(f"{totals[s]} {s}" for s in STATUSES))
     if status["gates"]:
+        names = status.get("gate_names") or {}  # gate names (their queue has a pipeline)
         rows = []
         progress = (status.get("progress") or {}).get("gates", {})
         for gate, counts in sorted(status["gates"].items(), key=lambda kv: int(kv[0])):
@@ -64,13 +68,18 @@ def print_partition(status: dict[str, Any]) -> None:
             reported = progress.get(gate) or {}
             mean = reported.get("mean_progress")
             in_flight = f"{reported['in_flight']} at {100 * mean:.0f}%" if mean is not None else ""
-            rows.append([gate, *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker])
+            rows.append(
+                [label(gate, names.get(gate)), *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker]
+            )
         _table(["gate", *STATUSES, "done", "in progress", ""], rows)
     if status["failed_items"]:
         typer.echo("failed items:")
         _table(
             ["id", "gate", "attempts", "last error"],
-            [[f["id"], f["gate"], f["attempts"], (f["last_error"] or "")[:100]] for f in status["failed_items"]],
+            [
+                [f["id"], label(f["gate"], f.get("gate_name")), f["attempts"], (f["last_error"] or "")[:100]]
+                for f in status["failed_items"]
+            ],
         )
     if status.get("history"):
         typer.echo("history:")
@@ -89,7 +98,15 @@ def print_summary(summary: dict[str, Any]) -> None:
         _table(
             ["key", "queue", "status", "gate", "priority", "leased by", "updated"],
             [
-                [r["key"], r["queue"], r["status"], r["gate"], r["priority"], r["owner"], r["updated_at"]]
+                [
+                    r["key"],
+                    r["queue"],
+                    r["status"],
+                    label(r["gate"], r.get("gate_name")),
+                    r["priority"],
+                    r["owner"],
+                    r["updated_at"],
+                ]
                 for r in summary["recent"]
             ],
         )
@@ -121,7 +138,14 @@ def _preview(raw: bytes, width: int = 60) -> str:
 def print_items(rows: list[dict[str, Any]], *, header: bool) -> None:
     """A page of `feedproc items` (the header with the first page only)."""
     cells = [
-        [r["id"], r["gate"], r["status"], r["attempts"], (r["last_error"] or "")[:60], _preview(r["data"])]
+        [
+            r["id"],
+            label(r["gate"], r.get("gate_name")),
+            r["status"],
+            r["attempts"],
+            (r["last_error"] or "")[:60],
+            _preview(r["data"]),
+        ]
         for r in rows
     ]
     if header:
@@ -134,7 +158,8 @@ def print_items(rows: list[dict[str, Any]], *, header: bool) -> None:
 def print_item(item: dict[str, Any]) -> None:
     """`feedproc item ID`: the item, its data pretty-printed, and its deliveries with their errors."""
     typer.echo(
-        f"item {item['id']}  partition {item['partition']}  queue {item['queue']}  gate {item['gate']}  "
+        f"item {item['id']}  partition {item['partition']}  queue {item['queue']}  "
+        f"gate {label(item['gate'], item.get('gate_name'))}  "
         f"status {item['status']}  attempts {item['attempts']}  deliveries {item['deliveries']}"
     )
     if item.get("parent"):
@@ -153,7 +178,7 @@ def print_item(item: dict[str, Any]) -> None:
                 [
                     h["n"],
                     h["attempt"],
-                    h["gate"],
+                    label(h["gate"], h.get("gate_name")),
                     h["outcome"],
                     h["started_at"] or "",
                     "" if h["duration"] is None else f"{h['duration']:.3f}s",

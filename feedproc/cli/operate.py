@@ -26,17 +26,19 @@ def status(
     db: DbOption = None,
 ) -> None:
     """Show one partition, or a summary of all."""
+    from ..gatenames import GateNames
     from ..report import print_partition, print_summary
 
     with _feed(db) as feed:
+        names = GateNames(feed)  # gate names beside numbers where the queue has a pipeline
         if key is None:
-            summary = feed.summary(recent=20)  # --json carries what the table shows: recent partitions, watchers
+            summary = names.summary(feed.summary(recent=20))  # --json carries what the table shows
             if as_json:
                 typer.echo(json.dumps(summary))
             else:
                 print_summary(summary)
             return
-        result = feed.status(key, history=history)
+        result = names.status(feed.status(key, history=history))
     if as_json:
         typer.echo(json.dumps(result))
     else:
@@ -46,7 +48,9 @@ def status(
 @app.command("items")
 def list_items(
     key: Annotated[str, typer.Argument(help="The partition.")],
-    gate: Annotated[int | None, typer.Option(min=0, help="Only items at this gate.")] = None,
+    gate: Annotated[
+        str | None, typer.Option(metavar="GATE", help="Only items at this gate (its number, or its name).")
+    ] = None,
     status_filter: Annotated[
         str | None, typer.Option("--status", metavar="STATUS", help="available, complete, failed or cancelled.")
     ] = None,
@@ -55,6 +59,7 @@ def list_items(
 ) -> None:
     """List a partition's items (a finished partition's results are read this way), a page at a time."""
     from ..core.models import STATUSES
+    from ..gatenames import GateNames, gate_filter, with_name
     from ..report import item_json, print_items
 
     check_key(key)
@@ -62,8 +67,13 @@ def list_items(
         raise InvalidInput(f"--status {status_filter!r}: use one of {', '.join(STATUSES)}")
     after, first = 0, True
     with _feed(db) as feed:
+        number = gate_filter(feed, key, gate, "--gate: ")
+        names: dict[int, str] | None = None
         while True:  # keyset pages: memory stays flat however many items the partition has
-            rows = feed.items(key, gate=gate, status=status_filter, after_id=after, limit=ITEMS_PAGE)
+            rows = feed.items(key, gate=number, status=status_filter, after_id=after, limit=ITEMS_PAGE)
+            if names is None and rows:
+                names = GateNames(feed).of_items(key, rows)
+            rows = [with_name(row, names or {}) for row in rows]
             if as_json:
                 for row in rows:
                     typer.echo(json.dumps(item_json(row), ensure_ascii=False))
@@ -84,12 +94,16 @@ def item_command(
     partition: Annotated[
         str | None, typer.Option(metavar="KEY", help="An action on every failed or available item of KEY.")
     ] = None,
-    gate: Annotated[int | None, typer.Option(min=0, max=2**31 - 1, help="With --partition: only at this gate.")] = None,
+    gate: Annotated[
+        str | None,
+        typer.Option(metavar="GATE", help="With --partition: only at this gate (its number, or its name)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     db: DbOption = None,
 ) -> None:
     """Show one item (its data and every delivery), or act on items: retry (due now, attempts
     reset), skip (complete it without processing) or cancel, by id or with --partition KEY [--gate G]."""
+    from ..gatenames import GateNames, gate_filter
     from ..report import item_json, print_item
 
     action = words[0] if words and words[0] in ("retry", "skip", "cancel") else None
@@ -98,7 +112,7 @@ def item_command(
         if len(ids) != 1 or partition is not None or gate is not None:
             raise InvalidInput("show one item: feedproc item ID (or act: feedproc item retry|skip|cancel ID...)")
         with _feed(db) as feed:
-            item = feed.item(ids[0])
+            item = GateNames(feed).item(feed.item(ids[0]))
         if as_json:
             typer.echo(json.dumps(item_json(item), ensure_ascii=False))
         else:
@@ -111,7 +125,8 @@ def item_command(
     if partition is not None:
         check_key(partition)
     with _feed(db) as feed:
-        done = feed.act_on_items(action, ids=ids or None, key=partition, gate=gate, by="cli")
+        number = gate_filter(feed, partition, gate, "--gate: ") if partition is not None else None
+        done = feed.act_on_items(action, ids=ids or None, key=partition, gate=number, by="cli")
     if as_json:
         typer.echo(json.dumps(done))
     else:
