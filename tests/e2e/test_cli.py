@@ -436,15 +436,13 @@ def test_longest_key_with_every_allowed_character_is_accepted(db_url: str, feed:
 
 
 @before_any_database_access
-@pytest.mark.parametrize(
-    "args",
-    [
-        pytest.param([], id="neither"),
-        pytest.param(["--handler", "http://127.0.0.1:9/", "--processor", "cli_processors:LoggedSlow"], id="both"),
-    ],
-)
-def test_watch_needs_exactly_one_of_handler_and_processor(db_url: str, args: list[str]) -> None:
+def test_watch_refuses_both_a_handler_and_a_processor(db_url: str) -> None:
+    args = ["--handler", "http://127.0.0.1:9/", "--processor", "cli_processors:LoggedSlow"]
     assert_error(run_cli(db_url, "watch", *args, timeout=20), 2, "--handler", "--processor")
+
+
+def test_watch_with_neither_serves_the_pipeline_and_refuses_a_queue_without_one(db_url: str) -> None:
+    assert_error(run_cli(db_url, "watch", timeout=20), 1, "has no pipeline", "--handler", "--processor")
 
 
 @before_any_database_access
