@@ -343,3 +343,31 @@ def _gate_slots_held(feed: Feed) -> bool:
     with feed.store.read() as conn:
         rows = conn.execute(select(watchers.c.gate_slots)).scalars().all()
     return any(row and json.loads(row) for row in rows)
+
+
+# ---------------------------------------------------------------- schedules, served by watchers
+
+
+def test_three_watchers_start_each_tick_of_a_schedule_once(db_url: str, feed: Feed, handler: HandlerService) -> None:
+    apply(
+        feed,
+        f"""
+        [[gate]]
+        name = "g"
+        number = 0
+        handler = "{handler.url}"
+        [[schedule]]
+        name = "every-second"
+        cron = "* * * * * *"
+        key = "tick-{{date:%H%M%S}}"
+        items = [{{gate = "g", data = {{from = "schedule"}}}}]
+        """,
+    )
+    with watching(db_url, None), watching(db_url, None), watching(db_url, None):
+        wait_until(lambda: len(feed.partitions()) >= 4, timeout=60, what="four ticks' partitions")
+    keys = [p["key"] for p in feed.partitions(limit=500)]
+    assert len(keys) == len(set(keys)) >= 4
+    for key in keys:
+        created = [e for e in feed.status(key, history=50)["history"] if e["kind"] == "created"]
+        assert len(created) == 1, (key, created)  # started by one watcher, not three
+    assert {d.body["data"]["from"] for d in handler.deliveries} == {"schedule"}
