@@ -114,7 +114,7 @@ class Feed:
         that checks items or answers before it hands them over. The pipeline is read only if a name
         is met."""
         if queue is not None:
-            return naming(lambda: self.store.gate_names(queue), f"queue {queue!r}")
+            return naming(lambda: self.store.gate_numbers(queue), f"queue {queue!r}")
         if item is not None:
             return naming(lambda: self._names_of_item(item), f"the queue of item {item}")
         assert key is not None, "gate_naming needs a queue, a key or an item"
@@ -128,7 +128,7 @@ class Feed:
 
     def _names_of_partition(self, key: str) -> dict[str, int]:
         queue = self.store.queue_of(key)
-        return self.store.gate_names(queue) if queue is not None else {}
+        return self.store.gate_numbers(queue) if queue is not None else {}
 
     # ------------------------------------------------------------ pipelines
 

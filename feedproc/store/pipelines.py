@@ -92,7 +92,7 @@ class Pipelines(StoreBase):
             version = conn.execute(select(PL.version).where(PL.queue == queue)).scalar_one_or_none()
         return 0 if version is None else int(version)
 
-    def gate_names(self, queue: str) -> dict[str, int]:
+    def gate_numbers(self, queue: str) -> dict[str, int]:
         """Gate name -> number in a queue's pipeline (empty without one)."""
         spec = self.pipeline(queue)
         return spec.names if spec is not None else {}
