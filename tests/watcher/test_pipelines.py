@@ -371,3 +371,61 @@ def test_three_watchers_start_each_tick_of_a_schedule_once(db_url: str, feed: Fe
         created = [e for e in feed.status(key, history=50)["history"] if e["kind"] == "created"]
         assert len(created) == 1, (key, created)  # started by one watcher, not three
     assert {d.body["data"]["from"] for d in handler.deliveries} == {"schedule"}
+
+
+def test_a_gates_batch_setting_is_its_own(db_url: str, feed: Feed, handler: HandlerService) -> None:
+    def answer(body: dict[str, Any]) -> tuple[Any, ...]:
+        if "items" in body:  # a batch request: {"items": [...]} -> {"answers": [...]}
+            return (200, {"answers": [{"id": item["id"], "done": True} for item in body["items"]]})
+        return (200, {"done": True})
+
+    handler.behavior = answer
+    apply(
+        feed,
+        f"""
+        [[gate]]
+        name = "one"
+        number = 0
+        handler = "{handler.url}"
+        [[gate]]
+        name = "bulk"
+        number = 1
+        handler = "{handler.url}"
+        batch = 5
+        """,
+    )
+    feed.add_partition("p", [(0, b"1"), (0, b"2"), *[(1, b"3")] * 10])
+    with watching(db_url, None):
+        wait_status(feed, "p", "complete")
+    singles = [d for d in handler.deliveries if "items" not in d.body]
+    batches = [len(d.body["items"]) for d in handler.deliveries if "items" in d.body]
+    assert [d.body["gate"] for d in singles] == [0, 0]
+    assert sum(batches) == 10 and max(batches) <= 5 and len(batches) >= 2
+
+
+def test_a_gate_outside_its_windows_is_not_dispatched(db_url: str, feed: Feed, handler: HandlerService) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=6)
+    window = f"{later:%H:%M}-{later + timedelta(minutes=1):%H:%M}"  # a minute, six hours from now
+    apply(
+        feed,
+        f"""
+        [[gate]]
+        name = "now"
+        number = 0
+        handler = "{handler.url}"
+        [[gate]]
+        name = "tonight"
+        number = 1
+        handler = "{handler.url}"
+        windows = ["{window}"]
+        """,
+    )
+    feed.add_partition("waits", [(1, b"1")], priority=9)
+    feed.add_partition("goes", [(0, b"2")])
+    with watching(db_url, None, poll_interval=0.1):
+        wait_status(feed, "goes", "complete")
+        time.sleep(0.5)  # five more polls: the closed gate's item must still not start
+    assert feed.status("waits")["items"]["available"] == 1
+    assert [d.body["partition"] for d in handler.deliveries] == ["goes"]
