@@ -202,7 +202,10 @@ class Leasing(LostDeliveries, Queues):
         lease_seconds: float,
         slots: int = 0,
     ) -> None:
+        """Record a watcher as alive for `lease_seconds`. Idempotent: a registration whose commit
+        was lost to a dropped connection may be sent again (the row is replaced)."""
         with self.write() as conn:
+            conn.execute(delete(watchers).where(W.id == watcher_id))
             conn.execute(
                 insert(watchers).values(
                     id=watcher_id,

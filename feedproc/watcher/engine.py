@@ -29,11 +29,13 @@ releases its leases and stops (the command exits 1) instead of holding leases wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..core.errors import DatabaseUnavailable
 from ..processors import ProcessorLike
 from ..processors.pipeline import close_processors
 from ..store import Store
@@ -85,8 +87,12 @@ class Watcher(Fetching, Delivering, Writing):
     async def run(self) -> None:
         """Run until `stop()`; then finish or abandon in-flight items, release leases and exit."""
         cfg = self.config
-        self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
-        await self._register(self._db)
+        # Plain-`def` processors run in the default executor: give it a thread per concurrent item.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
+        )
+        await self.router.start(self._started_processors, strict=True)  # its own processor: fails the start
+        await self._start_up()
         log.info(
             "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
             self.id,
@@ -95,14 +101,6 @@ class Watcher(Fetching, Delivering, Writing):
             cfg.max_partitions,
             cfg.lease_seconds,
         )
-        # Plain-`def` processors run in the default executor: give it a thread per concurrent item.
-        asyncio.get_running_loop().set_default_executor(
-            ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
-        )
-        await self.router.start(self._started_processors, strict=True)  # its own processor: fails the start
-        await self._follow_pipeline()
-        if self.code_pipeline is not None and self.code_pipeline.spec.limits:  # gate limits lock the queue's row
-            await self._db_call(self._db, self.store.set_queue, cfg.queue, by=self.id)
         listener = None
         if self.store.postgres:
             loop = asyncio.get_running_loop()
@@ -132,6 +130,27 @@ class Watcher(Fetching, Delivering, Writing):
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
             await self._shutdown(workers, helpers, flusher)
+
+    async def _start_up(self) -> None:
+        """Read the queue's settings and pipeline and register this watcher, waiting out a database
+        that is unavailable meanwhile (with backoff, as the running loops do) until `stop()`: a
+        watcher started during a blip (a reset storm, a failover) waits for it instead of exiting."""
+        cfg = self.config
+        while True:
+            try:
+                self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
+                await self._follow_pipeline()
+                if self.code_pipeline is not None and self.code_pipeline.spec.limits:  # the row gate slots lock
+                    await self._db_call(self._db, self.store.set_queue, cfg.queue, by=self.id)
+                await self._register(self._db)
+                self._health.ok()
+                return
+            except DatabaseUnavailable as error:
+                self._health.failed("start", error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=self._outage_delay(5.0))
+                if self.stopping:
+                    raise
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         """A task of the watcher ended. Before stop() that is a bug of ours: say so and give up."""
