@@ -206,7 +206,10 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
                 }
             }
             return 200, raise_for
-        return 200, {"done": True}, {}, 1.0  # a second each: long enough to be seen running
+        # two seconds each: every delivery spans a heartbeat (every 5/3 s), which records its start,
+        # and is still running at the page's next refresh (every 2 s); at one second the running
+        # view's "elapsed" was missed now and then on a loaded machine (MariaDB, CI)
+        return 200, {"done": True}, {}, 2.0
 
     handler.behavior = behave
     feed.add_partition("scans/bad", [(0, b'{"file": "locked.pdf", "pages": [1, 2, 3]}'), (0, b'{"file": "ok.pdf"}')])
