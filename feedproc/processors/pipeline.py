@@ -19,7 +19,6 @@ watcher and producer of the queue.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +28,7 @@ from typing import Any
 from ..core.errors import PermanentError, RetryLater
 from ..core.models import Item, Response
 from ..core.naming import naming
-from ..core.pipelines import GateSpec, PipelineSpec, ScheduleSpec, from_mapping
+from ..core.pipelines import GateSpec, PipelineSpec, from_mapping
 from ..core.policy import RetryPolicy
 from .calling import ProcessorLike, call_batch, call_processor, load_processor
 from .http import HTTPProcessor
@@ -147,7 +146,6 @@ class GateRouter:
         self._limits = spec.limits if spec is not None else {}
         #: (kind, target, settings) -> processor: what this router made, for the next version to reuse.
         self.made: dict[tuple[Any, ...], ProcessorLike] = {}
-        self._started: list[ProcessorLike] = []
         options = dict(http_options or {})
         for gate in spec.gates if spec is not None else ():
             processor: ProcessorLike | None = None
@@ -232,7 +230,6 @@ class GateRouter:
                     if strict:
                         raise
                     log.error("starting a processor failed: %s: %s", type(error).__name__, error)
-            self._started.append(processor)
 
 
 def _nowhere(route: Route, gate: int) -> Exception:
@@ -251,7 +248,6 @@ async def close_processors(processors: list[ProcessorLike]) -> None:
             await close()
         except Exception as error:
             log.warning("closing a processor failed: %s", error)
-        await asyncio.sleep(0)
 
 
-__all__ = ["GateRouter", "Pipeline", "Route", "ScheduleSpec", "close_processors"]
+__all__ = ["GateRouter", "Pipeline", "Route", "close_processors"]

@@ -359,7 +359,7 @@ class Dispatch(Queues):
         claim: SlotClaim,
         closed: list[int],
         kept: InFlight,
-        closed_gates: list[int] = [],  # noqa: B006 - read only
+        closed_gates: list[int],
     ) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit and its gates' limits
         allow, and take their slots, in one write transaction under the queue row's lock (SQLite:
