@@ -14,6 +14,7 @@ from feedproc import Item, Processor, Response
 
 LOG_VARIABLE = "FEEDPROC_TEST_DELIVERY_LOG"
 DELAY_VARIABLE = "FEEDPROC_TEST_DELAY"
+HOLD_VARIABLE = "FEEDPROC_TEST_HOLD"
 
 
 def log_delivery(item: Item) -> None:
@@ -30,13 +31,20 @@ def log_delivery(item: Item) -> None:
 
 
 class LoggedSlow(Processor):
-    """Logs each delivery with this process's pid, takes a moment ($FEEDPROC_TEST_DELAY s), then completes."""
+    """Logs each delivery with this process's pid, takes a moment ($FEEDPROC_TEST_DELAY s), then completes.
+
+    While the file named by $FEEDPROC_TEST_HOLD exists, each delivery waits for it to go first: the
+    test decides when work may proceed (e.g. once a second watcher is up), whatever the machine's load.
+    """
 
     def __init__(self) -> None:
         self.delay = float(os.environ.get(DELAY_VARIABLE, "0.15"))
+        self.hold = os.environ.get(HOLD_VARIABLE)
 
     async def process(self, item: Item) -> Response:
         log_delivery(item)
+        while self.hold and os.path.exists(self.hold):
+            await asyncio.sleep(0.02)
         await asyncio.sleep(self.delay)
         return Response(done=True)
 

@@ -27,7 +27,7 @@ import feedproc
 from feedproc import Feed
 from feedproc.store.schema import items, partitions
 
-from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
+from ..cli_processors import DELAY_VARIABLE, HOLD_VARIABLE, LOG_VARIABLE
 from ..support import HandlerService, WatcherProcesses, db_state, run_cli, wait_until
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
@@ -737,13 +737,20 @@ def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     for key in keys:
         feed.add_partition(key, [(0, json.dumps({"n": n}).encode()) for n in range(8)])
     expected = {i["id"] for key in keys for i in stored_items(feed, key)}
-    env = {LOG_VARIABLE: str(log), DELAY_VARIABLE: "0.2"}
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {LOG_VARIABLE: str(log), DELAY_VARIABLE: "0.2", HOLD_VARIABLE: str(hold)}
     # Concurrency 3 lets one watcher lease all 10 partitions (capacity 12): the second gets work
-    # only by asking for a fair share (a steal), which the first honours between items.
+    # only by asking for a fair share (a steal), which the first honours between items. The first's
+    # deliveries are held until the second is registered, so a slow start cannot find the work done.
     args = ("--processor", "cli_processors:LoggedSlow", "--concurrency", "3", *FAST)
     first = watchers.start(*args, **env)
     wait_until(lambda: log.read_text().strip(), timeout=20, what="the first watcher's first delivery")
     second = watchers.start(*args, **env)
+    wait_until(
+        lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register"
+    )
+    hold.unlink()
     wait_until(
         lambda: all(feed.status(k)["status"] == "complete" for k in keys),
         timeout=60,

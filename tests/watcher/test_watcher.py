@@ -361,7 +361,9 @@ def test_lost_lease_late_answer_changes_nothing_and_partition_is_no_longer_dispa
     feed.add_partition("taken", items=[(0, js({"n": n})) for n in range(3)])
     recorder = Recorder()
     processor = Gated(recorder, "taken")
-    with watching(db_url, processor, concurrency=1) as first:
+    # Capacity 1: holding "taken", the first watcher leases nothing more, so it cannot re-lease its own
+    # expired lease between the test's expiry and the thief's acquire (two transactions).
+    with watching(db_url, processor, concurrency=1, capacity=1) as first:
         wait_until(lambda: recorder.of("taken"), what="the first item in flight")
 
         def take_over() -> list[Any]:
