@@ -213,7 +213,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
 
     handler.behavior = behave
     feed.add_partition("scans/bad", [(0, b'{"file": "locked.pdf", "pages": [1, 2, 3]}'), (0, b'{"file": "ok.pdf"}')])
-    feed.add_partition("scans/big", [(0, b'{"file": "%d.pdf"}' % i) for i in range(40)])
+    feed.add_partition("scans/big", [(0, b'{"file": "%d.pdf"}' % i) for i in range(16)])
     serve = ServeProcess(db_url, tmp_path, FEEDPROC_API_TOKEN=TOKEN)
     try:
         watchers.start("--handler", handler.url, *FAST)
