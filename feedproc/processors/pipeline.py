@@ -183,6 +183,16 @@ class GateRouter:
         """Gate number -> fleet-wide concurrency limit, for the gates of this version that have one."""
         return self._limits
 
+    @property
+    def attempts(self) -> dict[int, int]:
+        """Gate number -> max attempts, for the gates whose own `max_attempts` differs from the
+        watcher's: deliveries lost with a watcher are charged against their gate's attempts too."""
+        return {
+            number: route.policy.max_attempts
+            for number, route in self._routes.items()
+            if route.policy.max_attempts != self._default.policy.max_attempts
+        }
+
     def route(self, gate: int) -> Route:
         """The route of `gate`'s items."""
         return self._routes.get(gate, self._default)

@@ -462,13 +462,15 @@ class Leasing(LostDeliveries, Queues):
         kind: str = "yielded",
         abandoned: dict[int, list[tuple[int, int]]] | None = None,
         max_attempts: int = 5,
+        gate_attempts: Mapping[int, int] | None = None,
         reason: str = "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace",
     ) -> int:
         """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry.
 
         `abandoned`: per partition, the (item id, version) of deliveries the watcher gives up on
         (still running, or answered but unwritable); each is charged now as a lost delivery, with
-        `reason` as its error (`{watcher}` and `{attempt}` in it are filled in)."""
+        `reason` as its error (`{watcher}` and `{attempt}` in it are filled in), against its gate's
+        attempts (`gate_attempts`, else `max_attempts`)."""
         if not leases:
             return 0
         with self.write() as conn:
@@ -495,7 +497,8 @@ class Leasing(LostDeliveries, Queues):
                 return 0
             for pid in ids:
                 if abandoned and abandoned.get(pid):
-                    self._charge(conn, pid, watcher_id, encode_inflight(abandoned[pid]), max_attempts, reason)
+                    entries = encode_inflight(abandoned[pid])
+                    self._charge(conn, pid, watcher_id, entries, max_attempts, reason, gate_attempts)
             conn.execute(delete(inflight).where(F.partition_id.in_(ids)))
             self._touch(conn, ids, P.lease_owner == watcher_id, **NO_LEASE)
             self._events(conn, [event(pid, kind, watcher=watcher_id) for pid in ids])

@@ -5,6 +5,7 @@ alone so that a delivery lost with it counts fully.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import bindparam, delete, insert, select, text, update
@@ -64,7 +65,9 @@ _MYSQL_MARK_ISOLATED = text(
 class LostDeliveries(GateWriter):
     """Charging lost deliveries; isolating suspects."""
 
-    def charge_lost(self, watcher_id: str, lease: Lease, *, max_attempts: int) -> list[dict[str, Any]]:
+    def charge_lost(
+        self, watcher_id: str, lease: Lease, *, max_attempts: int, gate_attempts: Mapping[int, int] | None = None
+    ) -> list[dict[str, Any]]:
         """Count the deliveries a partition's previous lease holder left unanswered (`lease.pending`,
         read when `watcher_id` took the partition over) as failed attempts, before anything of it is
         fetched again. Returns what was charged (item, gate, attempt, error, failed) for the logs.
@@ -72,7 +75,8 @@ class LostDeliveries(GateWriter):
         A delivery lost while the item was delivered alone (isolated) counts fully: an item whose
         processing kills its watcher fails after `max_attempts`. One lost among others counts too,
         but never fails the item (it stops at max_attempts - 1): the item that killed the watcher
-        may have been another one; the watcher delivers such suspects alone (see `isolate`)."""
+        may have been another one; the watcher delivers such suspects alone (see `isolate`).
+        `gate_attempts` overrides `max_attempts` for the gates named in it (a pipeline's gate settings)."""
         if lease.pending is None:
             return []
         with self.write() as conn:
@@ -97,15 +101,25 @@ class LostDeliveries(GateWriter):
             if row is None:
                 return []
             reason = "watcher {watcher} died or stalled during delivery {attempt}"
-            charged = self._charge(conn, lease.partition_id, row.watcher, row.entries, max_attempts, reason)
+            charged = self._charge(
+                conn, lease.partition_id, row.watcher, row.entries, max_attempts, reason, gate_attempts
+            )
             if charged:
                 self._settle(conn, lease.partition_id, watcher=watcher_id)
             return charged
 
     def _charge(
-        self, conn: Connection, pid: int, watcher: str, entries: str, max_attempts: int, reason: str
+        self,
+        conn: Connection,
+        pid: int,
+        watcher: str,
+        entries: str,
+        max_attempts: int,
+        reason: str,
+        gate_attempts: Mapping[int, int] | None = None,
     ) -> list[dict[str, Any]]:
-        """Charge the unanswered deliveries among `entries` (items still available, same version)."""
+        """Charge the unanswered deliveries among `entries` (items still available, same version)
+        against their gate's attempts (`gate_attempts`, else `max_attempts`)."""
         wanted = decode_inflight(entries)
         if not wanted:
             return []
@@ -120,8 +134,9 @@ class LostDeliveries(GateWriter):
             if r.version != version:
                 continue  # answered since it was taken
             attempt = r.attempts + 1
-            counted = attempt if alone else max(r.attempts, min(attempt, max_attempts - 1))
-            failed = alone and attempt >= max_attempts
+            most = (gate_attempts or {}).get(r.gate, max_attempts)
+            counted = attempt if alone else max(r.attempts, min(attempt, most - 1))
+            failed = alone and attempt >= most
             # Placeholders replaced, not str.format: the rest of a reason may quote an error with braces.
             said = reason.replace("{watcher}", watcher).replace("{attempt}", str(attempt))
             error = said + (" (delivered alone)" if alone else "")

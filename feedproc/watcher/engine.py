@@ -208,6 +208,7 @@ class Watcher(Fetching, Delivering, Writing):
                 list(self.owned.values()),
                 abandoned=abandoned,
                 max_attempts=self.config.max_attempts,
+                gate_attempts=self.router.attempts,
             )
             await self._db_call(self._db, self.store.unregister_watcher, self.id)
             log.info(

@@ -142,7 +142,7 @@ class Fetching(Leasing):
     def _is_suspect(self, item: ReadyItem) -> bool:
         """An item to deliver alone: its last deliveries were lost with their watcher twice in a row, or
         once when one more loss would use up its attempts. Alone, a loss is surely its own doing."""
-        return item.lost >= 2 or (item.lost >= 1 and item.attempts + 1 >= self.config.max_attempts)
+        return item.lost >= 2 or (item.lost >= 1 and item.attempts + 1 >= self._policy_of(item).max_attempts)
 
     def _held_weight(self) -> int:
         """Weight of the items fetched whose processor call has not returned (buffered or running):

@@ -300,7 +300,12 @@ class Leasing(Routing):
                 self._uncharged.pop(pid, None)
                 continue
             charged = await self._db_call(
-                self._db, self.store.charge_lost, self.id, lease, max_attempts=self.config.max_attempts
+                self._db,
+                self.store.charge_lost,
+                self.id,
+                lease,
+                max_attempts=self.config.max_attempts,
+                gate_attempts=self.router.attempts,
             )
             self._uncharged.pop(pid, None)
             for c in charged:

@@ -163,6 +163,7 @@ class Writing(WatcherState):
                             kind="released",
                             abandoned=charged,
                             max_attempts=self.config.max_attempts,
+                            gate_attempts=self.router.attempts,
                             reason="watcher {watcher} could not write the answer of delivery {attempt}: "
                             + f"{type(error).__name__}: {error}",
                         )

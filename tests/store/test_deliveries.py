@@ -31,8 +31,9 @@ def expire(store: Store, key: str) -> None:
 
 def take(store: Store, watcher: str, limit: int = 100, **kwargs):
     """Lease what is free (charging what a previous holder left) and fetch, as a watcher does."""
+    max_attempts, gate_attempts = kwargs.pop("max_attempts", 5), kwargs.pop("gate_attempts", None)
     for lease in store.acquire(watcher, "default", 10, 30):
-        store.charge_lost(watcher, lease, max_attempts=kwargs.pop("max_attempts", 5))
+        store.charge_lost(watcher, lease, max_attempts=max_attempts, gate_attempts=gate_attempts)
     return store.fetch_ready(watcher, limit, **kwargs)
 
 
@@ -120,6 +121,28 @@ def test_a_loss_while_delivered_alone_counts_fully_and_fails_the_item_and_its_pa
     assert failed["attempts"] == 2 and "during delivery 2" in failed["last_error"]
     assert "delivered alone" in failed["last_error"]
     assert recorded(three, ready.id) == ["lost", "lost"]
+
+
+def test_a_loss_is_charged_against_its_gates_own_attempts(three: Store) -> None:
+    three.add_partition("p", [(1, b"ocr")])
+    take(three, A, max_attempts=5, gate_attempts={1: 2})
+    expire(three, "p")
+    (suspect,) = take(three, B, max_attempts=5, gate_attempts={1: 2})
+    assert suspect.attempts == 1  # one lost among others: never the last of gate 1's two attempts
+    assert three.isolate(B, suspect)
+    expire(three, "p")
+    assert take(three, C, max_attempts=5, gate_attempts={1: 2}) == []  # lost alone: the second of two
+    assert three.status("p")["failed_items"][0]["attempts"] == 2
+
+
+def test_a_release_charges_against_the_gates_own_attempts(three: Store) -> None:
+    three.add_partition("p", [(2, b"rank")])
+    for watcher in (A, B):
+        (running,) = take(three, watcher, max_attempts=5, gate_attempts={2: 2})
+        abandoned = {running.partition_id: [(running.id, running.version)]}
+        three.release(watcher, three.owned(watcher), abandoned=abandoned, max_attempts=5, gate_attempts={2: 2})
+    item = three.item(running.id)
+    assert (item["status"], item["attempts"]) == ("available", 1)  # capped below gate 2's two attempts, not 5
 
 
 def test_an_item_answered_after_it_was_taken_is_not_charged(three: Store) -> None:
