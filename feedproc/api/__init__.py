@@ -1,0 +1,117 @@
+"""The HTTP API of `feedproc serve` (FastAPI), under /api/v1, plus /healthz and /metrics.
+
+What clients are promised (errors, keys that contain `/`, pagination, tokens, the body limit) is
+`DESCRIPTION` below, which is also the description of the OpenAPI document (/api/v1/docs).
+
+One module per part, each route module with its own router:
+
+- this one: `create_app`, which assembles the application, and `run`, which serves it;
+- `errors`: `ApiError` and the handlers that answer every error as `{"error": "..."}`;
+- `common`: what the routes share: token dependencies, body limit, path and gate types, helpers;
+- `partitions`: create partitions, add items, and read partitions, items and history;
+- `actions`: seal, retry, cancel, checkpoint a partition; retry, skip, cancel items;
+- `queues`: queue settings, pause and resume; stored pipelines;
+- `activity`: watchers and their leases, recent failures (and their bulk retry), running, throughput;
+- `workers`: the worker API (claim, heartbeat, answer, release) for pull workers and callbacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from .._version import __version__
+from ..core.errors import FeedprocError
+from ..feed import Feed
+from ..health import serve_health
+from ..metrics import CONTENT_TYPE, render_down, render_gauges
+from . import actions, activity, partitions, queues, workers
+from .common import DEFAULT_MAX_BODY, BodyLimit
+from .errors import install_error_handlers
+from .workers import ReadyBoard
+
+__all__ = ["DEFAULT_MAX_BODY", "create_app", "run"]
+
+DESCRIPTION = """\
+The same operations as the command line, through the same `Feed` methods, with the same rules and
+errors: malformed input is 400 (422 when the request does not match the OpenAPI schema), an unknown
+partition 404, a refusal (duplicate key, sealed or finished partition, gate too low) 409, a missing
+schema or an unreachable database 503; every error is `{"error": "..."}` and changes nothing.
+
+Partition keys may contain `/`, so a key is the rest of the path: `GET /api/v1/partitions/a/b` is
+partition `a/b`, and `POST /api/v1/partitions/a/b/seal` seals it (only POST routes end in an action).
+Lists are keyset-paginated: pass the last key (or history id) seen as `after`.
+
+Mutating endpoints need `Authorization: Bearer <FEEDPROC_API_TOKEN>`, compared in constant time;
+a server started without a token is read-only. The worker API (claim, heartbeat, answer: pull
+workers and callback handlers) also takes `FEEDPROC_WORKER_TOKEN`, which allows nothing else.
+Request bodies are limited in size.
+"""
+
+#: The route modules in the order their routes are matched and listed in the OpenAPI document.
+ROUTE_MODULES = (partitions, actions, queues, activity, workers)
+
+
+def create_app(
+    feed: Feed, *, token: str | None = None, worker_token: str | None = None, max_body: int = DEFAULT_MAX_BODY
+) -> FastAPI:
+    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
+    from fastapi_offline import FastAPIOffline
+
+    from .. import dashboard
+
+    app = FastAPIOffline(  # the docs' Swagger UI and Redoc assets come from the package, not a CDN
+        title="feedproc",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url="/api/v1/redoc",
+        static_url="/api/v1/docs-assets",
+    )
+    app.state.feed = feed
+    app.state.token = token or None
+    app.state.worker_token = worker_token or None
+    app.state.ready_board = ReadyBoard(feed)
+    for module in ROUTE_MODULES:
+        app.include_router(module.router, prefix="/api/v1")
+    dashboard.install(app)
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> JSONResponse:
+        """200 when the database answers; 503 with the reason otherwise."""
+        status, body = serve_health(feed)
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    def metrics() -> Response:
+        """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
+        try:
+            text = render_gauges(feed.gauges())
+        except FeedprocError as error:
+            text = render_down(str(error))
+        return Response(text, media_type=CONTENT_TYPE)
+
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=max_body)
+    return app
+
+
+def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
+    """Serve `app` on a bound socket until SIGINT/SIGTERM; then shut down gracefully (exit 0, like `watch`)."""
+    import signal
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's, minus re-raising the signal at exit
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    # log_config=None: uvicorn's loggers propagate to the root handler of `logs.configure()` (text or
+    # JSON, redacted, rate-limited) instead of getting handlers of their own.
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", log_config=None)
+    _Server(config).run(sockets=[sock])

@@ -1,0 +1,195 @@
+"""Partitions and their items: create a partition (`feedproc add`), add items to an open one
+(`feedproc add-items`), and the reads: partitions listed and filtered, the status summary, one
+partition, its items, one item with its deliveries, its history. Lists are keyset-paginated."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
+from ..gatenames import GateNames, gate_filter, with_name
+from .common import GATE_HELP, GATE_NAME, INT32, INT64, GateIn, KeyPath, Mutating, _data, _feed, _key, _status
+from .errors import ApiError
+
+router = APIRouter()
+
+StatusName = Literal["available", "complete", "failed", "cancelled"]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
+
+
+class ItemIn(BaseModel):
+    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gate: GateIn = Field(0, description=GATE_HELP, examples=[0, "ocr"])
+    data: Any = None
+
+
+class NewPartition(BaseModel):
+    """`feedproc add` as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(..., description="1-200 characters of A-Z a-z 0-9 . _ : / -", examples=["upload-42"])
+    items: list[ItemIn] = Field(default_factory=list)
+    queue: str = "default"
+    priority: int = Field(0, ge=-(2**31), le=INT32, strict=True)
+    open: bool = Field(False, strict=True, description="leave unsealed: more items may be added")
+    manual_checkpoint: bool = Field(False, strict=True)
+    not_before: str | None = Field(None, description="ISO 8601; without a zone it is UTC")
+    weight: int = Field(1, ge=1, le=INT32, strict=True, description="share of the queue's limit per item in flight")
+    item_timeout: float | None = Field(None, gt=0, le=86400 * 7, description="seconds a processor call may take")
+    windows: list[str] | None = Field(None, max_length=24, description='windows of the day, e.g. ["22:00-06:00"]')
+    timezone: str | None = Field(None, max_length=64, description="the windows' time zone (default UTC)")
+
+
+class NewItems(BaseModel):
+    """`feedproc add-items` as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    items: list[ItemIn] = Field(..., min_length=1)
+
+
+def _not_before(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ApiError(400, f"not_before {value!r} is not an ISO 8601 time") from None
+
+
+def _items(items: list[ItemIn]) -> list[Any]:
+    """The items checked, gate names resolved: call it within `Feed.gate_naming` (an unknown name
+    is a 400 naming it, before anything is written)."""
+    return [item_from_row(item.model_dump(), where=f"item {n}: ") for n, item in enumerate(items, start=1)]
+
+
+def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]:
+    """A page and the cursor of the next one (None on the last page)."""
+    return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
+
+
+@router.post("/partitions", status_code=201, dependencies=Mutating, tags=["partitions"])
+def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
+    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
+    feed = _feed(request)
+    with feed.gate_naming(queue=body.queue):  # {"gate": "ocr"}
+        items = _items(body.items)
+    count = feed.add_partition(
+        body.key,
+        items,
+        queue=body.queue,
+        priority=body.priority,
+        sealed=not body.open,
+        manual_checkpoint=body.manual_checkpoint,
+        not_before=_not_before(body.not_before),
+        weight=body.weight,
+        item_timeout=body.item_timeout,
+        windows=body.windows,
+        window_tz=body.timezone,
+    )
+    return {"added": count, "partition": _status(feed, body.key)}
+
+
+@router.get("/partitions", tags=["partitions"])
+def list_partitions(
+    request: Request,
+    queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
+    status: StatusName | None = None,
+    prefix: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:/-]{0,200}$", description="key prefix")] = None,
+    after: Annotated[str | None, Query(pattern=KEY_PATTERN.pattern, description="last key of the page before")] = None,
+    limit: Limit = 50,
+    sort: Literal["key", "activity", "priority", "age"] = "key",
+    error: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="text of a failed item's error")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="with a sort other than key")] = 0,
+) -> dict[str, Any]:
+    """Partitions with their item counts per gate; filter by queue, status, key prefix and error text.
+    In key order (pages by `after`: the `next` of the previous page), or by `activity` (being worked
+    on, then last changed), `priority` or `age` (pages by `offset`)."""
+    if sort != "key" and after is not None:
+        raise ApiError(400, "after goes with sort=key; page other sorts by offset")
+    feed = _feed(request)
+    rows = feed.partitions(
+        queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
+    )
+    names = GateNames(feed)
+    rows = [names.status(row) for row in rows]
+    if sort != "key":
+        return {"items": rows, "next_offset": offset + limit if len(rows) == limit else None}
+    return _page(rows, limit, "key")
+
+
+@router.get("/status", tags=["partitions"])
+def summary(request: Request) -> dict[str, Any]:
+    """Counts of partitions and items by status (`feedproc status --json`)."""
+    feed = _feed(request)
+    return GateNames(feed).summary(feed.summary())
+
+
+@router.get("/partitions/{key:path}", tags=["partitions"])
+def partition_status(
+    key: KeyPath, request: Request, history: Annotated[int, Query(ge=0, le=1000)] = 0
+) -> dict[str, Any]:
+    """One partition: the `feedproc status KEY --json` object (with `history` events when asked).
+    When its queue has a pipeline: `gate_name` beside `gate`, `gate_names` beside `gates`."""
+    feed = _feed(request)
+    return GateNames(feed).status(feed.status(_key(key), history=history))
+
+
+@router.get("/items", tags=["partitions"])
+def list_items(
+    request: Request,
+    key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
+    gate: Annotated[str | None, Query(pattern=f"^[0-9]{{1,10}}$|{GATE_NAME}", description=GATE_HELP)] = None,
+    status: StatusName | None = None,
+    after: Annotated[int, Query(ge=0, le=INT64, description="last item id of the page before")] = 0,
+    limit: Limit = 100,
+) -> dict[str, Any]:
+    """A partition's items in id order (data as JSON, or `data_base64`; `gate_name` beside `gate`
+    when the partition's queue has a pipeline). `gate` filters by a gate's number or name."""
+    feed = _feed(request)
+    rows = feed.items(key, gate=gate_filter(feed, key, gate), status=status, after_id=after, limit=limit)
+    names = GateNames(feed).of_items(key, rows)
+    return _page(
+        [with_name({**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])}, names) for r in rows],
+        limit,
+        "id",
+    )
+
+
+@router.get("/items/{item_id}", tags=["partitions"])
+def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
+    """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
+    (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error);
+    `gate_name` beside each gate when its queue has a pipeline."""
+    feed = _feed(request)
+    item = GateNames(feed).item(feed.item(item_id))
+    return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
+
+
+@router.get("/history", tags=["partitions"])
+def history(
+    request: Request,
+    key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
+    after: Annotated[int, Query(ge=0, le=INT64, description="last event id of the page before")] = 0,
+    limit: Limit = 100,
+) -> dict[str, Any]:
+    """A partition's history (leases, steals, gate advances, failures, retries...), oldest first."""
+    return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
+
+
+@router.post("/partitions/{key:path}/items", dependencies=Mutating, tags=["actions"])
+def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
+    """Add items to an open partition (`feedproc add-items`)."""
+    feed = _feed(request)
+    with feed.gate_naming(key=_key(key)):  # {"gate": "ocr"}
+        items = _items(body.items)
+    count = feed.add_items(key, items)
+    return {"added": count, "partition": _status(feed, key)}

@@ -1,0 +1,91 @@
+"""Queues and their pipelines: each queue's settings and state, changed with `feedproc queue set`'s
+fields or paused and resumed fleet-wide; the stored pipelines, read-only here (credentials shown as
+`***`, since reads need no token)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.models import QUEUE_PATTERN
+from .common import INT32, Mutating, _feed
+from .errors import ApiError
+
+router = APIRouter()
+
+
+class QueueChange(BaseModel):
+    """`feedproc queue set` (and pause / resume) as JSON; fields left out keep their value."""
+
+    model_config = ConfigDict(extra="forbid")
+    limit: int | None = Field(None, ge=0, le=INT32, strict=True, description="sum of weights in flight; 0: none")
+    windows: list[str] | None = Field(None, max_length=24, description="windows of the day; [] removes them")
+    timezone: str | None = Field(None, max_length=64)
+    mode: Literal["push", "pull"] | None = None
+    paused: bool | None = Field(None, strict=True)
+
+
+@router.get("/queues", tags=["queues"])
+def list_queues(request: Request) -> dict[str, Any]:
+    """Every queue with settings or unfinished partitions: mode, limit, slots in use, windows, paused."""
+    return {"queues": _feed(request).queues()}
+
+
+@router.get("/queues/{name}", tags=["queues"])
+def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """One queue's settings and state."""
+    return _feed(request).queue(name)
+
+
+@router.put("/queues/{name}", dependencies=Mutating, tags=["queues"])
+def change_queue(
+    name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
+) -> dict[str, Any]:
+    """Change a queue's limit, windows, time zone, mode or pause (`feedproc queue set|pause|resume`)."""
+    feed = _feed(request)
+    feed.set_queue(
+        name,
+        limit=body.limit,
+        windows=body.windows or None,
+        window_tz=body.timezone,
+        clear_windows=body.windows == [],
+        mode=body.mode,
+        paused=body.paused,
+        by="api",
+    )
+    return feed.queue(name)
+
+
+@router.post("/queues/{name}/pause", dependencies=Mutating, tags=["queues"])
+def pause_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """Pause a queue fleet-wide: in-flight items finish, nothing new is dispatched or claimed."""
+    feed = _feed(request)
+    feed.set_queue(name, paused=True, by="api")
+    return feed.queue(name)
+
+
+@router.post("/queues/{name}/resume", dependencies=Mutating, tags=["queues"])
+def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """Resume a paused queue."""
+    feed = _feed(request)
+    feed.set_queue(name, paused=False, by="api")
+    return feed.queue(name)
+
+
+@router.get("/pipelines", tags=["queues"])
+def list_pipelines(request: Request) -> dict[str, Any]:
+    """Every stored pipeline (`feedproc pipeline show --json`): its version, queue, gates (names,
+    numbers, handlers, settings) and schedules; credentials (header values, a handler URL's user and
+    password) shown as `***`, since reads need no token."""
+    return {"pipelines": [spec.shown() for spec in _feed(request).pipelines()]}
+
+
+@router.get("/pipelines/{queue}", tags=["queues"])
+def get_pipeline(queue: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
+    """A queue's stored pipeline (`feedproc pipeline show QUEUE --json`); 404 when it has none."""
+    spec = _feed(request).pipeline(queue)
+    if spec is None:
+        raise ApiError(404, f"queue {queue!r} has no pipeline")
+    return spec.shown()
