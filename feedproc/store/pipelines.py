@@ -11,6 +11,7 @@ goes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from sqlalchemy import delete, insert, select, update
@@ -19,12 +20,16 @@ from sqlalchemy.engine import Connection
 from ..core.errors import InvalidInput
 from ..core.models import check_queue
 from ..core.pipelines import PipelineSpec, from_mapping
+from ..core.policy import RetryPolicy
 from .base import StoreBase
 from .dialects import db_now
 from .notify import notify_ready
 from .schema import partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c
+
+#: (queue, gate) -> the retry policy of that gate's items
+GatePolicies = Callable[[str, int], RetryPolicy]
 
 
 class Pipelines(StoreBase):
@@ -79,6 +84,20 @@ class Pipelines(StoreBase):
     def _pipeline(self, conn: Connection, queue: str) -> PipelineSpec | None:
         row = conn.execute(select(PL.version, PL.spec).where(PL.queue == queue)).one_or_none()
         return None if row is None else _spec(row.spec, int(row.version), queue)
+
+    def _gate_policies(self, conn: Connection, queues: Iterable[str], policy: RetryPolicy) -> GatePolicies:
+        """The attempts and backoff of each (queue, gate): the gate's settings in its queue's stored
+        pipeline over `policy` (one read for all `queues`; `policy` itself where none is set)."""
+        wanted = sorted(set(queues))
+        rows = conn.execute(select(PL.queue, PL.version, PL.spec).where(PL.queue.in_(wanted))).all() if wanted else []
+        specs = {row.queue: _spec(row.spec, int(row.version), row.queue) for row in rows}
+
+        def policy_of(queue: str, gate: int) -> RetryPolicy:
+            spec = specs.get(queue)
+            settings = spec.gate(gate) if spec is not None else None
+            return settings.policy(policy) if settings is not None else policy
+
+        return policy_of
 
     def pipelines(self) -> list[PipelineSpec]:
         """Every stored pipeline, by queue."""

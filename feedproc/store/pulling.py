@@ -32,6 +32,7 @@ from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
 from .dialects import db_now, pg_bigint_array, seconds_from_now, stored_bytes
+from .pipelines import Pipelines
 from .queues import Queues
 from .schema import claims, items, partitions
 
@@ -209,7 +210,7 @@ _PG_END_CLAIMS = text(
 )
 
 
-class Pulling(Answers, Queues):
+class Pulling(Answers, Queues, Pipelines):
     """Claims: `claim`, `heartbeat_claim`, `answer_claim`, `expire_claims`."""
 
     def claim(
@@ -218,11 +219,14 @@ class Pulling(Answers, Queues):
         """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each for
         `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, data as bytes, token,
         lease_expires_at). Claims that expired in the queue are settled first (`expire_claims`).
-        Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed."""
+        Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed.
+        Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do."""
         self.expire_claims(queue, policy)
         with self.write() as conn:
             settings = self._queue(conn, queue)
-            if settings.limited:  # claims count against the limit: one claimer at a time decides
+            spec = self._pipeline(conn, queue)
+            gate_limits = spec.limits if spec is not None else {}
+            if settings.limited or gate_limits:  # claims count against the limits: one claimer at a time decides
                 settings = self._queue(conn, queue, lock=True)
             if settings.mode != "pull":
                 raise Refused(f"queue {queue!r} is not in pull mode (feedproc queue set {queue} --mode pull)")
@@ -234,6 +238,10 @@ class Pulling(Answers, Queues):
                 room = settings.limit - self._slots_in_use(conn, queue)
                 if room <= 0:
                     return []
+            gate_room: dict[int, int] = {}
+            if gate_limits:
+                used = self._gate_slots_in_use(conn, queue)
+                gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
             if self.mysql:
                 rows = _claimable_mysql(conn, queue, max_items)
             else:
@@ -247,6 +255,10 @@ class Pulling(Answers, Queues):
                     timewindows.parse_windows(row.windows), timewindows.zone(row.window_tz), now
                 ):
                     continue
+                if row.gate in gate_room:
+                    if row.weight > gate_room[row.gate]:
+                        continue  # that gate is full; items of other gates may still be claimed
+                    gate_room[row.gate] -= row.weight
                 if room is not None:
                     if row.weight > room:
                         break
@@ -344,13 +356,16 @@ class Pulling(Answers, Queues):
 
     def answer_claims(self, answers: Sequence[ClaimAnswer], policy: RetryPolicy) -> list[dict[str, Any] | Exception]:
         """`answer_claim` for many answers in one transaction (a worker's group commit): each
-        answer's result, or the error that refused it alone (StaleClaim, NotFound, InvalidAnswer)."""
+        answer's result, or the error that refused it alone (StaleClaim, NotFound, InvalidAnswer).
+        A failure is retried or failed by its gate's attempts and backoff in the queue's pipeline,
+        else by `policy`."""
         results: list[dict[str, Any] | Exception] = []
         with self.write() as conn:
             found = {c.token: c for c in self._claims_of(conn, sorted({a[1] for a in answers}))}
             pids = sorted({c.partition_id for c in found.values()})
             conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
             rows = {r.id: r for r in self._items_of(conn, [c.item_id for c in found.values()])}
+            policy_of = self._gate_policies(conn, {c.queue for c in found.values()}, policy)
             done: list[tuple[Any, Any, Outcome]] = []
             used: set[str] = set()
             for item_id, token, response, error in answers:
@@ -370,7 +385,7 @@ class Pulling(Answers, Queues):
                 except InvalidAnswer as invalid:
                     results.append(invalid)
                     continue
-                outcome = outcome_of(ready, policy, response=response, error=error)
+                outcome = outcome_of(ready, policy_of(claim.queue, claim.gate), response=response, error=error)
                 used.add(token)
                 done.append((claim, item, outcome))
                 results.append(
@@ -398,7 +413,7 @@ class Pulling(Answers, Queues):
     def expire_claims(self, queue: str | None, policy: RetryPolicy, *, limit: int = EXPIRED_PER_SWEEP) -> int:
         """Settle up to `limit` claims (of `queue`, or every queue) that ran out without an answer:
         each counts an attempt and is retried with backoff, or fails its item when its attempts
-        run out. Returns how many were settled."""
+        run out (its gate's attempts in the queue's pipeline, else `policy`'s). Returns how many were settled."""
         query = select(*_CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
         if queue is not None:
             query = query.where(C.queue == queue)
@@ -413,6 +428,7 @@ class Pulling(Answers, Queues):
             pids = sorted({c.partition_id for c in found})
             conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
             rows = {r.id: r for r in conn.execute(_item_rows([c.item_id for c in found])).all()}
+            policy_of = self._gate_policies(conn, {c.queue for c in found}, policy)
             finished: list[tuple[Any, Any, Outcome]] = []
             for claim in found:
                 item = rows.get(claim.item_id)
@@ -422,7 +438,8 @@ class Pulling(Answers, Queues):
                     continue
                 seconds = f"{claim.lease_seconds:g}"
                 late = RetryLater(f"claim by worker {claim.worker} expired: no answer or heartbeat within {seconds}s")
-                finished.append((claim, item, outcome_of(_ready(item, claim), policy, error=late)))
+                outcome = outcome_of(_ready(item, claim), policy_of(claim.queue, claim.gate), error=late)
+                finished.append((claim, item, outcome))
             if finished:
                 self._finish(conn, finished, "expired")
                 for pid in sorted({claim.partition_id for claim, _, _ in finished}):

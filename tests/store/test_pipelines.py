@@ -4,10 +4,14 @@ per-gate slot claim of a fetch, and gates whose partitions are not fetched from.
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import update
 
 from feedproc import Feed, InvalidInput
 from feedproc.core.pipelines import parse_toml
+from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import SlotClaim
+from feedproc.store.dialects import seconds_from_now
+from feedproc.store.schema import claims
 from feedproc.store import Store
 
 from ..support import register
@@ -107,3 +111,45 @@ def test_partitions_at_a_closed_gate_are_not_fetched_from(feed: Feed, store: Sto
     register(store, "w1")
     lease_all(store, "w1")
     assert {i.partition for i in store.fetch_ready("w1", 10, closed_gates=[1])} == {"open"}
+
+
+def test_pull_claims_take_no_more_of_a_limited_gate_than_its_limit(feed: Feed) -> None:
+    feed.set_queue("pulled", mode="pull")
+    feed.apply_pipeline(parse_toml(TWO_GATES.replace('queue = "default"', 'queue = "pulled"')))
+    feed.add_partition("ocr", [(1, b"{}")] * 5, queue="pulled", priority=9)  # first in claim order
+    feed.add_partition("list", [(0, b"{}")] * 3, queue="pulled")
+    first = feed.claim("pulled", "w1", max_items=10)
+    assert sorted(c["gate"] for c in first) == [0, 0, 0, 1, 1]  # a full gate does not hold up gate 0
+    assert feed.claim("pulled", "w2", max_items=10) == []
+    ocr = next(c for c in first if c["gate"] == 1)
+    feed.answer(ocr["id"], ocr["token"], {"done": True})  # one of gate 1's slots comes back
+    (again,) = feed.claim("pulled", "w2", max_items=10)
+    assert again["gate"] == 1
+
+
+def test_pull_claims_and_watchers_share_a_gates_limit(feed: Feed, store: Store) -> None:
+    feed.set_queue("pulled", mode="pull")
+    feed.apply_pipeline(parse_toml(TWO_GATES.replace('queue = "default"', 'queue = "pulled"')))
+    feed.add_partition("ocr", [(1, b"{}")] * 5, queue="pulled")
+    register(store, "w1", queue="pulled")
+    with store.write() as conn:  # a watcher of the queue holds one of gate 1's two slots
+        store._set_slots(conn, "w1", 1, gate_slots={1: 1})
+    assert len(feed.claim("pulled", "worker", max_items=10)) == 1
+
+
+def test_a_pull_workers_failure_is_retried_or_failed_by_its_gates_attempts(feed: Feed) -> None:
+    feed.set_queue("pulled", mode="pull")
+    feed.policy = RetryPolicy(max_attempts=5, retry_delay=0.0)
+    pipeline = TWO_GATES.replace('queue = "default"', 'queue = "pulled"') + "max_attempts = 1\n"  # gate 1
+    feed.apply_pipeline(parse_toml(pipeline))
+    feed.add_partition("a", [(1, b"{}")], queue="pulled", priority=1)
+    feed.add_partition("b", [(1, b"{}")], queue="pulled")
+    answered, expired = feed.claim("pulled", "w1", max_items=2)
+    result = feed.answer(answered["id"], answered["token"], {"error": "OCR crashed"})
+    assert (result["outcome"], result["attempts"]) == ("fail", 1)  # gate 1's one attempt, not the queue's 5
+    with feed.store.write() as conn:  # the other claim runs out: its worker went silent
+        conn.execute(update(claims).where(claims.c.token == expired["token"]).values(expires_at=seconds_from_now(-1)))
+    assert feed.expire_claims("pulled") == 1
+    item = feed.store.item(expired["id"])
+    assert (item["status"], item["attempts"]) == ("failed", 1)
+    assert "claim by worker w1 expired" in item["last_error"]
