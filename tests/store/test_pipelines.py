@@ -10,9 +10,9 @@ from feedproc import Feed, InvalidInput
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import SlotClaim
+from feedproc.store import Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import claims
-from feedproc.store import Store
 
 from ..support import register
 
