@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from .core.errors import FeedprocError, InvalidAnswer, InvalidInput, PermanentError, RetryLater
-from .core.models import NewItem, Response
+from .core.models import NewItem, Response, check_key
 from .core.naming import naming
 from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
@@ -121,14 +121,16 @@ class Feed:
         return naming(lambda: self._names_of_partition(key), f"the queue of partition {key!r}")
 
     def _names_of_item(self, item_id: int) -> dict[str, int]:
-        try:
-            return self._names_of_partition(self.store.item(item_id)["partition"])
-        except (KeyError, FeedprocError):
-            return {}
+        queue = self.store.queue_of_item(item_id)
+        return self.store.gate_numbers(queue) if queue is not None else {}
 
     def _names_of_partition(self, key: str) -> dict[str, int]:
         queue = self.store.queue_of(key)
         return self.store.gate_numbers(queue) if queue is not None else {}
+
+    def queue_of(self, key: str) -> str | None:
+        """The queue of partition `key` (None when there is no such partition)."""
+        return self.store.queue_of(check_key(key))
 
     # ------------------------------------------------------------ pipelines
 

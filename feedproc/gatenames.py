@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import InvalidInput, NotFound
+from .core.errors import InvalidInput
 from .core.models import check_gate
 
 if TYPE_CHECKING:
@@ -78,15 +78,11 @@ class GateNames:
         return bool(self._by_queue)
 
     def of_items(self, key: str, rows: list[dict[str, Any]]) -> dict[int, str]:
-        """The names for rows of partition `key`'s items (which do not carry its queue): read through
-        the first item, only when some queue has a pipeline at all."""
+        """The names for rows of partition `key`'s items (which do not carry its queue): its queue is
+        read only when some queue has a pipeline at all."""
         if not rows or not self.any():
             return {}
-        try:
-            queue = self.feed.item(rows[0]["id"])["queue"]
-        except (InvalidInput, NotFound):  # gone meanwhile (cleanup)
-            return {}
-        return self.of(queue)
+        return self.of(self.feed.queue_of(key))
 
     def row(self, row: dict[str, Any], queue: str | None = None) -> dict[str, Any]:
         """A row with `queue` and `gate` (a lease, a running item, a failure): `gate_name` added."""

@@ -8,8 +8,9 @@ Each probe answers 200 `{"status": "ok", ...}` when its checks pass, else 503 wi
   database answers. A heartbeat stale *because the database is away* keeps the watcher live:
   restarting it would not bring the database back, and would only add reconnection storms. It never
   checks the handler.
-- `GET /readyz` (readiness): the database answers, the handler's base URL (with `--handler`)
-  answers HTTP at all (any status), and the write loop has not given up.
+- `GET /readyz` (readiness): the database answers, each handler service the watcher sends items to
+  (its `--handler`, or the handlers of its pipeline's gates) answers HTTP at all at its base URL
+  (any status), and the write loop has not given up.
 - `GET /healthz`: all of the above at once (the heartbeat check without the database excuse), as
   before `/livez` and `/readyz` existed. `feedproc serve` checks the database only.
 
@@ -140,11 +141,21 @@ class WatcherProbe:
         )
         return status, "application/json", json.dumps(body).encode()
 
+    def _handlers(self) -> list[Check]:
+        """A check per handler service items go to now, by base URL: the `--handler`, or the
+        handlers of the gates of the pipeline version the watcher follows (read when asked, so a
+        pipeline applied meanwhile is probed as it is)."""
+        urls = [self.handler_url] if self.handler_url else []
+        router = getattr(self.watcher, "router", None)
+        for processor in getattr(router, "processors", []):
+            url = getattr(processor, "url", None)
+            if isinstance(url, str):
+                urls.append(url)
+        return [_handler(base) for base in dict.fromkeys(handler_base(url) for url in urls)]
+
     def health(self) -> tuple[int, str, bytes]:
-        """Everything at once: database, heartbeat, handler, write loop."""
-        checks = [_database(self.watcher.store)]
-        if self.handler_url:
-            checks.append(_handler(self.handler_url))
+        """Everything at once: database, heartbeat, handlers, write loop."""
+        checks = [_database(self.watcher.store), *self._handlers()]
         return self._answer([*_run_checks(checks), self._stale(), self._fatal()])
 
     def live(self) -> tuple[int, str, bytes]:
@@ -159,10 +170,8 @@ class WatcherProbe:
         return self._answer([stale])
 
     def ready(self) -> tuple[int, str, bytes]:
-        """Readiness: the database and the handler answer, and the write loop runs."""
-        checks = [_database(self.watcher.store)]
-        if self.handler_url:
-            checks.append(_handler(self.handler_url))
+        """Readiness: the database and the handlers answer, and the write loop runs."""
+        checks = [_database(self.watcher.store), *self._handlers()]
         return self._answer([*_run_checks(checks), self._fatal()])
 
     def metrics(self) -> tuple[int, str, bytes]:

@@ -24,7 +24,7 @@ from ..core.policy import RetryPolicy
 from .base import StoreBase
 from .dialects import db_now
 from .notify import notify_ready
-from .schema import partitions, pipelines, schedules
+from .schema import items, partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c
 
@@ -120,6 +120,16 @@ class Pipelines(StoreBase):
         """The queue of partition `key`, if it exists."""
         with self.read() as conn:
             queue = conn.execute(select(partitions.c.queue).where(partitions.c.key == key)).scalar_one_or_none()
+        return cast(str | None, queue)
+
+    def queue_of_item(self, item_id: int) -> str | None:
+        """The queue of item `item_id`'s partition, if the item exists (one join, no history read)."""
+        with self.read() as conn:
+            queue = conn.execute(
+                select(partitions.c.queue)
+                .select_from(partitions.join(items, items.c.partition_id == partitions.c.id))
+                .where(items.c.id == item_id)
+            ).scalar_one_or_none()
         return cast(str | None, queue)
 
 

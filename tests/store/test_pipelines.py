@@ -153,3 +153,10 @@ def test_a_pull_workers_failure_is_retried_or_failed_by_its_gates_attempts(feed:
     item = feed.store.item(expired["id"])
     assert (item["status"], item["attempts"]) == ("failed", 1)
     assert "claim by worker w1 expired" in item["last_error"]
+
+
+def test_the_queue_of_a_partition_or_an_item_is_read_for_naming_gates(feed: Feed) -> None:
+    feed.add_partition("p", [(0, b"{}")], queue="uploads")
+    (item,) = feed.items("p")
+    assert feed.queue_of("p") == "uploads" and feed.queue_of("nope") is None
+    assert feed.store.queue_of_item(item["id"]) == "uploads" and feed.store.queue_of_item(10**9) is None

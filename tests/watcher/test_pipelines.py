@@ -16,6 +16,7 @@ import pytest
 from feedproc import Feed, Item, Pipeline, Response
 from feedproc.core.pipelines import parse_toml
 
+from ..api_support import free_port
 from ..support import HandlerService, feedproc_env, run_cli, wait_status, wait_until, watching
 from .test_scheduling import ConcurrencyMeter
 
@@ -62,6 +63,32 @@ def test_each_gate_goes_to_its_own_handler(db_url: str, feed: Feed, handler: Han
     assert [d.gate for d in handler.deliveries] == [0]
     assert sorted(d.body["data"]["file"] for d in second.deliveries) == ["a", "b", "c"]
     assert {d.gate for d in second.deliveries} == {1}
+
+
+def test_readiness_probes_each_gates_handler_service(db_url: str, feed: Feed, handler: HandlerService) -> None:
+    from feedproc.health import WatcherProbe
+
+    dead = free_port()  # nothing listens there
+    apply(
+        feed,
+        f"""
+        [[gate]]
+        name = "list"
+        number = 0
+        handler = "{handler.url}"
+        [[gate]]
+        name = "ocr"
+        number = 1
+        handler = "http://user:pw@127.0.0.1:{dead}/ocr"
+        """,
+    )
+    with watching(db_url, None) as running:
+        wait_until(lambda: running.watcher.router.version == 1, what="the watcher to follow the pipeline")
+        status, _, body = WatcherProbe(running.watcher).ready()
+    reasons = json.loads(body)["reasons"]
+    assert status == 503
+    assert len(reasons) == 1 and reasons[0].startswith(f"handler http://127.0.0.1:{dead}/:")  # not the live one
+    assert b"pw" not in body
 
 
 def test_an_answer_may_name_the_gate_it_moves_to(db_url: str, feed: Feed, handler: HandlerService) -> None:
