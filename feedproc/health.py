@@ -44,7 +44,10 @@ CONNECTION_TIMEOUT = 5.0  # seconds a monitor connection may take to send its re
 Route = Callable[[], tuple[int, str, bytes]]  # -> (status, content type, body)
 Check = tuple[Callable[[], Any], str]  # (a call that raises when the check fails, what it checks)
 
-_checks = ThreadPoolExecutor(4, thread_name_prefix="feedproc-health")
+# Threads start only as checks need them. A probe runs the database's check and one per handler
+# service (a pipeline may have one per gate), and up to MAX_CONNECTIONS probes may run at once: too
+# few threads would queue checks behind a slow service until they time out though their service is up.
+_checks = ThreadPoolExecutor(32, thread_name_prefix="feedproc-health")
 
 
 def _failure(what: str, error: BaseException) -> str:
@@ -145,12 +148,11 @@ class WatcherProbe:
         """A check per handler service items go to now, by base URL: the `--handler`, or the
         handlers of the gates of the pipeline version the watcher follows (read when asked, so a
         pipeline applied meanwhile is probed as it is)."""
+        from .processors.http import HTTPProcessor
+
         urls = [self.handler_url] if self.handler_url else []
         router = getattr(self.watcher, "router", None)
-        for processor in getattr(router, "processors", []):
-            url = getattr(processor, "url", None)
-            if isinstance(url, str):
-                urls.append(url)
+        urls += [p.url for p in getattr(router, "processors", []) if isinstance(p, HTTPProcessor)]
         return [_handler(base) for base in dict.fromkeys(handler_base(url) for url in urls)]
 
     def health(self) -> tuple[int, str, bytes]:

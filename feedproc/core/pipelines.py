@@ -41,6 +41,7 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, cast
 
 from ..redact import redact_url
@@ -184,6 +185,15 @@ class PipelineSpec:
     def limits(self) -> dict[int, int]:
         """Gate number -> its fleet-wide concurrency limit, for the gates that have one."""
         return {gate.number: gate.limit for gate in self.gates if gate.limit}
+
+    def closed_gates(self, now: datetime) -> list[int]:
+        """Numbers of the gates outside their time windows at `now` (aware): items there do not start."""
+        return [
+            gate.number
+            for gate in self.gates
+            if gate.windows is not None
+            and not timewindows.is_open(gate.parsed_windows, timewindows.zone(gate.timezone), now)
+        ]
 
     def to_mapping(self) -> dict[str, Any]:
         """The pipeline as TOML's shape in plain values (what is stored, as JSON, and shown)."""

@@ -85,12 +85,27 @@ class Pipelines(StoreBase):
         row = conn.execute(select(PL.version, PL.spec).where(PL.queue == queue)).one_or_none()
         return None if row is None else _spec(row.spec, int(row.version), queue)
 
+    def _readable_pipeline(self, conn: Connection, queue: str) -> PipelineSpec | None:
+        """`_pipeline`, or None when the stored one cannot be read (written by a newer feedproc):
+        for pull workers' claims and answers, which then go by the queue's own settings rather than
+        stop."""
+        try:
+            return self._pipeline(conn, queue)
+        except InvalidInput:
+            return None
+
     def _gate_policies(self, conn: Connection, queues: Iterable[str], policy: RetryPolicy) -> GatePolicies:
         """The attempts and backoff of each (queue, gate): the gate's settings in its queue's stored
-        pipeline over `policy` (one read for all `queues`; `policy` itself where none is set)."""
+        pipeline over `policy` (one read for all `queues`; `policy` itself where none is set, or
+        where the stored pipeline cannot be read)."""
         wanted = sorted(set(queues))
         rows = conn.execute(select(PL.queue, PL.version, PL.spec).where(PL.queue.in_(wanted))).all() if wanted else []
-        specs = {row.queue: _spec(row.spec, int(row.version), row.queue) for row in rows}
+        specs = {}
+        for row in rows:
+            try:
+                specs[row.queue] = _spec(row.spec, int(row.version), row.queue)
+            except InvalidInput:
+                continue
 
         def policy_of(queue: str, gate: int) -> RetryPolicy:
             spec = specs.get(queue)

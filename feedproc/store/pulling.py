@@ -56,6 +56,7 @@ _PG_CANDIDATES = text(
           WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
             AND (not_before IS NULL OR not_before <= now())
             AND (lease_owner IS NULL OR lease_expires_at < now())
+            AND gate <> ALL(CAST(:blocked AS int[]))
           ORDER BY priority DESC, created_at, id) AS p
     CROSS JOIN LATERAL (
         SELECT id, version, partition_id, gate, attempts, data, deliveries, lost, next_attempt_at
@@ -69,9 +70,11 @@ _PG_CANDIDATES = text(
     LIMIT :max
     """
 )
-# A partition of `:queue` whose items workers may claim now (not leased by a live watcher).
+# A partition of `:queue` whose items workers may claim now (not leased by a live watcher), at a gate
+# not in `:blocked` (full, or outside its windows: read on, they would use up the claim's `:max`).
 _CLAIMABLE_PARTITION = (
     P.queue == bindparam("queue"),
+    P.gate.not_in(bindparam("blocked", expanding=True)),
     P.status == IS_AVAILABLE,
     P.ready_at.is_not(None),
     P.ready_at <= db_now(),
@@ -220,11 +223,12 @@ class Pulling(Answers, Queues, Pipelines):
         `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, data as bytes, token,
         lease_expires_at). Claims that expired in the queue are settled first (`expire_claims`).
         Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed.
-        Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do."""
+        Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do,
+        and take nothing of a gate that is full or outside its windows."""
         self.expire_claims(queue, policy)
         with self.write() as conn:
             settings = self._queue(conn, queue)
-            spec = self._pipeline(conn, queue)
+            spec = self._readable_pipeline(conn, queue)
             gate_limits = spec.limits if spec is not None else {}
             if settings.limited or gate_limits:  # claims count against the limits: one claimer at a time decides
                 settings = self._queue(conn, queue, lock=True)
@@ -242,11 +246,15 @@ class Pulling(Answers, Queues, Pipelines):
             if gate_limits:
                 used = self._gate_slots_in_use(conn, queue)
                 gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
+            blocked = {gate for gate, free in gate_room.items() if free <= 0}
+            blocked.update(spec.closed_gates(now) if spec is not None else ())
             if self.mysql:
-                rows = _claimable_mysql(conn, queue, max_items)
+                rows = _claimable_mysql(conn, queue, max_items, sorted(blocked))
+            elif self.postgres:
+                params = {"queue": queue, "max": max_items, "blocked": pg_bigint_array(sorted(blocked))}
+                rows = list(conn.execute(_PG_CANDIDATES, params).all())
             else:
-                candidates: Any = self._twin(_PG_CANDIDATES, _CANDIDATES)
-                rows = list(conn.execute(candidates, {"queue": queue, "max": max_items}).all())
+                rows = list(conn.execute(_CANDIDATES, {"queue": queue, "max": max_items, "blocked": sorted(blocked)}))
             if self.postgres:
                 rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
             chosen: list[Any] = []
@@ -256,9 +264,13 @@ class Pulling(Answers, Queues, Pipelines):
                 ):
                     continue
                 if row.gate in gate_room:
-                    if row.weight > gate_room[row.gate]:
-                        continue  # that gate is full; items of other gates may still be claimed
-                    gate_room[row.gate] -= row.weight
+                    # As a watcher's fetch counts it: a partition heavier than the gate's limit takes
+                    # the whole gate (it runs alone), and one that does not fit now is not overtaken.
+                    weight = min(row.weight, gate_limits[row.gate])
+                    if weight > gate_room[row.gate]:
+                        gate_room[row.gate] = 0
+                        continue
+                    gate_room[row.gate] -= weight
                 if room is not None:
                     if row.weight > room:
                         break
@@ -496,16 +508,17 @@ class Pulling(Answers, Queues, Pipelines):
         return list(conn.execute(_item_rows(ids)))
 
 
-def _claimable_mysql(conn: Connection, queue: str, max_items: int) -> list[Any]:
-    """Up to `max_items` claimable items of `queue` in claim order, locked (MariaDB/MySQL: see
-    `_mysql_claimable`). Items other claimers locked are skipped; each round past them walks twice
-    as far (the extra items it locks stay untouched until the commit)."""
+def _claimable_mysql(conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
+    """Up to `max_items` claimable items of `queue` in claim order, at gates not `blocked`, locked
+    (MariaDB/MySQL: see `_mysql_claimable`). Items other claimers locked are skipped; each round past
+    them walks twice as far (the extra items it locks stay untouched until the commit)."""
     rows: list[Any] = []
     seen: list[int] = []
     for n in range(CLAIM_ROUNDS):
         want = max_items - len(rows)
         walk = min(want << n, MAX_CLAIM)  # (a partition a branch of the UNION at most)
-        parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, {"queue": queue, "max": walk, "seen": seen}).all()
+        params = {"queue": queue, "max": walk, "seen": seen, "blocked": list(blocked)}
+        parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, params).all()
         if not parts:
             break
         found = conn.exec_driver_sql(_mysql_claimable(parts, walk, seen)).all()

@@ -3,9 +3,10 @@ watchers hold, deferring partitions whose time window is closed, and items' prog
 
 Queue settings live in feedproc_queues; a queue without a row has neither a limit nor windows. The
 limit is arbitrated with slots: the weights of the items each live watcher has in flight
-(feedproc_watchers.slots), set under the queue row's lock in the transaction that fetches the items
-(`dispatch.py`), so answered items' slots come back with the watcher's next fetch and a dead
-watcher's stop counting when its registration expires.
+(feedproc_watchers.slots, and per limited gate of the queue's pipeline, gate_slots), set under the
+queue row's lock in the transaction that fetches the items (`dispatch.py`), so answered items' slots
+come back with the watcher's next fetch and a dead watcher's stop counting when its registration
+expires. Pull workers' unexpired claims count too, taken under the same lock (`pulling.py`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
-from ..core import windows
 from ..processors.pipeline import GateRouter, Route
 from .state import WatcherState
 
@@ -91,11 +90,4 @@ class Routing(WatcherState):
     def _closed_gates(self) -> list[int]:
         """Gates of the pipeline outside their time windows now: their partitions are not fetched from."""
         spec = self.router.spec
-        if spec is None:
-            return []
-        now = datetime.now(UTC)
-        return [
-            gate.number
-            for gate in spec.gates
-            if gate.windows is not None and not windows.is_open(gate.parsed_windows, windows.zone(gate.timezone), now)
-        ]
+        return [] if spec is None else spec.closed_gates(datetime.now(UTC))

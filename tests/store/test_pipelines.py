@@ -3,6 +3,8 @@ per-gate slot claim of a fetch, and gates whose partitions are not fetched from.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from sqlalchemy import update
 
@@ -12,7 +14,7 @@ from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import SlotClaim
 from feedproc.store import Store
 from feedproc.store.dialects import seconds_from_now
-from feedproc.store.schema import claims
+from feedproc.store.schema import claims, pipelines
 
 from ..support import register
 
@@ -160,3 +162,43 @@ def test_the_queue_of_a_partition_or_an_item_is_read_for_naming_gates(feed: Feed
     (item,) = feed.items("p")
     assert feed.queue_of("p") == "uploads" and feed.queue_of("nope") is None
     assert feed.store.queue_of_item(item["id"]) == "uploads" and feed.store.queue_of_item(10**9) is None
+
+
+def pulled_pipeline(feed: Feed, extra: str = "") -> None:
+    feed.set_queue("pulled", mode="pull")
+    feed.apply_pipeline(parse_toml(TWO_GATES.replace('queue = "default"', 'queue = "pulled"') + extra))
+
+
+def test_a_claim_passes_over_a_full_gate_whatever_it_asks_for(feed: Feed) -> None:
+    pulled_pipeline(feed)
+    feed.add_partition("ocr", [(1, b"{}")] * 5, queue="pulled", priority=9)  # first in claim order
+    feed.add_partition("list", [(0, b"{}")], queue="pulled")
+    assert [c["gate"] for c in feed.claim("pulled", "w1", max_items=2)] == [1, 1]  # gate 1 is full now
+    assert [c["partition"] for c in feed.claim("pulled", "w2", max_items=1)] == ["list"]
+
+
+def test_a_partition_heavier_than_its_gates_limit_is_claimed_alone(feed: Feed) -> None:
+    pulled_pipeline(feed)
+    feed.add_partition("heavy", [(1, b"{}")] * 3, queue="pulled", priority=9, weight=5)
+    feed.add_partition("light", [(1, b"{}")] * 3, queue="pulled")
+    (alone,) = feed.claim("pulled", "w1", max_items=10)  # takes gate 1's whole limit of 2; not overtaken
+    assert alone["partition"] == "heavy"
+    assert feed.claim("pulled", "w2", max_items=10) == []
+
+
+def test_a_claim_takes_nothing_of_a_gate_outside_its_windows(feed: Feed) -> None:
+    later = (datetime.now(UTC) + timedelta(hours=2)).hour
+    pulled_pipeline(feed, f'windows = ["{later:02}:00-{(later + 1) % 24:02}:00"]\n')  # gate 1's
+    feed.add_partition("ocr", [(1, b"{}")] * 2, queue="pulled", priority=9)
+    feed.add_partition("list", [(0, b"{}")], queue="pulled")
+    assert [c["partition"] for c in feed.claim("pulled", "w1", max_items=1)] == ["list"]
+
+
+def test_pull_workers_go_on_by_the_queues_settings_when_its_stored_pipeline_cannot_be_read(feed: Feed) -> None:
+    pulled_pipeline(feed)
+    with feed.store.write() as conn:  # as a newer feedproc might have written it
+        conn.execute(update(pipelines).where(pipelines.c.queue == "pulled").values(spec='{"gate": "?"}'))
+    feed.add_partition("p", [(1, b"{}")] * 3, queue="pulled")
+    claimed = feed.claim("pulled", "w1", max_items=10)
+    assert len(claimed) == 3  # no gate limit of 2 is known
+    assert feed.answer(claimed[0]["id"], claimed[0]["token"], {"done": True})["outcome"] == "done"
