@@ -70,11 +70,9 @@ _PG_CANDIDATES = text(
     LIMIT :max
     """
 )
-# A partition of `:queue` whose items workers may claim now (not leased by a live watcher), at a gate
-# not in `:blocked` (full, or outside its windows: read on, they would use up the claim's `:max`).
+# A partition of `:queue` whose items workers may claim now (not leased by a live watcher).
 _CLAIMABLE_PARTITION = (
     P.queue == bindparam("queue"),
-    P.gate.not_in(bindparam("blocked", expanding=True)),
     P.status == IS_AVAILABLE,
     P.ready_at.is_not(None),
     P.ready_at <= db_now(),
@@ -109,6 +107,10 @@ _CANDIDATES = (
     .order_by(P.priority.desc(), P.created_at, P.id, I.next_attempt_at, I.id)
     .limit(bindparam("max"))
 )
+# Partitions at a gate in `:blocked` (full, or outside its windows) are left out: read on, they would
+# use up the claim's `:max`. A statement of its own, for claims of queues with such gates only.
+_NOT_BLOCKED = P.gate.not_in(bindparam("blocked", expanding=True))
+_CANDIDATES_UNBLOCKED = _CANDIDATES.where(_NOT_BLOCKED)
 # MariaDB/MySQL's twin, in steps, all plain reads but the last: it has no LATERAL, and InnoDB locks
 # every row a locking read reads before its sort and LIMIT (a locking ordered join would lock every
 # claimable item of the queue, and concurrent claimers would skip them all). First the partitions in
@@ -138,6 +140,7 @@ _MYSQL_CLAIMABLE_PARTITIONS = (
     .order_by(P.priority.desc(), P.created_at, P.id)
     .limit(bindparam("max"))
 )
+_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED = _MYSQL_CLAIMABLE_PARTITIONS.where(_NOT_BLOCKED)
 _MYSQL_LOCK_ITEMS = (
     select(I.id, I.version)
     .where(I.id.in_(bindparam("ids", expanding=True)), *_CLAIMABLE_ITEM)
@@ -228,7 +231,7 @@ class Pulling(Answers, Queues, Pipelines):
         self.expire_claims(queue, policy)
         with self.write() as conn:
             settings = self._queue(conn, queue)
-            spec = self._readable_pipeline(conn, queue)
+            spec = self._claims_pipeline(conn, queue)
             gate_limits = spec.limits if spec is not None else {}
             if settings.limited or gate_limits:  # claims count against the limits: one claimer at a time decides
                 settings = self._queue(conn, queue, lock=True)
@@ -253,8 +256,11 @@ class Pulling(Answers, Queues, Pipelines):
             elif self.postgres:
                 params = {"queue": queue, "max": max_items, "blocked": pg_bigint_array(sorted(blocked))}
                 rows = list(conn.execute(_PG_CANDIDATES, params).all())
+            elif blocked:
+                params = {"queue": queue, "max": max_items, "blocked": sorted(blocked)}
+                rows = list(conn.execute(_CANDIDATES_UNBLOCKED, params))
             else:
-                rows = list(conn.execute(_CANDIDATES, {"queue": queue, "max": max_items, "blocked": sorted(blocked)}))
+                rows = list(conn.execute(_CANDIDATES, {"queue": queue, "max": max_items}))
             if self.postgres:
                 rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
             chosen: list[Any] = []
@@ -377,7 +383,14 @@ class Pulling(Answers, Queues, Pipelines):
             pids = sorted({c.partition_id for c in found.values()})
             conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
             rows = {r.id: r for r in self._items_of(conn, [c.item_id for c in found.values()])}
-            policy_of = self._gate_policies(conn, {c.queue for c in found.values()}, policy)
+            # A "done" answer's outcome does not depend on its gate's attempts and backoff: read the
+            # pipelines of the queues with other answers alone (none in the common case: no read).
+            others = {
+                found[token].queue
+                for _, token, response, error in answers
+                if token in found and (error is not None or response is None or not response.done)
+            }
+            policy_of = self._gate_policies(conn, others, policy)
             done: list[tuple[Any, Any, Outcome]] = []
             used: set[str] = set()
             for item_id, token, response, error in answers:
@@ -517,8 +530,11 @@ def _claimable_mysql(conn: Connection, queue: str, max_items: int, blocked: Sequ
     for n in range(CLAIM_ROUNDS):
         want = max_items - len(rows)
         walk = min(want << n, MAX_CLAIM)  # (a partition a branch of the UNION at most)
-        params = {"queue": queue, "max": walk, "seen": seen, "blocked": list(blocked)}
-        parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, params).all()
+        if blocked:
+            params = {"queue": queue, "max": walk, "seen": seen, "blocked": list(blocked)}
+            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED, params).all()
+        else:
+            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, {"queue": queue, "max": walk, "seen": seen}).all()
         if not parts:
             break
         found = conn.exec_driver_sql(_mysql_claimable(parts, walk, seen)).all()

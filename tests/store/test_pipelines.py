@@ -202,3 +202,11 @@ def test_pull_workers_go_on_by_the_queues_settings_when_its_stored_pipeline_cann
     claimed = feed.claim("pulled", "w1", max_items=10)
     assert len(claimed) == 3  # no gate limit of 2 is known
     assert feed.answer(claimed[0]["id"], claimed[0]["token"], {"done": True})["outcome"] == "done"
+
+
+def test_claims_follow_a_pipeline_applied_through_the_same_store_at_once(feed: Feed) -> None:
+    feed.set_queue("pulled", mode="pull")
+    feed.add_partition("ocr", [(1, b"{}")] * 4, queue="pulled")
+    assert len(feed.claim("pulled", "w1", max_items=1)) == 1  # no pipeline yet (and that was read)
+    pulled_pipeline(feed)  # gate 1: limit 2
+    assert len(feed.claim("pulled", "w1", max_items=10)) == 1
