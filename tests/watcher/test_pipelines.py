@@ -36,6 +36,15 @@ def second() -> Any:
     service.close()
 
 
+def list_then(first: str, second: str, *, name: str = "ocr", number: int = 1, settings: str = "") -> str:
+    """A pipeline's TOML: gate 0 `list` served by `first`, then gate `name` (`number`) by `second`,
+    with that gate's `settings` lines."""
+    return (
+        f'[[gate]]\nname = "list"\nnumber = 0\nhandler = "{first}"\n'
+        f'[[gate]]\nname = "{name}"\nnumber = {number}\nhandler = "{second}"\n{settings}'
+    )
+
+
 def folder_then_files(body: dict[str, Any]) -> tuple[Any, ...]:
     """Gate `list`: one child per file at gate `classify`, by name."""
     files = body["data"]["files"]
@@ -44,19 +53,7 @@ def folder_then_files(body: dict[str, Any]) -> tuple[Any, ...]:
 
 def test_each_gate_goes_to_its_own_handler(db_url: str, feed: Feed, handler: HandlerService, second: Any) -> None:
     handler.behavior = folder_then_files
-    apply(
-        feed,
-        f"""
-        [[gate]]
-        name = "list"
-        number = 0
-        handler = "{handler.url}"
-        [[gate]]
-        name = "classify"
-        number = 1
-        handler = "{second.url}"
-        """,
-    )
+    apply(feed, list_then(handler.url, second.url, name="classify"))
     feed.add_partition("upload", [{"gate": "list", "data": {"files": ["a", "b", "c"]}}])
     with watching(db_url, None):
         wait_status(feed, "upload", "complete")
@@ -69,19 +66,7 @@ def test_readiness_probes_each_gates_handler_service(db_url: str, feed: Feed, ha
     from feedproc.health import WatcherProbe
 
     dead = free_port()  # nothing listens there
-    apply(
-        feed,
-        f"""
-        [[gate]]
-        name = "list"
-        number = 0
-        handler = "{handler.url}"
-        [[gate]]
-        name = "ocr"
-        number = 1
-        handler = "http://user:pw@127.0.0.1:{dead}/ocr"
-        """,
-    )
+    apply(feed, list_then(handler.url, f"http://user:pw@127.0.0.1:{dead}/ocr"))
     with watching(db_url, None) as running:
         wait_until(lambda: running.watcher.router.version == 1, what="the watcher to follow the pipeline")
         status, _, body = WatcherProbe(running.watcher).ready()
@@ -93,19 +78,7 @@ def test_readiness_probes_each_gates_handler_service(db_url: str, feed: Feed, ha
 
 def test_an_answer_may_name_the_gate_it_moves_to(db_url: str, feed: Feed, handler: HandlerService) -> None:
     handler.behavior = lambda body: (200, {"gate": "rank"} if body["gate"] == 0 else {"done": True})
-    apply(
-        feed,
-        f"""
-        [[gate]]
-        name = "list"
-        number = 0
-        handler = "{handler.url}"
-        [[gate]]
-        name = "rank"
-        number = 7
-        handler = "{handler.url}"
-        """,
-    )
+    apply(feed, list_then(handler.url, handler.url, name="rank", number=7))
     feed.add_partition("p", [{"gate": 0, "data": 1}])
     with watching(db_url, None):
         wait_status(feed, "p", "complete")
@@ -336,20 +309,7 @@ def test_a_gates_limit_holds_exactly_across_three_watcher_processes(
     meter = ConcurrencyMeter(seconds)
     second.behavior = meter
     handler.behavior = lambda body: (200, {"done": True, "items": [{"gate": "ocr", "data": {}}] * 6})
-    apply(
-        feed,
-        f"""
-        [[gate]]
-        name = "list"
-        number = 0
-        handler = "{handler.url}"
-        [[gate]]
-        name = "ocr"
-        number = 1
-        handler = "{second.url}"
-        limit = {limit}
-        """,
-    )
+    apply(feed, list_then(handler.url, second.url, settings=f"limit = {limit}\n"))
     for n in range(6):
         feed.add_partition(f"p{n}", [{"gate": "list", "data": {}}] * 2)
     for _ in range(3):
