@@ -153,14 +153,18 @@ class GateRouter:
                 timeout = gate.timeout if gate.timeout is not None else options.get("timeout", 30.0)
                 headers = {**options.get("headers", {}), **dict(gate.headers)}
                 made_key: tuple[Any, ...] = ("http", gate.handler, timeout, tuple(sorted(headers.items())))
-                processor = (reuse or {}).get(made_key) or HTTPProcessor(
-                    gate.handler, **{**options, "timeout": timeout, "headers": headers}
+                # Gates sent to the same service with the same settings share one client (and its
+                # connections), within a version and from the version before.
+                processor = (
+                    self.made.get(made_key)
+                    or (reuse or {}).get(made_key)
+                    or HTTPProcessor(gate.handler, **{**options, "timeout": timeout, "headers": headers})
                 )
                 self.made[made_key] = processor
             elif route and gate.processor is not None:
                 made_key = ("python", gate.processor)
                 try:
-                    processor = (reuse or {}).get(made_key) or load_processor(gate.processor)
+                    processor = self.made.get(made_key) or (reuse or {}).get(made_key) or load_processor(gate.processor)
                 except Exception as error:  # the user's module: contained to this gate's items
                     log.error("gate %d (%s): %s", gate.number, gate.name, error)
                     self._routes[gate.number] = Route(None, gate, gate.policy(policy), str(error), transient=True)

@@ -29,3 +29,14 @@ def test_a_router_names_the_gates_whose_attempts_differ_from_the_watchers() -> N
 
 def test_a_router_without_a_pipeline_has_no_gate_attempts() -> None:
     assert GateRouter(None, None, RetryPolicy(max_attempts=3)).attempts == {}
+
+
+def test_gates_sent_to_the_same_service_share_one_client() -> None:
+    pipeline = parse_toml(
+        '[[gate]]\nname = "a"\nnumber = 0\nhandler = "http://127.0.0.1:9/h"\n'
+        '[[gate]]\nname = "b"\nnumber = 1\nhandler = "http://127.0.0.1:9/h"\n'
+        '[[gate]]\nname = "c"\nnumber = 2\nhandler = "http://127.0.0.1:9/h"\ntimeout = 5\n'
+    )
+    router = GateRouter(pipeline, None, RetryPolicy())
+    a, b, c = (router.route(n).processor for n in range(3))
+    assert a is b and c is not a  # gate c's own timeout needs a client of its own
