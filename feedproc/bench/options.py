@@ -9,8 +9,12 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
-HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"]}  # through the bench handler, with these options
+WORKLOADS = ("flat", "fan", "http", "http-batch", "pull", "http-fan", "pipeline")
+DEFAULT_WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
+#: Through the bench handler, with these options. `http-fan` is `fan`'s partitions through one
+#: `--handler`; `pipeline` the same through a stored pipeline, each gate to a handler of its own.
+HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"], "http-fan": [], "pipeline": []}
+FAN_WORKLOADS = {"fan", "http-fan", "pipeline"}  # the fan workload's partitions
 PULL_WORKLOADS = {"pull"}  # a pull-mode queue: `feedproc work` processes claim through one `feedproc serve`
 PULL_CLAIM = 100  # a pull worker's concurrency, so its claims ask for up to this many items
 PEERS = ("pgqueuer", "procrastinate")
@@ -89,7 +93,7 @@ def parse_options(
             raise InvalidInput(
                 f"--db {place!r}: use sqlite, sqlite:///DIR/FILE.db, postgresql://... or mysql://... (MariaDB/MySQL)"
             )
-    workloads = _csv(workload or ",".join(WORKLOADS), "--workload")
+    workloads = _csv(workload or ",".join(DEFAULT_WORKLOADS), "--workload")
     for name in workloads:
         if name not in WORKLOADS:
             raise InvalidInput(f"--workload {name!r}: choose from {', '.join(WORKLOADS)}")

@@ -30,6 +30,7 @@ from .measure import analyse, drain_window, fill_finished, read_db, read_stateme
 from .options import (
     DIR_ENV,
     FAN_GATES,
+    FAN_WORKLOADS,
     HTTP_WORKLOADS,
     PACED_TICK,
     PGQUEUER_CONSUMERS,
@@ -55,8 +56,9 @@ _PROCESSOR = "feedproc.bench.watch:BenchProcessor"
 
 
 def partition_shapes(workload: str, partitions: int, items: int) -> list[list[tuple[int, bytes]]]:
-    """The backlog of a workload: flat and http P x N items at gate 0; fan P x (3 gates x N//3 + 1)."""
-    if workload == "fan":
+    """The backlog of a workload: flat and http P x N items at gate 0; fan (and http-fan, pipeline)
+    P x (3 gates x N//3 + 1)."""
+    if workload in FAN_WORKLOADS:
         width = max(1, items // FAN_GATES)
         return [_fan_partition(width) for _ in range(partitions)]
     return [_flat_partition(items) for _ in range(partitions)]
@@ -69,6 +71,17 @@ def _flat_partition(size: int) -> list[tuple[int, bytes]]:
 def _fan_partition(width: int) -> list[tuple[int, bytes]]:
     rows = [(gate, b'{"kind":"file","n":%d}' % n) for gate in range(FAN_GATES) for n in range(width)]
     return [*rows, (FAN_GATES, b'{"kind":"rank"}')]
+
+
+def _apply_pipeline(url: str, handler: str) -> None:
+    """The `pipeline` workload's pipeline: each of the fan's gates sent to a handler of its own (a
+    path of the bench handler, so each gate gets its own client, as separate services would)."""
+    from ..core.pipelines import from_mapping
+
+    base = handler.rstrip("/")
+    gates = [{"name": f"g{n}", "number": n, "handler": f"{base}/g{n}"} for n in range(FAN_GATES + 1)]
+    with Feed(url) as feed:
+        feed.apply_pipeline(from_mapping({"queue": "default", "gate": gates}, source="bench"), by="bench")
 
 
 @contextlib.contextmanager
@@ -153,6 +166,9 @@ class Bench:
                 log = str(handler_log / "calls-handler.log")
                 proc = handler.start([sys.executable, script, "--port", "0", "--log", log], dict(os.environ), "handler")
                 target = ["--handler", self._handler_url(folder / "handler.out", proc), *HTTP_WORKLOADS[workload]]
+                if workload == "pipeline":  # watchers without --handler serve the queue's pipeline
+                    _apply_pipeline(url, target[1])
+                    target = []
 
             pull = workload in PULL_WORKLOADS
             drain = self._drain(url, place, folder / "drain", target, watchers, total, pull=pull)
@@ -342,7 +358,7 @@ class Bench:
                     feed.add_partition(f"{WARMUP}{workload}-{n}", _flat_partition(2))
             self._wait(poller, procs, _UNFINISHED, "warm-up")
             time.sleep(max(0.2, 2 * opts.poll_interval))
-            if workload == "fan":
+            if workload in FAN_WORKLOADS:
                 # The backlog's shape: "half the drain rate" is only meaningful for the same partitions.
                 width = max(1, opts.items // FAN_GATES)
                 size = FAN_GATES * width + 1

@@ -503,7 +503,9 @@ def bench(
     workload: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve)."
+            help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
+            "also http-fan (fan's partitions through one --handler) and pipeline (the same, each gate to its own "
+            "handler through a stored pipeline)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[

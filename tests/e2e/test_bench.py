@@ -97,3 +97,26 @@ def test_fill_finished_puts_complete_rows_before_the_runs_own(db_url: str) -> No
     facts = read_db(db_url, (last_partition, last_item))
     assert [row.status for row in facts.items] == ["available"] * 3
     assert [key for key, _ in facts.partitions.values()] == ["run-0"]
+
+
+@pytest.mark.slow
+def test_bench_runs_the_fan_through_one_handler_and_through_a_pipeline(tmp_path: Path) -> None:
+    report_file = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    command = [sys.executable, "-m", "feedproc", "bench", "--quick", "--db", "sqlite"]
+    done = subprocess.run(
+        [*command, "--workload", "http-fan,pipeline", "--json", str(report_file)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(report_file.read_text())["runs"]
+    assert [r["workload"] for r in runs] == ["http-fan", "pipeline"]
+    for run in runs:
+        assert run["problems"] == [] and run["complete"] and run["exactly_once"], run["workload"]
+        deliveries = run["deliveries"]
+        assert deliveries["items"] >= run["items"] > 0  # the backlog, plus the paced phase's items
+        assert deliveries["calls"] == deliveries["items"] and deliveries["redelivered"] == 0
