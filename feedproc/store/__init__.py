@@ -33,6 +33,7 @@ from __future__ import annotations
 from .actions import ITEM_ACTIONS, ItemActions
 from .answers import RECORDS_KEPT, Answers
 from .base import StoreBase, alembic_config, migrations_path
+from .claimable import MAX_CLAIM
 from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
 from .insight import Insight
@@ -41,7 +42,7 @@ from .lost import LostDeliveries
 from .operators import Operators
 from .pipelines import Pipelines
 from .producing import Producing
-from .pulling import MAX_CLAIM, ClaimAnswer, Pulling
+from .pulling import ClaimAnswer, Pulling
 from .queues import Queues
 from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
 from .retention import Retention

@@ -8,7 +8,8 @@ answer goes through the watchers' writer (`Answers._write_outcomes`) and the gat
 (`_settle`) in one transaction that holds the partition's lock, so the barrier is checked where
 the gate advances, exactly as for a watcher's group commit. Items are claimed only at their
 partition's current gate, never in a partition a watcher holds a lease on, and never while
-another claim holds them (`feedproc_items.claimed_until`).
+another claim holds them (`feedproc_items.claimed_until`); which items those are, per dialect, is
+`claimable.py`.
 
 A claim that expires is a delivery that failed: it counts an attempt and is retried with backoff
 (or fails the item when its attempts run out), with a delivery record naming the worker.
@@ -17,11 +18,11 @@ A claim that expires is a delivery that failed: it counts an attempt and is retr
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, literal, select, text, update
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
@@ -30,152 +31,19 @@ from ..core.models import Response
 from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
-from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, IS_AVAILABLE, C, I, P, iso
+from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
+from .claimable import claimable
 from .dialects import db_now, pg_bigint_array, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
 from .queues import Queues
 from .schema import claims, items, partitions
 
-MAX_CLAIM = 1000  # items per claim call (and answers per call), at most
 #: A worker's answer: item id, claim token, and the Response or the failure it reported.
 ClaimAnswer = tuple[int, str, Response | None, BaseException | None]
 EXPIRED_PER_SWEEP = 200  # expired claims settled per transaction
 
-# The next `:max` claimable items of a queue on PostgreSQL: its partitions in lease order (priority,
-# then age), each one's items at its current gate in due order, locked with SKIP LOCKED so that
-# concurrent claimers never wait for each other nor take the same item. There is deliberately no
-# ORDER BY over the join: the nested loop yields the partitions in order, and the LIMIT stops it as
-# soon as it has enough (an outer sort would walk and lock every ready partition's items first).
-_PG_CANDIDATES = text(
-    """
-    SELECT i.id, i.version, i.partition_id, p.key, p.queue, i.gate, i.attempts, i.data, p.weight,
-           i.deliveries, i.lost, p.windows, p.window_tz, p.rank
-    FROM (SELECT id, key, queue, gate, weight, windows, window_tz,
-                 row_number() OVER (ORDER BY priority DESC, created_at, id) AS rank
-          FROM feedproc_partitions
-          WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
-            AND (not_before IS NULL OR not_before <= now())
-            AND (lease_owner IS NULL OR lease_expires_at < now())
-            AND gate <> ALL(CAST(:blocked AS int[]))
-          ORDER BY priority DESC, created_at, id) AS p
-    CROSS JOIN LATERAL (
-        SELECT id, version, partition_id, gate, attempts, data, deliveries, lost, next_attempt_at
-        FROM feedproc_items
-        WHERE partition_id = p.id AND gate = p.gate AND status = 'available' AND next_attempt_at <= now()
-          AND claimed_until IS NULL
-        ORDER BY next_attempt_at, id
-        LIMIT :max
-        FOR UPDATE SKIP LOCKED
-    ) AS i
-    LIMIT :max
-    """
-)
-# A partition of `:queue` whose items workers may claim now (not leased by a live watcher).
-_CLAIMABLE_PARTITION = (
-    P.queue == bindparam("queue"),
-    P.status == IS_AVAILABLE,
-    P.ready_at.is_not(None),
-    P.ready_at <= db_now(),
-    (P.not_before.is_(None)) | (P.not_before <= db_now()),
-    (P.lease_owner.is_(None)) | (P.lease_expires_at < db_now()),
-)
-# SQLite's twin: its write transaction holds the database's lock, so a plain ordered join does.
-_CANDIDATES = (
-    select(
-        I.id,
-        I.version,
-        I.partition_id,
-        P.key,
-        P.queue,
-        I.gate,
-        I.attempts,
-        I.data,
-        P.weight,
-        I.deliveries,
-        I.lost,
-        P.windows,
-        P.window_tz,
-        P.priority,
-    )
-    .select_from(partitions.join(items, (I.partition_id == P.id) & (I.gate == P.gate)))
-    .where(
-        *_CLAIMABLE_PARTITION,
-        I.status == IS_AVAILABLE,
-        I.next_attempt_at <= db_now(),
-        I.claimed_until.is_(None),
-    )
-    .order_by(P.priority.desc(), P.created_at, P.id, I.next_attempt_at, I.id)
-    .limit(bindparam("max"))
-)
-# Partitions at a gate in `:blocked` (full, or outside its windows) are left out: read on, they would
-# use up the claim's `:max`. A statement of its own, for claims of queues with such gates only.
-_NOT_BLOCKED = P.gate.not_in(bindparam("blocked", expanding=True))
-_CANDIDATES_UNBLOCKED = _CANDIDATES.where(_NOT_BLOCKED)
-# MariaDB/MySQL's twin, in steps, all plain reads but the last: it has no LATERAL, and InnoDB locks
-# every row a locking read reads before its sort and LIMIT (a locking ordered join would lock every
-# claimable item of the queue, and concurrent claimers would skip them all). First the partitions in
-# lease order that have a claimable item (`_MYSQL_CLAIMABLE_PARTITIONS`), then each one's claimable
-# items walked in due order in one UNION ALL (`_mysql_claimable`), then those items locked by id with
-# SKIP LOCKED, their conditions checked again on the locked rows (`_MYSQL_LOCK_ITEMS`: a version
-# changed since the walk means the item changed, and it is left out).
-_CLAIMABLE_ITEM = (
-    I.status == IS_AVAILABLE,
-    I.next_attempt_at <= db_now(),
-    I.claimed_until.is_(None),
-)
-_MYSQL_CLAIMABLE_PARTITIONS = (
-    select(P.id, P.gate)
-    .where(
-        *_CLAIMABLE_PARTITION,
-        # One claimable item at least: a scalar subquery probing feedproc_items_by_gate per
-        # partition (MariaDB would make an EXISTS a semi-join that reads every item of the table).
-        select(literal(1))
-        .where(
-            I.partition_id == P.id, I.gate == P.gate, *_CLAIMABLE_ITEM, I.id.not_in(bindparam("seen", expanding=True))
-        )
-        .limit(1)
-        .scalar_subquery()
-        .is_not(None),
-    )
-    .order_by(P.priority.desc(), P.created_at, P.id)
-    .limit(bindparam("max"))
-)
-_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED = _MYSQL_CLAIMABLE_PARTITIONS.where(_NOT_BLOCKED)
-_MYSQL_LOCK_ITEMS = (
-    select(I.id, I.version)
-    .where(I.id.in_(bindparam("ids", expanding=True)), *_CLAIMABLE_ITEM)
-    .with_hint(items, "FORCE INDEX (PRIMARY)", "mysql")  # by id only, whatever the table's size
-    .with_hint(items, "FORCE INDEX (PRIMARY)", "mariadb")
-    .with_for_update(skip_locked=True)
-)
 # What `claim` reads back on MariaDB/MySQL, which has no UPDATE ... RETURNING.
 _MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
-#: Rounds of the MariaDB/MySQL claim's steps before settling for fewer items than asked: each round
-#: walks on past the items that concurrent claimers locked meanwhile, twice as far as the one before.
-CLAIM_ROUNDS = 4
-
-
-def _mysql_claimable(parts: Sequence[Any], limit: int, seen: Sequence[int]) -> str:
-    """The first `limit` claimable items of partitions `parts` (id, gate; in lease order), in claim
-    order, with what `claim` returns of them: one index walk per partition (feedproc_items_by_gate,
-    in due order, stopping at the limit), the rows joined once the items are chosen. Numbers only are
-    written into the text."""
-    skip = f" AND c.id NOT IN ({','.join(map(str, map(int, seen)))})" if seen else ""
-    walks = " UNION ALL ".join(
-        f"(SELECT c.id, {n} AS n, c.next_attempt_at AS due FROM feedproc_items AS c"
-        f" WHERE c.partition_id = {int(p.id)} AND c.gate = {int(p.gate)} AND c.status = 'available'"
-        f" AND c.next_attempt_at <= UTC_TIMESTAMP(6) AND c.claimed_until IS NULL{skip}"
-        f" ORDER BY c.next_attempt_at, c.id LIMIT {int(limit)})"
-        for n, p in enumerate(parts)
-    )
-    return (
-        'SELECT i.id, i.version, i.partition_id, p."key", p.queue, i.gate, i.attempts, i.data, p.weight,'
-        " i.deliveries, i.lost, p.windows, p.window_tz"
-        f" FROM (SELECT u.id, u.n, u.due FROM ({walks}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
-        " JOIN feedproc_items AS i ON i.id = t.id JOIN feedproc_partitions AS p ON p.id = i.partition_id"
-        " ORDER BY t.n, t.due, t.id"
-    )
-
 
 _CLAIM_COLUMNS = (
     C.token,
@@ -251,37 +119,8 @@ class Pulling(Answers, Queues, Pipelines):
                 gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
             blocked = {gate for gate, free in gate_room.items() if free <= 0}
             blocked.update(spec.closed_gates(now) if spec is not None else ())
-            if self.mysql:
-                rows = _claimable_mysql(conn, queue, max_items, sorted(blocked))
-            elif self.postgres:
-                params = {"queue": queue, "max": max_items, "blocked": pg_bigint_array(sorted(blocked))}
-                rows = list(conn.execute(_PG_CANDIDATES, params).all())
-            elif blocked:
-                params = {"queue": queue, "max": max_items, "blocked": sorted(blocked)}
-                rows = list(conn.execute(_CANDIDATES_UNBLOCKED, params))
-            else:
-                rows = list(conn.execute(_CANDIDATES, {"queue": queue, "max": max_items}))
-            if self.postgres:
-                rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
-            chosen: list[Any] = []
-            for row in rows:
-                if row.windows and not timewindows.is_open(
-                    timewindows.parse_windows(row.windows), timewindows.zone(row.window_tz), now
-                ):
-                    continue
-                if row.gate in gate_room:
-                    # As a watcher's fetch counts it: a partition heavier than the gate's limit takes
-                    # the whole gate (it runs alone), and one that does not fit now is not overtaken.
-                    weight = min(row.weight, gate_limits[row.gate])
-                    if weight > gate_room[row.gate]:
-                        gate_room[row.gate] = 0
-                        continue
-                    gate_room[row.gate] -= weight
-                if room is not None:
-                    if row.weight > room:
-                        break
-                    room -= row.weight
-                chosen.append(row)
+            rows = claimable(conn, queue, max_items, sorted(blocked), postgres=self.postgres, mysql=self.mysql)
+            chosen = _within_limits(rows, now, room, gate_room, gate_limits)
             if not chosen:
                 return []
             ids = [r.id for r in chosen]
@@ -521,32 +360,31 @@ class Pulling(Answers, Queues, Pipelines):
         return list(conn.execute(_item_rows(ids)))
 
 
-def _claimable_mysql(conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-    """Up to `max_items` claimable items of `queue` in claim order, at gates not `blocked`, locked
-    (MariaDB/MySQL: see `_mysql_claimable`). Items other claimers locked are skipped; each round past
-    them walks twice as far (the extra items it locks stay untouched until the commit)."""
-    rows: list[Any] = []
-    seen: list[int] = []
-    for n in range(CLAIM_ROUNDS):
-        want = max_items - len(rows)
-        walk = min(want << n, MAX_CLAIM)  # (a partition a branch of the UNION at most)
-        if blocked:
-            params = {"queue": queue, "max": walk, "seen": seen, "blocked": list(blocked)}
-            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED, params).all()
-        else:
-            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, {"queue": queue, "max": walk, "seen": seen}).all()
-        if not parts:
-            break
-        found = conn.exec_driver_sql(_mysql_claimable(parts, walk, seen)).all()
-        if not found:
-            break
-        locked = {(r.id, r.version) for r in conn.execute(_MYSQL_LOCK_ITEMS, {"ids": [r.id for r in found]})}
-        rows += [r for r in found if (r.id, r.version) in locked][:want]
-        # Each of the partitions had one at least: fewer than walked for means they were all walked.
-        if len(found) < walk or len(rows) >= max_items:
-            break
-        seen += [r.id for r in found]
-    return rows
+def _within_limits(
+    rows: Sequence[Any], now: datetime, room: int | None, gate_room: dict[int, int], gate_limits: Mapping[int, int]
+) -> list[Any]:
+    """The candidate `rows` a claim takes, in order: those whose partition's windows are open at
+    `now`, while their weights fit the queue's `room` (None: no limit) and their gate's `gate_room`.
+    As a watcher's fetch counts it, a partition heavier than its gate's limit takes the whole gate (it
+    runs alone), and one that does not fit at its gate now is not overtaken there by lighter ones."""
+    chosen: list[Any] = []
+    for row in rows:
+        if row.windows and not timewindows.is_open(
+            timewindows.parse_windows(row.windows), timewindows.zone(row.window_tz), now
+        ):
+            continue
+        if row.gate in gate_room:
+            weight = min(row.weight, gate_limits[row.gate])
+            if weight > gate_room[row.gate]:
+                gate_room[row.gate] = 0
+                continue
+            gate_room[row.gate] -= weight
+        if room is not None:
+            if row.weight > room:
+                break
+            room -= row.weight
+        chosen.append(row)
+    return chosen
 
 
 def _by_queue_and_worker(done: Sequence[tuple[Any, Any, Outcome]]) -> dict[tuple[str, str], list[Outcome]]:
