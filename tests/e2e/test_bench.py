@@ -24,6 +24,15 @@ def _mariadb_admin_url(request: pytest.FixtureRequest) -> str | None:
         return None
 
 
+def quick_bench(cwd: Path, *args: str, timeout: float = 360) -> subprocess.CompletedProcess[str]:
+    """`feedproc bench --quick ARGS` in a subprocess (its databases only where --db says): it succeeded."""
+    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    command = [sys.executable, "-m", "feedproc", "bench", "--quick", *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.slow
 def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     admin_url = request.getfixturevalue("pg_admin_url")
@@ -34,17 +43,7 @@ def test_bench_quick_processes_every_item_exactly_once(tmp_path: Path, request: 
     places += ["--db", mariadb_url] if mariadb_url else []
     report_file = tmp_path / "bench.json"
     markdown_file = tmp_path / "bench.md"
-    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
-    command = [sys.executable, "-m", "feedproc", "bench", "--quick", *places]
-    done = subprocess.run(
-        [*command, "--json", str(report_file), "--markdown", str(markdown_file)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=360,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = quick_bench(tmp_path, *places, "--json", str(report_file), "--markdown", str(markdown_file))
 
     report = json.loads(report_file.read_text())
     dbs = ["sqlite"] + (["postgresql"] if admin_url else []) + (["mariadb"] if mariadb_url else [])
@@ -102,17 +101,7 @@ def test_fill_finished_puts_complete_rows_before_the_runs_own(db_url: str) -> No
 @pytest.mark.slow
 def test_bench_runs_the_fan_through_one_handler_and_through_a_pipeline(tmp_path: Path) -> None:
     report_file = tmp_path / "bench.json"
-    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
-    command = [sys.executable, "-m", "feedproc", "bench", "--quick", "--db", "sqlite"]
-    done = subprocess.run(
-        [*command, "--workload", "http-fan,pipeline", "--json", str(report_file)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    quick_bench(tmp_path, "--db", "sqlite", "--workload", "http-fan,pipeline", "--json", str(report_file), timeout=300)
     runs = json.loads(report_file.read_text())["runs"]
     assert [r["workload"] for r in runs] == ["http-fan", "pipeline"]
     for run in runs:
