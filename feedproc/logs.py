@@ -107,10 +107,28 @@ def redact(text: str) -> str:
     pattern = _secret_pattern
     if pattern is not None:
         text = pattern.sub("***", text)
-    return redact_text(text) if "://" in text else text
+    return redact_text(text)
 
 
 # ---------------------------------------------------------------- formatters
+
+
+# C0 controls but tab, DEL, C1 controls and the Unicode line separators: in a text log each of
+# them can end a line early (a handler's error with "\n2025-01-01 ... ERROR" forged a whole record),
+# or drive a terminal (ANSI escapes).
+_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line: newlines as `\\n`, other control characters as `\\xNN` / `\\uNNNN`."""
+    return _CONTROLS.sub(lambda m: _NAMED.get(m[0]) or m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def _continuation(block: str) -> str:
+    """A traceback or stack below a text record: each line indented, so none of them (an exception
+    message with a forged newline included) can pass for a record of its own; controls escaped."""
+    return "\n".join("  " + escape_controls(line) for line in block.splitlines())
 
 
 def _safe_str(value: Any) -> str:
@@ -148,19 +166,20 @@ def _utc(created: float, msecs: float) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`TEXT_FORMAT`, redacted; a record that cannot be formatted still gives a line."""
+    """`TEXT_FORMAT`, redacted; a record that cannot be formatted still gives a line. The message is
+    one line (control characters escaped); a traceback follows on indented lines."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
         try:
-            record.message = _message(record)
+            record.message = escape_controls(_message(record))
             record.asctime = self.formatTime(record)
             line = self.formatMessage(record)
             extra = self._traceback(record)
             if extra:
-                line = f"{line}\n{extra}"
+                line = f"{line}\n{_continuation(extra)}"
         except Exception as error:
             line = f"{record.levelname} {record.name}: unformattable log record ({type(error).__name__})"
         return redact(line)

@@ -29,6 +29,7 @@ from ..health import serve_health
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
 from . import actions, activity, partitions, queues, workers
 from .common import DEFAULT_MAX_BODY, BodyLimit
+from .docs import DocsPolicy
 from .errors import install_error_handlers
 from .workers import ReadyBoard
 
@@ -50,6 +51,9 @@ workers and callback handlers) also takes `FEEDPROC_WORKER_TOKEN`, which allows 
 Request bodies are limited in size.
 """
 
+#: The documentation pages: Swagger UI and Redoc (`docs.DocsPolicy` sets their security policy).
+DOCS_PAGES = ("/api/v1/docs", "/api/v1/redoc")
+
 #: The route modules in the order their routes are matched and listed in the OpenAPI document.
 ROUTE_MODULES = (partitions, actions, queues, activity, workers)
 
@@ -67,8 +71,8 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
-        redoc_url="/api/v1/redoc",
+        docs_url=DOCS_PAGES[0],
+        redoc_url=DOCS_PAGES[1],
         static_url="/api/v1/docs-assets",
     )
     app.state.feed = feed
@@ -95,6 +99,7 @@ def create_app(
         return Response(text, media_type=CONTENT_TYPE)
 
     install_error_handlers(app)
+    app.add_middleware(DocsPolicy, paths=DOCS_PAGES)
     app.add_middleware(BodyLimit, limit=max_body)
     return app
 

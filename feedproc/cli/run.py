@@ -15,6 +15,7 @@ import typer
 
 from .. import logs
 from ..core.errors import InvalidInput, Refused
+from ..redact import credentials_conflict
 from .app import (
     DbOption,
     LogFormatOption,
@@ -230,6 +231,8 @@ def watch(
     }
     if handler is not None:
         check_http_url(handler, "--handler")
+        if conflict := credentials_conflict(handler, headers):
+            raise InvalidInput(conflict)
         if callback_url is not None:
             check_http_url(callback_url, "--callback-url")
         target = HTTPProcessor(

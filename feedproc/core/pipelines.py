@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, cast
 
-from ..redact import redact_url
+from ..redact import credentials_conflict, redact_url
 from . import windows as timewindows
 from .errors import InvalidInput
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
@@ -336,6 +336,8 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
         ):
             raise InvalidInput(f'{where}headers must be a table of strings, like {{Authorization = "Bearer ..."}}')
         values["headers"] = tuple(sorted(headers.items()))
+        if isinstance(handler, str) and (conflict := credentials_conflict(handler, headers)):
+            raise InvalidInput(f"{where}{conflict}")
     return GateSpec(name, cast(int, number), handler, processor, **values)
 
 

@@ -15,11 +15,11 @@ from typing import Any, cast
 import aiohttp
 from multidict import MultiMapping
 
-from .. import tracing
+from .. import logs, tracing
 from .._version import __version__
 from ..core.errors import Accepted, InvalidAnswer, RetryLater
 from ..core.models import Item, Response
-from ..redact import redact_text, redact_url, url_secrets
+from ..redact import credentials_conflict, redact_text, redact_url, url_secrets
 from .answers import read_answer, read_batch_answer
 from .calling import Processor
 
@@ -67,6 +67,8 @@ class HTTPProcessor(Processor):
             raise ValueError("max_answer_bytes must be at least 1")
         if request not in REQUEST_FORMATS:
             raise ValueError(f"request must be one of {', '.join(map(repr, REQUEST_FORMATS))}, got {request!r}")
+        if conflict := credentials_conflict(url, headers or {}):
+            raise ValueError(conflict)
         self.url = url
         # Where a handler that answers 202 sends its answer later (`feedproc serve`'s base URL):
         # with it, each request carries a `token` and an `answer_url`.
@@ -77,6 +79,10 @@ class HTTPProcessor(Processor):
         self._plain = request == "json" and self.callback_url is None
         self.shown_url = redact_url(url)
         self._secrets = url_secrets(url)
+        # Whichever way this processor was made (--handler, a pipeline's gate, Python), its
+        # credentials never reach a log line.
+        for secret in [*self._secrets, *(headers or {}).values()]:
+            logs.add_secret(secret)
         self.timeout = timeout
         self.max_answer_bytes = max_answer_bytes
         # Only the encodings read_body inflates within the size limit are offered.

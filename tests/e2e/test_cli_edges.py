@@ -101,10 +101,28 @@ def test_feed_without_a_url_reads_the_environment(db_url: str, monkeypatch: pyte
         (["watch", "--handler", "http://h/", "--callback-url", "ftp://x/"], "--callback-url"),
         (["watch", "--handler", "http://h/", "--header", "X-Token: a\rInjected: b"], "CR, LF"),
         (["work", "--api", "https://", "--processor", "m:a"], "--api"),
+        (
+            ["watch", "--handler", "http://u:p@h/", "--header", "Authorization: Bearer abcdef"],
+            "handler http://***@h/ has credentials in its URL and an Authorization header is given too",
+        ),
     ],
 )
 def test_unusable_urls_and_headers_are_refused_at_start(db_url: str, args: list[str], says: str) -> None:
     assert_error(run_cli(db_url, *args), 2, says)
+
+
+@pytest.mark.sqlite_only
+def test_a_pipeline_whose_handler_has_credentials_and_an_authorization_header_is_refused(
+    db_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[defaults]\nheaders = {authorization = "Bearer abcdef"}\n'
+        '[[gate]]\nname = "ocr"\nnumber = 0\nhandler = "http://u:s3cret@ocr/"\n'
+    )
+    result = run_cli(db_url, "pipeline", "apply", str(path))
+    assert_error(result, 2, "gate 'ocr': handler http://***@ocr/ has credentials in its URL and an Authorization")
+    assert "s3cret" not in result.stderr
 
 
 @pytest.mark.sqlite_only

@@ -318,6 +318,32 @@ def test_api_docs_need_no_internet(api: ApiServer) -> None:
     assert all(api.get(url).status_code == 200 for url in assets)
 
 
+@pytest.mark.parametrize("path", ["/api/v1/docs", "/api/v1/redoc"])
+def test_api_docs_forbid_framing_and_any_script_but_their_own(api: ApiServer, path: str) -> None:
+    from feedproc.api.docs import policy_for
+
+    page = api.get(path)
+    policy = page.headers["content-security-policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["frame-ancestors"] == "'none'" and directives["script-src"].startswith("'self'")
+    assert "unsafe" not in directives["script-src"] and "*" not in policy
+    assert policy == policy_for(page.content) and page.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.sqlite_only
+def test_swagger_ui_runs_under_its_policy_in_a_browser(browser: Any, api: ApiServer) -> None:
+    from playwright.sync_api import expect
+
+    page = browser.new_page()
+    refused: list[str] = []
+    page.on(
+        "console", lambda message: refused.append(message.text) if "Content Security Policy" in message.text else None
+    )
+    page.goto(api.url + "/api/v1/docs")
+    expect(page.locator(".opblock").first).to_be_visible(timeout=15_000)  # the operations, drawn by its script
+    assert refused == []
+
+
 def test_failed_partitions_are_retried_in_bulk_through_the_api(api: ApiServer, feed: Feed) -> None:
     from ..support import A, fail, lease_and_fetch, register
 

@@ -55,11 +55,13 @@ def test_a_removed_pipeline_is_gone_and_its_version_is_0(feed: Feed) -> None:
 
 def test_a_stored_pipeline_shows_no_credentials(feed: Feed) -> None:
     text = (
-        '[[gate]]\nname = "g"\nnumber = 0\nhandler = "http://user:s3cret@127.0.0.1:9/"\nheaders = {X-Token = "t0k"}\n'
+        '[[gate]]\nname = "g"\nnumber = 0\nhandler = "http://user:s3cret@127.0.0.1:9/?api_key=K3Y&mode=1"\n'
+        'headers = {X-Token = "t0k"}\n'
     )
     feed.apply_pipeline(parse_toml(text))
     shown = str(feed.pipeline("default").shown())  # type: ignore[union-attr]
-    assert "s3cret" not in shown and "t0k" not in shown and "***@127.0.0.1:9" in shown
+    assert "s3cret" not in shown and "t0k" not in shown and "K3Y" not in shown
+    assert "http://***@127.0.0.1:9/?api_key=***&mode=1" in shown
 
 
 def test_names_resolve_in_items_added_later_to_a_partition_of_the_queue(feed: Feed) -> None:

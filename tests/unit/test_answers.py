@@ -483,6 +483,27 @@ def test_redact_url_replaces_user_information(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://ocr/x?api_key=K3Y&mode=fast", "http://ocr/x?api_key=***&mode=fast"),
+        ("http://ocr/x?mode=fast&access_token=T0K", "http://ocr/x?mode=fast&access_token=***"),
+        ("https://s3/o?X-Amz-Signature=abc%2F&X-Amz-Date=1", "https://s3/o?X-Amz-Signature=***&X-Amz-Date=1"),
+        ("http://u:p@ocr/?Password=p;sig=s", "http://***@ocr/?Password=***;sig=***"),
+        ("http://ocr/x?page=2", "http://ocr/x?page=2"),
+    ],
+)
+def test_redact_url_replaces_the_values_of_secret_query_parameters(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_the_secret_query_values_of_a_url_are_its_secrets_raw_and_decoded() -> None:
+    secrets = url_secrets("http://ocr/x?api_key=a%2Bb%3D&mode=fast&token=t+1")
+    assert {"a%2Bb%3D", "a+b=", "t+1", "t 1"} <= set(secrets) and "fast" not in secrets
+    text = "GET http://ocr/x?mode=fast&api_key=a%2Bb%3D failed; key a+b= refused"
+    assert redact_text(text, secrets) == "GET http://ocr/x?mode=fast&api_key=*** failed; key *** refused"
+
+
 def test_redact_text_hides_user_information_of_any_url_and_the_secrets_given() -> None:
     url = "http://user:p%40ss@host/x"
     text = f"failed: {url}; password p@ss; other https://a:b@c:1/ and http://plain/ a@b.c"

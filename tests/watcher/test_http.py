@@ -765,6 +765,25 @@ def test_a_handler_with_credentials_gets_them_but_errors_do_not_show_them(
     assert all(d.headers["authorization"] == expected for d in handler.of("auth-fail"))
 
 
+def test_a_handlers_secret_query_values_are_never_shown(db_url: str, feed: Feed, handler: HandlerService) -> None:
+    handler.behavior = lambda body: (500, "boom")
+    feed.add_partition("keyed", items=[(0, js({}))])
+    with watching(db_url, HTTPProcessor(handler.url + "?api_key=K3Y-s3cret&mode=fast"), max_attempts=2):
+        final = wait_status(feed, "keyed", "failed")
+
+    [failed] = final["failed_items"]
+    assert failed["last_error"] == f"HTTP 500 from {handler.url}?api_key=***&mode=fast: boom"
+    assert handler.of("keyed")  # the handler was called with its key
+    shown = [failed["last_error"], *error_events(feed, "keyed"), str(feed.recent_failures())]
+    assert len(shown) == 3 and not [text for text in shown if "K3Y" in text], shown
+
+
+def test_credentials_in_the_url_and_an_authorization_header_are_refused_together() -> None:
+    with pytest.raises(ValueError, match=r"handler http://\*\*\*@ocr/ has credentials in its URL and an Authorization"):
+        HTTPProcessor("http://u:p@ocr/", headers={"authorization": "Bearer x"})
+    HTTPProcessor("http://u:p@ocr/", headers={"X-Trace": "1"})  # any other header goes with them
+
+
 def test_healthz_reason_never_shows_the_handlers_credentials() -> None:
     port = unused_port()
     reason = handler_reason(f"http://feeder:s3cret@127.0.0.1:{port}/handle")

@@ -133,6 +133,32 @@ def test_configure_is_idempotent_and_quiets_chatty_libraries(stream: io.StringIO
         logs.configure("INFO", "xml", stream)
 
 
+# ---------------------------------------------------------------- a text line is one record
+
+
+def test_a_text_message_stays_on_its_line_with_control_characters_escaped(stream: io.StringIO) -> None:
+    logs.configure("INFO", "text", stream)
+    forged = "2025-01-01 00:00:00,000 ERROR feedproc.watcher: forged"
+    logging.getLogger("feedproc.test").warning("handler said %s", f"no\n{forged}\r\x1b[31mred\x00\u2028end")
+    [line] = lines(stream)
+    assert line.endswith(f"handler said no\\n{forged}\\r\\x1b[31mred\\x00\\u2028end")
+
+
+def test_a_traceback_below_a_text_record_cannot_pass_for_a_record(stream: io.StringIO) -> None:
+    logs.configure("INFO", "text", stream)
+    try:
+        raise ValueError("bad\n2025-01-01 00:00:00,000 ERROR feedproc.watcher: forged\x1b[2J")
+    except ValueError:
+        logging.getLogger("feedproc.test").exception("delivery failed")
+    first, *below = lines(stream)
+    assert first.endswith("feedproc.test: delivery failed")
+    assert (
+        below[0] == "  Traceback (most recent call last):"
+        and below[-1] == "  2025-01-01 00:00:00,000 ERROR feedproc.watcher: forged\\x1b[2J"
+    )
+    assert all(line.startswith("  ") for line in below)
+
+
 # ---------------------------------------------------------------- secrets
 
 
