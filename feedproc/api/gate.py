@@ -177,7 +177,8 @@ class Gate:
         challenge = [BASIC_CHALLENGE, "Bearer"] if needed == READ else ["Bearer"]
         tokens = self.access.tokens
         if not tokens.can(needed):
-            return _refuse(403, f"this server has no {needed} token ({GIVEN_BY[needed]}): it is read-only")
+            read_only = ": it is read-only" if needed != READ else ""
+            return _refuse(403, f"this server has no {needed} token ({GIVEN_BY[needed]}){read_only}")
         token, basic = _credentials(headers.get(b"authorization"))
         if basic and needed != READ:
             return _refuse(401, "this call needs a bearer token (Basic is for reads only)", challenge)
@@ -190,9 +191,8 @@ class Gate:
         return None
 
     def _scope_of(self, scope: Scope) -> str | None:
-        path, method = scope["path"], scope["method"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):  # as Starlette routes it
+        path, method, root = scope["path"], scope["method"], scope.get("root_path", "")
+        if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):  # as Starlette routes
             path = path[len(root) :]
         for pattern, methods, needed in self.routes:
             if (methods is None or method in methods) and pattern.match(path):
