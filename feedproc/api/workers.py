@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Iterable
 from typing import Annotated, Any, TypeGuard
 
 from fastapi import APIRouter, Body, Depends, Path, Request
@@ -94,12 +95,14 @@ def _is_id(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT64
 
 
-def _outside(feed: Feed, grant: Grant, item_ids: list[int]) -> set[int]:
-    """Those of `item_ids` whose queue `grant` may not work on: one query, made only for a token
-    limited to queues. An unknown item is not among them (its answer is the usual 404)."""
-    if grant.queues is None or not item_ids:
+def _outside(feed: Feed, grant: Grant, item_ids: Iterable[Any]) -> set[int]:
+    """Those of `item_ids` (those that are ids) whose queue `grant` may not work on: one query, made
+    only for a token limited to queues. An unknown item is not among them (its answer is the 404)."""
+    if grant.queues is None:
         return set()
-    return {item_id for item_id, queue in feed.queues_of_items(item_ids).items() if not grant.may_work_on(queue)}
+    wanted = [item_id for item_id in item_ids if _is_id(item_id)]
+    queues = feed.queues_of_items(wanted) if wanted else {}
+    return {item_id for item_id, queue in queues.items() if not grant.may_work_on(queue)}
 
 
 def _check_item(feed: Feed, grant: Grant, item_id: int) -> None:
@@ -193,8 +196,7 @@ def answer_many(body: AnswerBatch, request: Request, grant: Worker) -> dict[str,
     results: list[dict[str, Any] | None] = [None] * len(body.answers)
     batch: list[tuple[int, str, dict[str, Any]]] = []
     where: list[int] = []
-    ids = [entry.get("id") for entry in body.answers]
-    outside = _outside(_feed(request), grant, [i for i in ids if _is_id(i)])
+    outside = _outside(_feed(request), grant, (entry.get("id") for entry in body.answers))
     for n, entry in enumerate(body.answers):
         item_id, token = entry.get("id"), entry.get("token")
         if not _is_id(item_id):
