@@ -27,6 +27,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup, escape
 
+from .api.gate import Reading
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
 from .feed import Feed
@@ -87,7 +88,7 @@ def duration(seconds: Any) -> str:
 
 
 templates.env.filters.update(keypath=key_path, ago=ago, duration=duration)
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, dependencies=Reading)  # pages are reads (Basic works: browsers)
 
 
 def install(app: FastAPI) -> None:

@@ -132,6 +132,11 @@ class Feed:
         """The queue of partition `key` (None when there is no such partition)."""
         return self.store.queue_of(check_key(key))
 
+    def queues_of_items(self, item_ids: Iterable[int]) -> dict[int, str]:
+        """The queue of each of `item_ids` that exists (one query): for a front door that lets a
+        token work on some queues only."""
+        return self.store.queues_of_items(item_ids)
+
     # ------------------------------------------------------------ pipelines
 
     def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:

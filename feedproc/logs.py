@@ -52,7 +52,14 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Fields a log call may pass as `extra`; the JSON formatter writes those present on the record.
 FIELDS = ("event", "key", "gate", "item", "attempt", "error", "watcher", "handler", "partitions", "count")
 QUIET = ("httpx", "httpcore", "alembic")  # chatty libraries: WARNING and above only
-SECRET_ENV = ("FEEDPROC_API_TOKEN", "FEEDPROC_WORKER_TOKEN")
+SECRET_ENV = (
+    "FEEDPROC_API_TOKEN",
+    "FEEDPROC_WORKER_TOKEN",
+    "FEEDPROC_READ_TOKENS",
+    "FEEDPROC_OPERATE_TOKENS",
+    "FEEDPROC_ADMIN_TOKENS",
+    "FEEDPROC_WORKER_TOKENS",
+)
 # A secret shorter than this is not registered: replacing every "1" or "on" would garble all lines,
 # and no credential is that short.
 MIN_SECRET = 4
@@ -415,7 +422,10 @@ def configure(level: str = "INFO", fmt: str = "text", stream: TextIO | None = No
     if level.upper() not in LEVELS:
         raise ValueError(f"log level {level!r}: use DEBUG, INFO, WARNING or ERROR")
     for name in SECRET_ENV:
-        add_secret(os.environ.get(name))
+        value = os.environ.get(name)
+        add_secret(value)
+        for entry in (value or "").split(","):  # a list of [QUEUES:]TOKEN: each token is a secret
+            add_secret(entry.rsplit(":", 1)[-1].strip())
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     limiter = RateLimit().attach(handler)

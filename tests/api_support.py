@@ -30,7 +30,13 @@ class ApiServer:
     """`create_app` served by uvicorn in a thread, on 127.0.0.1 and a port of its own."""
 
     def __init__(
-        self, db_url: str, *, token: str | None = TOKEN, worker_token: str | None = None, max_body: int | None = None
+        self,
+        db_url: str,
+        *,
+        token: str | None = TOKEN,
+        worker_token: str | None = None,
+        max_body: int | None = None,
+        access: Any = None,
     ) -> None:
         import uvicorn
 
@@ -38,7 +44,9 @@ class ApiServer:
         from feedproc.api import DEFAULT_MAX_BODY, create_app
 
         self.feed = Feed(db_url)
-        app = create_app(self.feed, token=token, worker_token=worker_token, max_body=max_body or DEFAULT_MAX_BODY)
+        app = create_app(
+            self.feed, token=token, worker_token=worker_token, max_body=max_body or DEFAULT_MAX_BODY, access=access
+        )
         sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
@@ -75,14 +83,15 @@ class ServeProcess:
             start_new_session=True,
         )
         log.close()
-        match = wait_until(self._address, timeout=60, what="feedproc serve to print its address")
-        self.url = match.group(0).rstrip("/")
+        port = wait_until(self._port, timeout=60, what="feedproc serve to print its address")
+        self.url = f"http://127.0.0.1:{port}"  # on loopback, also when it listens on 0.0.0.0
         wait_until(self._answers, timeout=30, what="feedproc serve to answer")
 
-    def _address(self) -> re.Match[str] | None:
+    def _port(self) -> str | None:
         if self.process.poll() is not None:
             raise AssertionError(f"feedproc serve exited {self.process.returncode}:\n{self.log()}")
-        return re.search(r"http://127\.0\.0\.1:\d+/", self.log())
+        found = re.search(r"http://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/", self.log())
+        return found.group(1) if found else None
 
     def _answers(self) -> bool:
         try:

@@ -136,12 +136,17 @@ def feedproc_env(db_url: str, **extra: str) -> dict[str, str]:
 
 
 def run_cli(
-    db_url: str, *args: str, input: str | None = None, cwd: Path | None = None, timeout: float = 60
+    db_url: str,
+    *args: str,
+    input: str | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m feedproc ARGS` against `db_url`."""
+    """Run `python -m feedproc ARGS` against `db_url` (with `env` added to the environment)."""
     return subprocess.run(
         [sys.executable, "-m", "feedproc", *args],
-        env=feedproc_env(db_url),
+        env=feedproc_env(db_url, **(env or {})),
         input=input,
         capture_output=True,
         text=True,

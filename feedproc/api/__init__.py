@@ -7,7 +7,8 @@ One module per part, each route module with its own router:
 
 - this one: `create_app`, which assembles the application, and `run`, which serves it;
 - `errors`: `ApiError` and the handlers that answer every error as `{"error": "..."}`;
-- `common`: what the routes share: token dependencies, body limit, path and gate types, helpers;
+- `gate`: the Host check and each route's token scope, checked before the body is read;
+- `common`: what the routes share: body limit, path and gate types, helpers;
 - `partitions`: create partitions, add items, and read partitions, items and history;
 - `actions`: seal, retry, cancel, checkpoint a partition; retry, skip, cancel items;
 - `queues`: queue settings, pause and resume; stored pipelines;
@@ -23,6 +24,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .._version import __version__
+from ..auth import Access, Tokens
 from ..core.errors import FeedprocError
 from ..feed import Feed
 from ..health import serve_health
@@ -31,6 +33,7 @@ from . import actions, activity, partitions, queues, workers
 from .common import DEFAULT_MAX_BODY, BodyLimit
 from .docs import DocsPolicy
 from .errors import install_error_handlers
+from .gate import Gate, Open, Reading, route_scopes
 from .workers import ReadyBoard
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app", "run"]
@@ -45,9 +48,13 @@ Partition keys may contain `/`, so a key is the rest of the path: `GET /api/v1/p
 partition `a/b`, and `POST /api/v1/partitions/a/b/seal` seals it (only POST routes end in an action).
 Lists are keyset-paginated: pass the last key (or history id) seen as `after`.
 
-Mutating endpoints need `Authorization: Bearer <FEEDPROC_API_TOKEN>`, compared in constant time;
-a server started without a token is read-only. The worker API (claim, heartbeat, answer: pull
-workers and callback handlers) also takes `FEEDPROC_WORKER_TOKEN`, which allows nothing else.
+Each call needs `Authorization: Bearer <token>` of its scope, checked (in constant time) before the
+body is read: `read` for reads (where reads are open, none), `operate` for actions and adding work,
+`admin` for queue settings, `worker` for the worker API (claim, heartbeat, answer: pull workers and
+callback handlers; a worker token may be limited to queues). admin includes operate, which includes
+read; a worker token reads nothing. Reads also take `Authorization: Basic` with the token as the
+password (browsers). A server with no token for a scope refuses its calls (403). A Host header
+other than localhost, an IP address or a name allowed with `--allowed-host` is a 400.
 Request bodies are limited in size.
 """
 
@@ -59,9 +66,15 @@ ROUTE_MODULES = (partitions, actions, queues, activity, workers)
 
 
 def create_app(
-    feed: Feed, *, token: str | None = None, worker_token: str | None = None, max_body: int = DEFAULT_MAX_BODY
+    feed: Feed,
+    *,
+    token: str | None = None,
+    worker_token: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    access: Access | None = None,
 ) -> FastAPI:
-    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
+    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics. Who may do
+    what is `access`; without it, `token` (admin and worker) and `worker_token` (worker), reads open."""
     from fastapi_offline import FastAPIOffline
 
     from .. import dashboard
@@ -76,20 +89,18 @@ def create_app(
         static_url="/api/v1/docs-assets",
     )
     app.state.feed = feed
-    app.state.token = token or None
-    app.state.worker_token = worker_token or None
     app.state.ready_board = ReadyBoard(feed)
     for module in ROUTE_MODULES:
         app.include_router(module.router, prefix="/api/v1")
     dashboard.install(app)
 
-    @app.get("/healthz", tags=["operations"])
+    @app.get("/healthz", dependencies=Open, tags=["operations"])
     def healthz() -> JSONResponse:
         """200 when the database answers; 503 with the reason otherwise."""
         status, body = serve_health(feed)
         return JSONResponse(body, status_code=status)
 
-    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    @app.get("/metrics", dependencies=Reading, tags=["operations"], response_class=PlainTextResponse)
     def metrics() -> Response:
         """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
         try:
@@ -101,6 +112,9 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(DocsPolicy, paths=DOCS_PAGES)
     app.add_middleware(BodyLimit, limit=max_body)
+    # Added last, so outermost: no token, no Host, no body read.
+    access = access or Access(Tokens.legacy(token or None, worker_token or None))
+    app.add_middleware(Gate, access=access, routes=route_scopes(app))
     return app
 
 

@@ -1,6 +1,6 @@
 """An operator's actions on partitions and items: seal, retry, cancel or checkpoint a partition (the
 commands of the same names), and retry, skip or cancel items, by id or as every failed or available
-item of a partition. All need the API token; a refusal is a 409 that changes nothing."""
+item of a partition. All need an operate token; a refusal is a 409 that changes nothing."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..gatenames import gate_filter
-from .common import GATE_HELP, INT64, GateIn, KeyPath, Mutating, _feed, _key, _status
+from .common import GATE_HELP, INT64, GateIn, KeyPath, _feed, _key, _status
 from .errors import ApiError
+from .gate import Operating
 
 router = APIRouter()
 
 
-@router.post("/partitions/{key:path}/seal", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/seal", dependencies=Operating, tags=["actions"])
 def seal(key: KeyPath, request: Request) -> dict[str, Any]:
     """No more items will be added (`feedproc seal`)."""
     feed = _feed(request)
@@ -24,7 +25,7 @@ def seal(key: KeyPath, request: Request) -> dict[str, Any]:
     return {"partition": _status(feed, key)}
 
 
-@router.post("/partitions/{key:path}/retry", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/retry", dependencies=Operating, tags=["actions"])
 def retry(key: KeyPath, request: Request) -> dict[str, Any]:
     """A failed partition and its failed items back to work (`feedproc retry`); 409 unless failed."""
     feed = _feed(request)
@@ -32,7 +33,7 @@ def retry(key: KeyPath, request: Request) -> dict[str, Any]:
     return {"retried": count, "partition": _status(feed, key)}
 
 
-@router.post("/partitions/{key:path}/cancel", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/cancel", dependencies=Operating, tags=["actions"])
 def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
     """Cancel a partition and its available items (`feedproc cancel`); 409 if complete."""
     feed = _feed(request)
@@ -40,7 +41,7 @@ def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
     return {"partition": _status(feed, key)}
 
 
-@router.post("/partitions/{key:path}/checkpoint", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/checkpoint", dependencies=Operating, tags=["actions"])
 def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
     """Advance a manual-checkpoint partition whose gate has drained (`feedproc checkpoint`)."""
     feed = _feed(request)
@@ -60,7 +61,7 @@ class ItemSelection(BaseModel):
 ItemAction = Literal["retry", "skip", "cancel"]
 
 
-@router.post("/items/{action}", dependencies=Mutating, tags=["actions"])
+@router.post("/items/{action}", dependencies=Operating, tags=["actions"])
 def act_on_items(action: ItemAction, body: ItemSelection, request: Request) -> dict[str, Any]:
     """Retry (due now, attempts reset), skip (complete without processing) or cancel items, named by
     `ids` or as every failed or available item of `partition` (at `gate`); recorded in each item's
@@ -86,4 +87,4 @@ def _one_item_action(action: str) -> Any:
 
 
 for _action in ("retry", "skip", "cancel"):
-    router.post(f"/items/{{item_id}}/{_action}", dependencies=Mutating, tags=["actions"])(_one_item_action(_action))
+    router.post(f"/items/{{item_id}}/{_action}", dependencies=Operating, tags=["actions"])(_one_item_action(_action))

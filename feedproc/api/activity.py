@@ -11,19 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import QUEUE_PATTERN
 from ..gatenames import GateNames
-from .common import Mutating, _feed, _key
+from .common import _feed, _key
+from .gate import Operating, Reading
 
 router = APIRouter()
 
 
-@router.get("/watchers", tags=["watchers"])
+@router.get("/watchers", dependencies=Reading, tags=["watchers"])
 def list_watchers(request: Request) -> dict[str, Any]:
     """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""
     feed = _feed(request)
     return {"watchers": feed.watchers(), "leases": GateNames(feed).rows(feed.leases())}
 
 
-@router.get("/failures", tags=["partitions"])
+@router.get("/failures", dependencies=Reading, tags=["partitions"])
 def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
     """The most recently failed partitions, each with one of its errors."""
     feed = _feed(request)
@@ -40,7 +41,7 @@ class FailedSelection(BaseModel):
     limit: int = Field(100, ge=1, le=500, strict=True)
 
 
-@router.post("/failures/retry", dependencies=Mutating, tags=["actions"])
+@router.post("/failures/retry", dependencies=Operating, tags=["actions"])
 def retry_failures(body: FailedSelection, request: Request) -> dict[str, Any]:
     """Retry failed partitions in bulk, up to `limit` in key order, each as `POST
     /partitions/{key}/retry` would: `{"retried": [{"key", "retried"}...]}` with the count of items
@@ -49,7 +50,7 @@ def retry_failures(body: FailedSelection, request: Request) -> dict[str, Any]:
     return {"retried": _feed(request).retry_failed(queue=body.queue, prefix=prefix, error=body.error, limit=body.limit)}
 
 
-@router.get("/running", tags=["partitions"])
+@router.get("/running", dependencies=Reading, tags=["partitions"])
 def running(
     request: Request,
     queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
@@ -61,7 +62,7 @@ def running(
     return {"items": GateNames(feed).rows(feed.running(queue=queue, limit=limit))}
 
 
-@router.get("/throughput", tags=["partitions"])
+@router.get("/throughput", dependencies=Reading, tags=["partitions"])
 def throughput(
     request: Request,
     span: Literal["hour", "day"] = "hour",

@@ -1,17 +1,15 @@
-"""What the route modules share: the bearer-token dependencies, the request body limit, the types of
+"""What the route modules share: the request body limit, the types of
 gates, keys and ids in paths and bodies, and the helpers that turn a request into `Feed` calls and
 `Feed` rows into answers."""
 
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Request
+from fastapi import Path, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,36 +33,7 @@ GATE_HELP = "a gate number, or the name of a gate in the pipeline of the partiti
 KeyPath = Annotated[str, Path(pattern=KEY_PATTERN.pattern, description="a partition key; may contain '/'")]
 
 
-# ---------------------------------------------------------------- auth and limits
-
-_bearer = HTTPBearer(auto_error=False, description="FEEDPROC_API_TOKEN")
-
-
-def require_token(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    """Mutating endpoints: the bearer token must equal FEEDPROC_API_TOKEN (constant-time)."""
-    expected: str | None = request.app.state.token
-    if not expected:
-        raise ApiError(403, "this server has no FEEDPROC_API_TOKEN: it is read-only")
-    given = credentials.credentials if credentials is not None else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-
-
-def require_worker_token(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    """Worker endpoints: FEEDPROC_API_TOKEN, or FEEDPROC_WORKER_TOKEN (which allows only these)."""
-    accepted = [t for t in (request.app.state.token, request.app.state.worker_token) if t]
-    if not accepted:
-        raise ApiError(403, "this server has no FEEDPROC_API_TOKEN or FEEDPROC_WORKER_TOKEN: it is read-only")
-    given = (credentials.credentials if credentials is not None else "").encode()
-    if not any(hmac.compare_digest(given, t.encode()) for t in accepted):
-        raise ApiError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-
-
-Mutating = [Depends(require_token)]
+# ---------------------------------------------------------------- limits
 
 
 class BodyLimit:

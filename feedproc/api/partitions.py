@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
 from ..gatenames import GateNames, gate_filter, with_name
-from .common import GATE_HELP, GATE_NAME, INT32, INT64, GateIn, KeyPath, Mutating, _data, _feed, _key, _status
+from .common import GATE_HELP, GATE_NAME, INT32, INT64, GateIn, KeyPath, _data, _feed, _key, _status
 from .errors import ApiError
+from .gate import Operating, Reading
 
 router = APIRouter()
 
@@ -74,7 +75,7 @@ def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
     return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
 
 
-@router.post("/partitions", status_code=201, dependencies=Mutating, tags=["partitions"])
+@router.post("/partitions", status_code=201, dependencies=Operating, tags=["partitions"])
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
     """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
     feed = _feed(request)
@@ -96,7 +97,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
     return {"added": count, "partition": _status(feed, body.key)}
 
 
-@router.get("/partitions", tags=["partitions"])
+@router.get("/partitions", dependencies=Reading, tags=["partitions"])
 def list_partitions(
     request: Request,
     queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN.pattern)] = None,
@@ -126,14 +127,14 @@ def list_partitions(
     return _page(rows, limit, "key")
 
 
-@router.get("/status", tags=["partitions"])
+@router.get("/status", dependencies=Reading, tags=["partitions"])
 def summary(request: Request) -> dict[str, Any]:
     """Counts of partitions and items by status (`feedproc status --json`)."""
     feed = _feed(request)
     return GateNames(feed).summary(feed.summary())
 
 
-@router.get("/partitions/{key:path}", tags=["partitions"])
+@router.get("/partitions/{key:path}", dependencies=Reading, tags=["partitions"])
 def partition_status(
     key: KeyPath, request: Request, history: Annotated[int, Query(ge=0, le=1000)] = 0
 ) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def partition_status(
     return GateNames(feed).status(feed.status(_key(key), history=history))
 
 
-@router.get("/items", tags=["partitions"])
+@router.get("/items", dependencies=Reading, tags=["partitions"])
 def list_items(
     request: Request,
     key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
@@ -164,7 +165,7 @@ def list_items(
     )
 
 
-@router.get("/items/{item_id}", tags=["partitions"])
+@router.get("/items/{item_id}", dependencies=Reading, tags=["partitions"])
 def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
     """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
     (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error);
@@ -174,7 +175,7 @@ def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) ->
     return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
 
 
-@router.get("/history", tags=["partitions"])
+@router.get("/history", dependencies=Reading, tags=["partitions"])
 def history(
     request: Request,
     key: Annotated[str, Query(pattern=KEY_PATTERN.pattern)],
@@ -185,7 +186,7 @@ def history(
     return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
 
 
-@router.post("/partitions/{key:path}/items", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/items", dependencies=Operating, tags=["actions"])
 def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
     """Add items to an open partition (`feedproc add-items`)."""
     feed = _feed(request)

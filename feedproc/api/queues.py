@@ -1,6 +1,6 @@
 """Queues and their pipelines: each queue's settings and state, changed with `feedproc queue set`'s
 fields or paused and resumed fleet-wide; the stored pipelines, read-only here (credentials shown as
-`***`, since reads need no token)."""
+`***`: no read reveals them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import QUEUE_PATTERN
-from .common import INT32, Mutating, _feed
+from .common import INT32, _feed
 from .errors import ApiError
+from .gate import Administering, Operating, Reading
 
 router = APIRouter()
 
@@ -27,23 +28,24 @@ class QueueChange(BaseModel):
     paused: bool | None = Field(None, strict=True)
 
 
-@router.get("/queues", tags=["queues"])
+@router.get("/queues", dependencies=Reading, tags=["queues"])
 def list_queues(request: Request) -> dict[str, Any]:
     """Every queue with settings or unfinished partitions: mode, limit, slots in use, windows, paused."""
     return {"queues": _feed(request).queues()}
 
 
-@router.get("/queues/{name}", tags=["queues"])
+@router.get("/queues/{name}", dependencies=Reading, tags=["queues"])
 def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
     """One queue's settings and state."""
     return _feed(request).queue(name)
 
 
-@router.put("/queues/{name}", dependencies=Mutating, tags=["queues"])
+@router.put("/queues/{name}", dependencies=Administering, tags=["queues"])
 def change_queue(
     name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
 ) -> dict[str, Any]:
-    """Change a queue's limit, windows, time zone, mode or pause (`feedproc queue set|pause|resume`)."""
+    """Change a queue's limit, windows, time zone, mode or pause (`feedproc queue set|pause|resume`);
+    an admin token (pause and resume alone: operate)."""
     feed = _feed(request)
     feed.set_queue(
         name,
@@ -58,7 +60,7 @@ def change_queue(
     return feed.queue(name)
 
 
-@router.post("/queues/{name}/pause", dependencies=Mutating, tags=["queues"])
+@router.post("/queues/{name}/pause", dependencies=Operating, tags=["queues"])
 def pause_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
     """Pause a queue fleet-wide: in-flight items finish, nothing new is dispatched or claimed."""
     feed = _feed(request)
@@ -66,7 +68,7 @@ def pause_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], reque
     return feed.queue(name)
 
 
-@router.post("/queues/{name}/resume", dependencies=Mutating, tags=["queues"])
+@router.post("/queues/{name}/resume", dependencies=Operating, tags=["queues"])
 def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
     """Resume a paused queue."""
     feed = _feed(request)
@@ -74,15 +76,15 @@ def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], requ
     return feed.queue(name)
 
 
-@router.get("/pipelines", tags=["queues"])
+@router.get("/pipelines", dependencies=Reading, tags=["queues"])
 def list_pipelines(request: Request) -> dict[str, Any]:
     """Every stored pipeline (`feedproc pipeline show --json`): its version, queue, gates (names,
     numbers, handlers, settings) and schedules; credentials (header values, a handler URL's user and
-    password) shown as `***`, since reads need no token."""
+    password) shown as `***`: no read reveals them."""
     return {"pipelines": [spec.shown() for spec in _feed(request).pipelines()]}
 
 
-@router.get("/pipelines/{queue}", tags=["queues"])
+@router.get("/pipelines/{queue}", dependencies=Reading, tags=["queues"])
 def get_pipeline(queue: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
     """A queue's stored pipeline (`feedproc pipeline show QUEUE --json`); 404 when it has none."""
     spec = _feed(request).pipeline(queue)

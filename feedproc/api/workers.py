@@ -1,29 +1,33 @@
 """The worker API, for pull workers (`feedproc.worker`) and callback handlers: claim a pull-mode
 queue's ready items (long-polling when none is), keep a claim alive with heartbeats, answer it (one
-at a time or many in one transaction) or release it unanswered. These take FEEDPROC_WORKER_TOKEN as
-well as the API token; a token that no longer holds its item is a 409 with a `reason`."""
+at a time or many in one transaction) or release it unanswered. These take a worker token; one
+limited to queues claims from those alone and answers only their items (403 otherwise). A claim's
+token that no longer holds its item is a 409 with a `reason`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Annotated, Any, TypeGuard
 
 from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..auth import Grant
 from ..core.errors import FeedprocError, StaleClaim
 from ..core.models import QUEUE_PATTERN
 from ..feed import Feed
-from .common import INT64, _data, _feed, require_worker_token
+from .common import INT64, _data, _feed
 from .errors import ApiError
+from .gate import working
 
 router = APIRouter()
 
-Working = [Depends(require_worker_token)]
+Worker = Annotated[Grant, Depends(working)]
 QueuePath = Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)]
 ItemPath = Annotated[int, Path(ge=1, le=INT64)]
 
@@ -84,18 +88,42 @@ class ReadyBoard:
             self._stop()
 
 
+_OUTSIDE = "item {} is not in a queue this token may work on"
+
+
+def _is_id(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT64
+
+
+def _outside(feed: Feed, grant: Grant, item_ids: Iterable[Any]) -> set[int]:
+    """Those of `item_ids` (those that are ids) whose queue `grant` may not work on: one query, made
+    only for a token limited to queues. An unknown item is not among them (its answer is the 404)."""
+    if grant.queues is None:
+        return set()
+    wanted = [item_id for item_id in item_ids if _is_id(item_id)]
+    queues = feed.queues_of_items(wanted) if wanted else {}
+    return {item_id for item_id, queue in queues.items() if not grant.may_work_on(queue)}
+
+
+def _check_item(feed: Feed, grant: Grant, item_id: int) -> None:
+    if _outside(feed, grant, [item_id]):
+        raise ApiError(403, _OUTSIDE.format(item_id))
+
+
 def _fast_json(body: dict[str, Any]) -> Any:
     """`body` as a JSON response, encoded by `json` alone (its values are JSON types already)."""
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-@router.post("/queues/{queue}/claim", dependencies=Working, tags=["workers"])
-async def claim(queue: QueuePath, body: ClaimRequest, request: Request) -> dict[str, Any]:
+@router.post("/queues/{queue}/claim", tags=["workers"])
+async def claim(queue: QueuePath, body: ClaimRequest, request: Request, grant: Worker) -> dict[str, Any]:
     """Claim up to `max` ready items of a pull-mode queue, each held for `lease_seconds` unless a
     heartbeat extends it; with `wait`, hold the request up to that many seconds until there is
     work. Items come only from their partition's current gate, in priority order. Each item:
     id, partition, queue, gate, attempt, data (or data_base64), token, lease_expires_at. 409 when
-    the queue is not in pull mode."""
+    the queue is not in pull mode; 403 when the token may not claim from it."""
+    if not grant.may_work_on(queue):
+        raise ApiError(403, f"this token may not claim from queue {queue!r}")
     feed: Feed = _feed(request)
     board: ReadyBoard = request.app.state.ready_board
     loop = asyncio.get_running_loop()
@@ -117,18 +145,20 @@ async def claim(queue: QueuePath, body: ClaimRequest, request: Request) -> dict[
     return _fast_json({"items": [{**{k: v for k, v in c.items() if k != "data"}, **_data(c["data"])} for c in claimed]})
 
 
-@router.post("/items/{item_id}/heartbeat", dependencies=Working, tags=["workers"])
-def heartbeat(item_id: ItemPath, body: Heartbeat, request: Request) -> dict[str, Any]:
+@router.post("/items/{item_id}/heartbeat", tags=["workers"])
+def heartbeat(item_id: ItemPath, body: Heartbeat, request: Request, grant: Worker) -> dict[str, Any]:
     """Extend a claim (by its lease, or a new `lease_seconds`) and keep `progress` (0..1). 409 with
     `reason` ("expired", "cancelled", "superseded") when the token no longer holds the item."""
+    _check_item(_feed(request), grant, item_id)
     expires = _feed(request).heartbeat(item_id, body.token, progress=body.progress, lease_seconds=body.lease_seconds)
     return {"id": item_id, "lease_expires_at": expires}
 
 
-@router.post("/items/{item_id}/answer", dependencies=Working, tags=["workers"])
+@router.post("/items/{item_id}/answer", tags=["workers"])
 def answer(
     item_id: ItemPath,
     request: Request,
+    grant: Worker,
     body: Annotated[
         dict[str, Any],
         Body(
@@ -146,6 +176,7 @@ def answer(
     if not isinstance(token, str) or not 1 <= len(token) <= 64:
         raise ApiError(400, "token: the claim's token (a string) is required")
     fields = {k: v for k, v in body.items() if k != "token"}
+    _check_item(_feed(request), grant, item_id)
     return _feed(request).answer(item_id, token, fields)
 
 
@@ -156,20 +187,24 @@ class AnswerBatch(BaseModel):
     answers: list[dict[str, Any]] = Field(..., min_length=1, max_length=1000)
 
 
-@router.post("/answers", dependencies=Working, tags=["workers"])
-def answer_many(body: AnswerBatch, request: Request) -> dict[str, Any]:
+@router.post("/answers", tags=["workers"])
+def answer_many(body: AnswerBatch, request: Request, grant: Worker) -> dict[str, Any]:
     """Answer many claimed items in one transaction (a worker's group commit). Each answer is
     judged alone: `results` holds, in order, `{"id", "status": 200, "outcome", ...}` or
-    `{"id", "status": 400 | 404 | 409, "error"[, "reason"]}`; the refused ones change nothing."""
+    `{"id", "status": 400 | 403 | 404 | 409, "error"[, "reason"]}`; the refused ones change
+    nothing (403: the item is in a queue the token may not work on)."""
     results: list[dict[str, Any] | None] = [None] * len(body.answers)
     batch: list[tuple[int, str, dict[str, Any]]] = []
     where: list[int] = []
+    outside = _outside(_feed(request), grant, (entry.get("id") for entry in body.answers))
     for n, entry in enumerate(body.answers):
         item_id, token = entry.get("id"), entry.get("token")
-        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 1 <= item_id <= INT64:
+        if not _is_id(item_id):
             results[n] = {"id": item_id, "status": 400, "error": "id: an item id is required"}
         elif not isinstance(token, str) or not 1 <= len(token) <= 64:
             results[n] = {"id": item_id, "status": 400, "error": "token: the claim's token (a string) is required"}
+        elif item_id in outside:
+            results[n] = {"id": item_id, "status": 403, "error": _OUTSIDE.format(item_id)}
         else:
             batch.append((item_id, token, {k: v for k, v in entry.items() if k not in ("id", "token")}))
             where.append(n)
@@ -191,9 +226,10 @@ class TokenOnly(BaseModel):
     token: str = Field(..., min_length=1, max_length=64)
 
 
-@router.post("/items/{item_id}/release", dependencies=Working, tags=["workers"])
-def release(item_id: ItemPath, body: TokenOnly, request: Request) -> dict[str, Any]:
+@router.post("/items/{item_id}/release", tags=["workers"])
+def release(item_id: ItemPath, body: TokenOnly, request: Request, grant: Worker) -> dict[str, Any]:
     """Hand a claimed item back unanswered (a worker stopping): ready again at once, no attempt
     counted. 409 with `reason` when the token no longer holds the item."""
+    _check_item(_feed(request), grant, item_id)
     _feed(request).release(item_id, body.token)
     return {"id": item_id, "released": True}

@@ -205,17 +205,6 @@ def check_http_url(url: str, option: str) -> str:
     return url
 
 
-def env_token(name: str) -> str | None:
-    """A bearer token from the environment: None when unset; InvalidInput when set but unusable
-    (empty, blank, with spaces or shorter than 16 characters), rather than silently no token."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    if len(value) < 16 or any(c.isspace() for c in value):
-        raise InvalidInput(f"{name} must be at least 16 characters without spaces (try: openssl rand -hex 24)")
-    return value
-
-
 # ---------------------------------------------------------------- entry point
 
 

@@ -24,7 +24,6 @@ from .app import (
     app,
     check_http_url,
     database_url,
-    env_token,
     parse_duration,
     parse_headers,
 )
@@ -415,8 +414,22 @@ def work(
 @app.command()
 def serve(
     host: Annotated[
-        str, typer.Option(help="Address to listen on; other than loopback only with a token.")
+        str, typer.Option(help="Address to listen on; other than loopback only with a read token (or --public-read).")
     ] = "127.0.0.1",
+    public_read: Annotated[
+        bool, typer.Option("--public-read", help="Serve reads without a token, on any address (logged as a WARNING).")
+    ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="A Host name to answer besides localhost and IP addresses (repeatable; *.NAME: subdomains; *: any).",
+        ),
+    ] = None,
+    tokens_file: Annotated[
+        str | None,
+        typer.Option(metavar="FILE", help="More tokens: lines of 'SCOPE [QUEUES:]TOKEN' (read|operate|admin|worker)."),
+    ] = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
     max_attempts: Annotated[
@@ -432,12 +445,14 @@ def serve(
 ) -> None:
     """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
 
-    Mutating API calls need `Authorization: Bearer $FEEDPROC_API_TOKEN`; without the variable the
-    server is read-only, and it refuses to listen on anything but loopback. Pull workers may use
-    `FEEDPROC_WORKER_TOKEN` instead, which allows only claims, heartbeats and answers.
+    Calls need `Authorization: Bearer TOKEN` of their scope: FEEDPROC_READ_TOKENS, _OPERATE_TOKENS,
+    _ADMIN_TOKENS, _WORKER_TOKENS (comma-separated; a worker's may be `QUEUE+QUEUE:TOKEN`), or
+    FEEDPROC_API_TOKEN (admin and worker) and FEEDPROC_WORKER_TOKEN (worker). Reads are open on
+    loopback until FEEDPROC_READ_TOKENS is set; elsewhere they need a token unless --public-read.
     """
-    import ipaddress
     import socket
+
+    from ..auth import load_tokens, serve_access
 
     try:
         from ..api import create_app, run
@@ -446,15 +461,13 @@ def serve(
     from ..feed import Feed
 
     _check_log_options(log_level, log_format)
-    token = env_token("FEEDPROC_API_TOKEN")
-    worker_token = env_token("FEEDPROC_WORKER_TOKEN")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not (token or worker_token):
-        raise Refused(f"refusing to listen on {host} without FEEDPROC_API_TOKEN: set a token, or use 127.0.0.1")
+    tokens = load_tokens(os.environ, tokens_file)
+    access = serve_access(host, tokens, public_read=public_read, allowed_hosts=allowed_host or ())
     logs.configure(log_level, log_format)
+    for secret in tokens.secrets():
+        logs.add_secret(secret)
+    if public_read:
+        logging.getLogger("feedproc.serve").warning("--public-read: anyone who reaches %s may read every queue", host)
     logs.add_url_secrets(database_url(db))
     from ..core.policy import RetryPolicy
 
@@ -470,7 +483,7 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
-        app_ = create_app(feed, token=token, worker_token=worker_token, max_body=max_body_bytes)
+        app_ = create_app(feed, max_body=max_body_bytes, access=access)
         run(app_, sock, log_level=log_level.lower())
     finally:
         feed.close()

@@ -55,7 +55,7 @@
   function token(what) {
     const value = tokenInput.value.trim();
     if (!value) {
-      say("Enter the API token (FEEDPROC_API_TOKEN) to " + what + ".", "error");
+      say("Enter an operate token (FEEDPROC_OPERATE_TOKENS or FEEDPROC_API_TOKEN) to " + what + ".", "error");
       tokenInput.focus();
     }
     return value;

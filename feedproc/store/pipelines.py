@@ -159,6 +159,19 @@ class Pipelines(StoreBase):
             ).scalar_one_or_none()
         return cast(str | None, queue)
 
+    def queues_of_items(self, item_ids: Iterable[int]) -> dict[int, str]:
+        """The queue of each of `item_ids` that exists, in one query (one join)."""
+        wanted = sorted(set(item_ids))
+        if not wanted:
+            return {}
+        with self.read() as conn:
+            rows = conn.execute(
+                select(items.c.id, partitions.c.queue)
+                .select_from(partitions.join(items, items.c.partition_id == partitions.c.id))
+                .where(items.c.id.in_(wanted))
+            ).all()
+        return {int(item_id): str(queue) for item_id, queue in rows}
+
 
 def _spec(text: str, version: int, queue: str) -> PipelineSpec:
     try:

@@ -111,7 +111,7 @@ def test_claiming_from_a_push_queue_is_409(api: ApiServer) -> None:
 def test_the_worker_token_allows_only_the_worker_api(api: ApiServer) -> None:
     assert claim(api).status_code == 200
     producer = api.client.post("/api/v1/partitions", json={"key": "x", "items": []}, headers=WORKER_AUTH)
-    assert producer.status_code == 401
+    assert producer.status_code == 403 and "needs the operate scope" in producer.json()["error"]
     assert api.client.post(f"/api/v1/queues/{QUEUE}/claim", json={"worker": "w"}, headers=AUTH).status_code == 200
     anonymous = api.client.post(f"/api/v1/queues/{QUEUE}/claim", json={"worker": "w"})
     assert anonymous.status_code == 401
@@ -219,6 +219,23 @@ def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(d
     for key in (f"upload-{n}" for n in range(6)):
         assert feed.status(key)["status"] == "complete"
     feed.close()
+
+
+@pytest.mark.sqlite_only
+def test_work_drains_its_queue_with_a_worker_token_limited_to_it(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.add_partition("scans", [(0, b"{}"), (0, b"{}")], queue=QUEUE)
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKENS=f"{QUEUE}+other:{WORKER_TOKEN}")
+    env = {LOG_VARIABLE: str(tmp_path / "deliveries.log"), DELAY_VARIABLE: "0"}
+    worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:LoggedSlow", **env)
+    try:
+        wait_until(lambda: feed.status("scans")["status"] == "complete", timeout=60, what="the partition done")
+        assert worker.stop() == 0, worker.log_path.read_text()
+    finally:
+        worker.stop()
+        server.stop()
+        feed.close()
 
 
 @contextlib.contextmanager

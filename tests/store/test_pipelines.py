@@ -16,7 +16,7 @@ from feedproc.store import Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import claims, pipelines
 
-from ..support import register
+from ..support import register, statements_observed
 
 TWO_GATES = """
 queue = "default"
@@ -164,6 +164,18 @@ def test_the_queue_of_a_partition_or_an_item_is_read_for_naming_gates(feed: Feed
     (item,) = feed.items("p")
     assert feed.queue_of("p") == "uploads" and feed.queue_of("nope") is None
     assert feed.store.queue_of_item(item["id"]) == "uploads" and feed.store.queue_of_item(10**9) is None
+
+
+def test_the_queues_of_many_items_are_read_in_one_query(feed: Feed) -> None:
+    feed.add_partition("a", [(0, b"{}"), (0, b"{}")], queue="ocr")
+    feed.add_partition("b", [(0, b"{}")], queue="hr:payroll")
+    ids = [item["id"] for key in ("a", "b") for item in feed.items(key)]
+    seen: list[str] = []
+    with statements_observed(feed.store, lambda conn, statement: seen.append(statement)):
+        queues = feed.queues_of_items([*ids, ids[0], 10**9])
+    assert queues == {ids[0]: "ocr", ids[1]: "ocr", ids[2]: "hr:payroll"}
+    assert len([s for s in seen if "items" in s]) == 1, seen
+    assert feed.queues_of_items([]) == {}
 
 
 def pulled_pipeline(feed: Feed, extra: str = "") -> None:

@@ -89,3 +89,30 @@ def test_a_202_without_a_callback_url_is_an_invalid_answer(db_url: str, feed: Fe
     with watching(db_url, HTTPProcessor(handler.url), max_attempts=1):
         status = wait_status(feed, "p", "failed")
     assert status["status"] == "failed"
+
+
+def test_a_callback_handler_answers_with_a_worker_token_limited_to_its_queue(
+    db_url: str, feed: Feed, handler: HandlerService
+) -> None:
+    from feedproc.auth import Access, load_tokens
+
+    ocr_token = "ocr-callback-token-0123"
+    api = ApiServer(db_url, access=Access(load_tokens({"FEEDPROC_WORKER_TOKENS": f"ocr:{ocr_token}"})))
+    accepting = Accepting(lease_seconds=60)
+    handler.behavior = accepting
+    feed.add_partition("scan", [(0, b"{}")], queue="ocr")
+    feed.add_partition("payroll", [(0, b"{}")], queue="hr")
+    try:
+        with (
+            watching(db_url, HTTPProcessor(handler.url, callback_url=api.url), queue="ocr"),
+            watching(db_url, HTTPProcessor(handler.url, callback_url=api.url), queue="hr"),
+        ):
+            wait_until(lambda: len(accepting.accepted) == 2, what="both items accepted")
+            scoped = {"Authorization": f"Bearer {ocr_token}"}
+            for body in accepting.accepted:
+                answer = httpx.post(body["answer_url"], json={"token": body["token"], "done": True}, headers=scoped)
+                assert answer.status_code == (200 if feed.item(body["id"])["partition"] == "scan" else 403), answer.text
+            wait_status(feed, "scan", "complete")
+        assert feed.status("payroll")["status"] == "available"  # its answer was refused: still waiting
+    finally:
+        api.close()

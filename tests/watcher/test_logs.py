@@ -207,6 +207,19 @@ def test_configure_registers_the_api_tokens_from_the_environment(
     assert lines(stream)[0].endswith("feedproc.test: *** and ***")
 
 
+def test_configure_registers_each_token_of_the_scoped_token_lists(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEEDPROC_READ_TOKENS", "read-token-one-1234,read-token-two-5678")
+    monkeypatch.setenv("FEEDPROC_WORKER_TOKENS", "gpu+ocr:worker-token-9012, any-worker-3456")
+    monkeypatch.setenv("FEEDPROC_ADMIN_TOKENS", "admin-token-7890123")
+    logs.configure("INFO", "text", stream)
+    logging.getLogger("feedproc.test").warning(
+        "read-token-one-1234 read-token-two-5678 worker-token-9012 any-worker-3456 admin-token-7890123"
+    )
+    assert lines(stream)[0].endswith("feedproc.test: *** *** *** *** ***")
+
+
 def test_url_secrets_are_registered_raw_and_decoded(stream: io.StringIO) -> None:
     logs.configure("INFO", "text", stream)
     logs.add_url_secrets("http://bob:p%40ss-word@host/")
