@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .core.errors import (
+    DatabaseConflict,
+    DatabaseRefused,
+    DatabaseRefusesWrites,
     DatabaseUnavailable,
     DuplicateKey,
     FeedprocError,
@@ -62,6 +65,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DatabaseConflict",
+    "DatabaseRefused",
+    "DatabaseRefusesWrites",
     "DatabaseUnavailable",
     "DuplicateKey",
     "Feed",

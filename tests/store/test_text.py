@@ -1,14 +1,20 @@
 """Text is text on every database (issue 30, finding 1): text from outside holding what a database
 refuses in text (NUL, which PostgreSQL refuses; a lone surrogate, which no driver can send) is
-stored escaped (`\\u0000`) and never fails its write, nor anything sharing its transaction."""
+stored escaped (`\\u0000`) and never fails its write, nor anything sharing its transaction; and what
+the database does refuse is told in a summary, never with the statement or its parameters."""
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
+from sqlalchemy import insert
 
 from feedproc import Feed
-from feedproc.core.errors import NotFound
+from feedproc.core.errors import DatabaseRefused, NotFound
 from feedproc.core.policy import RetryPolicy
+from feedproc.store.dialects import db_now
+from feedproc.store.schema import claims
 
 QUEUE = "gpu"
 
@@ -68,3 +74,15 @@ def test_who_acted_on_items_is_recorded_escaped(feed: Feed) -> None:
     (item,) = feed.items("p")
     feed.act_on_items("skip", ids=[item["id"]], by="ops\x00desk")
     assert [h["watcher"] for h in feed.item(item["id"])["history"]] == ["ops\\u0000desk"]
+
+
+def test_a_statement_the_database_refuses_is_told_without_its_sql_or_parameters(feed: Feed) -> None:
+    feed.add_partition("p", [(0, b"{}")])
+    secret = "tok-s3cret-never-shown"
+    row = {"token": secret, "item_id": 1, "partition_id": 1, "queue": QUEUE, "worker": None, "gate": 0}
+    row |= {"version": 1, "weight": 1, "lease_seconds": 1.0, "state": "active"}
+    with pytest.raises(DatabaseRefused) as refused, feed.store.write() as conn:
+        conn.execute(insert(claims).values(claimed_at=db_now(), expires_at=db_now()), row)
+    told = "".join(traceback.format_exception(refused.value))  # what a log line with its traceback shows
+    assert "worker" in str(refused.value)  # the database's own summary: the column it would not take empty
+    assert secret not in told and "INSERT" not in told and "[SQL" not in told
