@@ -24,6 +24,7 @@ from .core.errors import (
     PermanentError,
     Refused,
     RetryLater,
+    SchemaAhead,
     SchemaMissing,
 )
 from .core.models import Item, NewItem, Response
@@ -84,6 +85,7 @@ __all__ = [
     "RemoteWorker",
     "Response",
     "RetryLater",
+    "SchemaAhead",
     "SchemaMissing",
     "Watcher",
     "WatcherConfig",

@@ -57,6 +57,11 @@ class SchemaMissing(FeedprocError):
     http_status = 503
 
 
+class SchemaAhead(SchemaMissing):
+    """The database's schema is newer than this feedproc knows: feedproc must be upgraded (migrating
+    cannot help, and changes nothing)."""
+
+
 class DatabaseUnavailable(FeedprocError):
     """The database cannot do its work now: it cannot be reached, is shutting down or restarting, or
     has no connection left (and the subclasses below). Transient: the watcher's loops wait it out

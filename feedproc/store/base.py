@@ -27,6 +27,7 @@ from ..core.errors import (
     DatabaseRefusesWrites,
     DatabaseUnavailable,
     NotFound,
+    SchemaAhead,
     SchemaMissing,
 )
 from ..core.models import Status
@@ -36,6 +37,7 @@ from .schema import attempts, claims, events, inflight, items, partitions, queue
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 A, F, C = attempts.c, inflight.c, claims.c
@@ -136,9 +138,11 @@ class StoreBase:
         """Create or upgrade the schema to the newest revision (idempotent); the revisions before
         (None: no schema) and after."""
         from alembic import command
+        from alembic.script import ScriptDirectory
 
         before = self.schema_revision()
         config = alembic_config(self.url, self.table_prefix)
+        _refuse_ahead(ScriptDirectory.from_config(config), before)  # alembic would fail half-way, with a traceback
         with translated_errors(), self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
@@ -153,11 +157,14 @@ class StoreBase:
             return None
 
     def check_schema(self) -> None:
-        """Raise SchemaMissing unless the database is at the newest schema revision."""
+        """Raise SchemaMissing unless the database is at the newest schema revision (SchemaAhead
+        when it is at one this feedproc does not know: a newer feedproc migrated it)."""
         from alembic.script import ScriptDirectory
 
-        head = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix)).get_current_head()
+        script = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix))
+        head = script.get_current_head()
         current = self.schema_revision()
+        _refuse_ahead(script, current)
         if current != head:
             state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
             raise SchemaMissing(f"the database {state}: run `feedproc migrate`")
@@ -382,6 +389,16 @@ def is_unique_violation(error: IntegrityError) -> bool:
 
 
 # ---------------------------------------------------------------- migrations
+
+
+def _refuse_ahead(script: ScriptDirectory, current: str | None) -> None:
+    """SchemaAhead when the database's revision `current` is none of this feedproc's own."""
+    if current is None or current in {revision.revision for revision in script.walk_revisions()}:
+        return
+    head = script.get_current_head()
+    newer = current.isdigit() and head is not None and head.isdigit() and int(current) > int(head)
+    how = "newer than this feedproc" if newer else "unknown to this feedproc, which knows up to"
+    raise SchemaAhead(f"the database is at schema {current}, {how} ({head}): upgrade feedproc")
 
 
 def migrations_path() -> Path:
