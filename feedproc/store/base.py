@@ -85,14 +85,13 @@ class StoreBase:
         the pool's connections are closed, not used again: a session keeps the read-only state it
         began with (PostgreSQL's default_transaction_read_only, a SQLite file opened on read-only
         storage), and the next attempt must meet the database as it is by then."""
-        with translated_errors(), self.engine.connect() as conn:
-            try:
+        try:
+            with self.engine.connect() as conn:
                 yield conn
-            except DBAPIError as error:
-                if _error_code(error.orig) in _REFUSES_WRITES:
-                    conn.invalidate()
-                    self.engine.dispose()  # (connections out now are closed when given back)
-                raise
+        except DBAPIError as error:  # as `translated_errors` does, here: one context manager a transaction, not two
+            if _error_code(error.orig) in _REFUSES_WRITES:
+                self.engine.dispose()  # this one included; those out now are closed when given back
+            raise _translate(error).with_traceback(error.__traceback__) from None
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Connection]:
