@@ -125,29 +125,36 @@ def read_only_directory(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tiny_tablespace(admin_url: str, megabytes: int = 2) -> Iterator[str]:
-    """A PostgreSQL tablespace on a tmpfs of `megabytes` of its own: tables moved there fill it,
-    and writing more is SQLSTATE 53100, disk full. Dropped afterwards (move its tables out first).
-    The server runs on this machine as `postgres`, which must reach the directory: it is made in
-    the temporary directory, not in the test's own (only root enters that)."""
+def tiny_disk(megabytes: int = 2) -> Iterator[Path]:
+    """A directory on a tmpfs of `megabytes` of its own: writing past them fails with ENOSPC, as on
+    a full disk. It is made in the temporary directory, which a server running as another user (a
+    local PostgreSQL) can reach: only root enters a test's own."""
     if not can_mount():
         pytest.skip("a full disk is made with a tmpfs mount, which needs root")
-    name = f"fp_tiny_{uuid.uuid4().hex[:8]}"
-    directory = Path(tempfile.gettempdir()) / name
+    directory = Path(tempfile.gettempdir()) / f"fp_tiny_{uuid.uuid4().hex[:8]}"
     directory.mkdir()
     try:
         _run("mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=0700", "tmpfs", str(directory))
         try:
-            _run("chown", "postgres:postgres", str(directory))
-            as_admin(admin_url, f"CREATE TABLESPACE \"{name}\" LOCATION '{directory}'")
-            try:
-                yield name
-            finally:
-                as_admin(admin_url, f'DROP TABLESPACE IF EXISTS "{name}"')
+            yield directory
         finally:
             _run("umount", "-l", str(directory))
     finally:
         directory.rmdir()
+
+
+@contextlib.contextmanager
+def tiny_tablespace(admin_url: str, megabytes: int = 2) -> Iterator[str]:
+    """A PostgreSQL tablespace on a `tiny_disk`: tables moved there fill it, and writing more is
+    SQLSTATE 53100, disk full. Dropped afterwards (move its tables out first)."""
+    with tiny_disk(megabytes) as directory:
+        _run("chown", "postgres:postgres", str(directory))
+        name = directory.name
+        as_admin(admin_url, f"CREATE TABLESPACE \"{name}\" LOCATION '{directory}'")
+        try:
+            yield name
+        finally:
+            as_admin(admin_url, f'DROP TABLESPACE IF EXISTS "{name}"')
 
 
 class Lines(logging.Handler):

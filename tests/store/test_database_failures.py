@@ -7,6 +7,7 @@ MariaDB's read-only mode is global to its server, so its test is a fault test (t
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,16 @@ from feedproc import Feed
 from feedproc.core.errors import DatabaseRefusesWrites, DatabaseUnavailable
 from feedproc.store import Store
 
-from ..outages import as_admin, database_name, end_sessions, pg_read_only, pg_role, read_only_directory, tiny_tablespace
+from ..outages import (
+    as_admin,
+    database_name,
+    end_sessions,
+    pg_read_only,
+    pg_role,
+    read_only_directory,
+    tiny_disk,
+    tiny_tablespace,
+)
 from ..support import wait_until
 
 
@@ -86,13 +96,25 @@ def test_a_full_disk_refuses_writes_saying_so_and_still_reads(feed: Feed, db_url
     with tiny_tablespace(pg_admin_url) as tablespace:
         as_admin(db_url, f'ALTER TABLE feedproc_items SET TABLESPACE "{tablespace}"')
         try:
-            with pytest.raises(DatabaseRefusesWrites, match="disk is full") as refused:
+            with pytest.raises(DatabaseRefusesWrites, match="the database.s disk is full") as refused:
                 for n in range(100):  # 2 MB: a few partitions of 200 KB that cannot be compressed
                     feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
             assert "No space left on device" in str(refused.value)  # (SQLSTATE 53100)
             assert feed.status("p")["status"] == "available"
         finally:
             as_admin(db_url, "ALTER TABLE feedproc_items SET TABLESPACE pg_default")
+
+
+def test_a_sqlite_file_on_a_full_disk_refuses_writes_saying_so_and_still_reads(sqlite_template: Path) -> None:
+    with tiny_disk() as disk:
+        shutil.copy(sqlite_template, disk / "feedproc.db")
+        with Feed(f"sqlite:///{disk / 'feedproc.db'}") as feed:
+            feed.add_partition("p", [(0, b"{}")])
+            with pytest.raises(DatabaseRefusesWrites, match="the database.s disk is full") as refused:
+                for n in range(100):  # 2 MB: a few partitions of 200 KB
+                    feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
+            assert "database or disk is full" in str(refused.value)  # (SQLITE_FULL)
+            assert feed.status("p")["status"] == "available"
 
 
 @pytest.mark.postgres_only
