@@ -96,7 +96,7 @@ def test_a_full_disk_refuses_writes_saying_so_and_still_reads(feed: Feed, db_url
     with tiny_tablespace(pg_admin_url) as tablespace:
         as_admin(db_url, f'ALTER TABLE feedproc_items SET TABLESPACE "{tablespace}"')
         try:
-            with pytest.raises(DatabaseRefusesWrites, match="the database.s disk is full") as refused:
+            with pytest.raises(DatabaseRefusesWrites, match="the database's disk is full") as refused:
                 for n in range(100):  # 2 MB: a few partitions of 200 KB that cannot be compressed
                     feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
             assert "No space left on device" in str(refused.value)  # (SQLSTATE 53100)
@@ -110,7 +110,7 @@ def test_a_sqlite_file_on_a_full_disk_refuses_writes_saying_so_and_still_reads(s
         shutil.copy(sqlite_template, disk / "feedproc.db")
         with Feed(f"sqlite:///{disk / 'feedproc.db'}") as feed:
             feed.add_partition("p", [(0, b"{}")])
-            with pytest.raises(DatabaseRefusesWrites, match="the database.s disk is full") as refused:
+            with pytest.raises(DatabaseRefusesWrites, match="the database's disk is full") as refused:
                 for n in range(100):  # 2 MB: a few partitions of 200 KB
                     feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
             assert "database or disk is full" in str(refused.value)  # (SQLITE_FULL)
