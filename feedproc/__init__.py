@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .core.errors import (
+    DatabaseConflict,
+    DatabaseRefused,
+    DatabaseRefusesWrites,
     DatabaseUnavailable,
     DuplicateKey,
     FeedprocError,
@@ -21,6 +24,7 @@ from .core.errors import (
     PermanentError,
     Refused,
     RetryLater,
+    SchemaAhead,
     SchemaMissing,
 )
 from .core.models import Item, NewItem, Response
@@ -62,6 +66,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DatabaseConflict",
+    "DatabaseRefused",
+    "DatabaseRefusesWrites",
     "DatabaseUnavailable",
     "DuplicateKey",
     "Feed",
@@ -78,6 +85,7 @@ __all__ = [
     "RemoteWorker",
     "Response",
     "RetryLater",
+    "SchemaAhead",
     "SchemaMissing",
     "Watcher",
     "WatcherConfig",

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import base64
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from .core.errors import FeedprocError, InvalidAnswer, InvalidInput, PermanentError, RetryLater
+import tenacity
+
+from .core.errors import (
+    DatabaseConflict,
+    DatabaseRefusesWrites,
+    FeedprocError,
+    InvalidAnswer,
+    InvalidInput,
+    PermanentError,
+    RetryLater,
+)
 from .core.models import NewItem, Response, check_key
 from .core.naming import naming
 from .core.pipelines import PipelineSpec
@@ -18,6 +29,36 @@ from .core.records import QueueSettings
 from .store import MAX_CLAIM, ClaimAnswer, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
+F = TypeVar("F", bound=Callable[..., Any])
+#: Times a call is run again after the database aborted it in a conflict (DatabaseConflict).
+CONFLICT_RETRIES = 4
+
+
+def retried(call: F) -> F:
+    """Run `call` again when that can succeed: up to CONFLICT_RETRIES times, after a short random
+    wait, when the database aborted its transaction in a conflict (a serialization failure or a
+    deadlock rolled everything back, and running it again is what the database asks for); once, at
+    once, when a write was refused as read-only: the store has closed its connections then, and a
+    session opened while the database was read-only stays so after it takes writes again
+    (PostgreSQL's default_transaction_read_only, SQLite's read-only storage). Tenacity takes over
+    only after a failure: its decorator costs 11 us a call, on the worker API's claims too."""
+    again = tenacity.retry(
+        retry=tenacity.retry_if_exception_type(DatabaseConflict),
+        stop=tenacity.stop_after_attempt(CONFLICT_RETRIES),
+        wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+        reraise=True,
+    )(call)
+
+    @functools.wraps(call)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except DatabaseRefusesWrites:
+            return call(*args, **kwargs)
+        except DatabaseConflict:
+            return again(*args, **kwargs)
+
+    return cast(F, run)
 
 
 class Feed:
@@ -63,6 +104,7 @@ class Feed:
         """Create or upgrade the schema (idempotent); the revisions before (None: none) and after."""
         return self.store.migrate()
 
+    @retried
     def add_partition(
         self,
         key: str,
@@ -100,6 +142,7 @@ class Feed:
                 window_tz=window_tz,
             )
 
+    @retried
     def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
         """Add items to an open partition; refused if it is sealed or finished, or a gate is too low.
         A gate may be given by its name in the partition's queue's pipeline."""
@@ -139,6 +182,7 @@ class Feed:
 
     # ------------------------------------------------------------ pipelines
 
+    @retried
     def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:
         """Store `spec` as its queue's pipeline (see `core.pipelines`); returns it with its version,
         unchanged when the stored one is the same. Running watchers follow it within a poll interval."""
@@ -152,6 +196,7 @@ class Feed:
         """Every stored pipeline."""
         return self.store.pipelines()
 
+    @retried
     def remove_pipeline(self, queue: str) -> bool:
         """Remove a queue's pipeline and its schedules; returns whether it had one."""
         return self.store.remove_pipeline(queue)
@@ -161,6 +206,7 @@ class Feed:
         spec = self.store.pipeline(queue)
         return spec.numbers if spec is not None else {}
 
+    @retried
     def fire_schedules(self, queue: str, now: datetime | None = None) -> list[str]:
         """Create the partitions of `queue`'s schedules whose tick is due at `now` (None: the
         database's clock), each tick's once however many callers; returns the keys created."""
@@ -171,10 +217,12 @@ class Feed:
         key, the next `count` ticks (ISO, UTC) and the key of the next."""
         return self.store.schedule_list(queue, count=count)
 
+    @retried
     def seal(self, key: str) -> None:
         """Declare that no more items will be added to `key`."""
         self.store.seal(key)
 
+    @retried
     def retry(self, key: str) -> int:
         """Put a failed partition and its failed items (attempts reset) back to work."""
         return self.store.retry(key)
@@ -196,10 +244,12 @@ class Feed:
                 continue
         return done
 
+    @retried
     def cancel(self, key: str) -> None:
         """Cancel `key` and its available items; refused for a complete partition."""
         self.store.cancel(key)
 
+    @retried
     def act_on_items(
         self,
         action: str,
@@ -216,10 +266,12 @@ class Feed:
         named item is not failed or available, or its partition is finished."""
         return self.store.act_on_items(action, ids=ids, key=key, gate=gate, by=by)
 
+    @retried
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
         return self.store.checkpoint(key)
 
+    @retried
     def cleanup(self, older_than: float, *, include_failed: bool = False, dry_run: bool = False) -> dict[str, int]:
         """Delete complete and cancelled (and, if asked, failed) partitions last changed more than
         `older_than` seconds ago, with their items and history, in bounded batches; with
@@ -231,6 +283,7 @@ class Feed:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
         return self.store.status(key, history=history)
 
+    @retried
     def set_queue(
         self,
         name: str,
@@ -359,6 +412,7 @@ class Feed:
 
     # ------------------------------------------------------------ pull workers
 
+    @retried
     def claim(
         self, queue: str, worker: str, *, max_items: int = 10, lease_seconds: float = 60.0
     ) -> list[dict[str, Any]]:
@@ -369,6 +423,7 @@ class Feed:
         check_claim(worker, max_items, lease_seconds)
         return self.store.claim(queue, worker, max_items, lease_seconds, self.policy)
 
+    @retried
     def heartbeat(
         self, item_id: int, token: str, *, progress: float | None = None, lease_seconds: float | None = None
     ) -> str:
@@ -392,6 +447,7 @@ class Feed:
             raise result
         return result
 
+    @retried
     def answer_many(
         self, answers: Sequence[tuple[int, str, Mapping[str, Any] | Response]]
     ) -> list[dict[str, Any] | FeedprocError]:
@@ -420,10 +476,12 @@ class Feed:
                 raise result
         return [r for r in results if r is not None]
 
+    @retried
     def release(self, item_id: int, token: str) -> None:
         """Hand a claimed item back unanswered (ready again at once, no attempt counted)."""
         self.store.release_claim(item_id, token)
 
+    @retried
     def expire_claims(self, queue: str | None = None) -> int:
         """Settle claims that ran out without an answer (each counts an attempt); how many."""
         return self.store.expire_claims(queue, self.policy)

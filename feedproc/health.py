@@ -5,10 +5,11 @@ Each probe answers 200 `{"status": "ok", ...}` when its checks pass, else 503 wi
 
 - `GET /livez` (liveness): fails only when the watcher itself is stuck: its write loop gave up
   (`watcher.fatal`), or its heartbeat has not renewed the leases within a lease length while the
-  database answers. A heartbeat stale *because the database is away* keeps the watcher live:
-  restarting it would not bring the database back, and would only add reconnection storms. It never
-  checks the handler.
-- `GET /readyz` (readiness): the database answers, each handler service the watcher sends items to
+  database answers and writes. A heartbeat stale *because the database is away* (or refuses
+  writes) keeps the watcher live: restarting it would not bring the database back, and would only
+  add reconnection storms. It never checks the handler.
+- `GET /readyz` (readiness): the database answers and takes writes (no outage the watcher is
+  waiting out: a read-only database answers a ping), each handler service the watcher sends items to
   (its `--handler`, or the handlers of its pipeline's gates) answers HTTP at all at its base URL
   (any status), and the write loop has not given up.
 - `GET /healthz`: all of the above at once (the heartbeat check without the database excuse), as
@@ -131,6 +132,16 @@ class WatcherProbe:
         fatal = getattr(self.watcher, "fatal", None)
         return redact(f"watcher: {fatal}") if fatal else None
 
+    def _outage(self) -> str | None:
+        """The database outage the watcher is waiting out: it may answer a ping meanwhile (a
+        read-only database does, and refuses every write)."""
+        outage = getattr(self.watcher, "database_outage", None)
+        return redact(f"database: {outage}") if outage else None
+
+    def _database(self, reason: str | None) -> str | None:
+        """The database's check: its ping's failure, else the outage the watcher met."""
+        return reason or self._outage()
+
     def _stale(self) -> str | None:
         lease, age = self.watcher.config.lease_seconds, self.watcher.heartbeat_age
         if age > lease:
@@ -158,23 +169,29 @@ class WatcherProbe:
     def health(self) -> tuple[int, str, bytes]:
         """Everything at once: database, heartbeat, handlers, write loop."""
         checks = [_database(self.watcher.store), *self._handlers()]
-        return self._answer([*_run_checks(checks), self._stale(), self._fatal()])
+        database, *handlers = _run_checks(checks)
+        return self._answer([self._database(database), *handlers, self._stale(), self._fatal()])
 
     def live(self) -> tuple[int, str, bytes]:
         """Liveness: the watcher is not stuck. A stale heartbeat counts only while the database
-        answers (otherwise the outage is the cause, and a restart would not help)."""
+        answers and takes writes (otherwise the outage is the cause, and a restart would not help)."""
         fatal, stale = self._fatal(), self._stale()
         if fatal or not stale:
             return self._answer([fatal])
+        outage = self._outage()
+        if outage:
+            return self._answer([], note=f"{stale}; the watcher is waiting out the database ({outage})")
         database = database_reason(self.watcher.store)
         if database:
             return self._answer([], note=f"{stale}; the database is not answering ({database})")
         return self._answer([stale])
 
     def ready(self) -> tuple[int, str, bytes]:
-        """Readiness: the database and the handlers answer, and the write loop runs."""
+        """Readiness: the database answers and takes writes, the handlers answer, and the write
+        loop runs."""
         checks = [_database(self.watcher.store), *self._handlers()]
-        return self._answer([*_run_checks(checks), self._fatal()])
+        database, *handlers = _run_checks(checks)
+        return self._answer([self._database(database), *handlers, self._fatal()])
 
     def metrics(self) -> tuple[int, str, bytes]:
         """The watcher's registry, plus its queue's backlog read from the database now."""

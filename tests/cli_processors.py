@@ -86,6 +86,17 @@ class FansOutThenLogs(Processor):
         return Response(done=True, data={"by": os.getpid()})
 
 
+class FailsOnceWithNul(Processor):
+    """An item whose data is `{"nul": true}` fails its first delivery with an error holding a NUL
+    (PostgreSQL refuses NUL in text); every delivery takes 0.2 s, so answers arrive together."""
+
+    async def process(self, item: Item) -> Response:
+        await asyncio.sleep(0.2)
+        if item.json().get("nul") and item.attempt == 1:
+            raise ValueError("bad\x00byte")
+        return Response(done=True)
+
+
 class SleepsUntilCancelled(Processor):
     """Starts, writes `started <id>` to the delivery log, sleeps for an hour; on cancellation writes
     `cancelled <id>` (the test reads that the cancel reached the work)."""

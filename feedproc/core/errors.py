@@ -57,10 +57,40 @@ class SchemaMissing(FeedprocError):
     http_status = 503
 
 
+class SchemaAhead(SchemaMissing):
+    """The database's schema is newer than this feedproc knows: feedproc must be upgraded (migrating
+    cannot help, and changes nothing)."""
+
+
 class DatabaseUnavailable(FeedprocError):
-    """The database could not be reached."""
+    """The database cannot do its work now: it cannot be reached, is shutting down or restarting, or
+    has no connection left (and the subclasses below). Transient: the watcher's loops wait it out
+    with backoff, and the command line and the API say so in one line (exit 1, 503)."""
 
     http_status = 503
+
+
+class DatabaseRefusesWrites(DatabaseUnavailable):
+    """The database answers but refuses to write: it is read-only (a replica, a demoted primary,
+    read-only storage) or its disk is full. Reads still work, so only a write shows it is over."""
+
+
+class DatabaseConflict(DatabaseUnavailable):
+    """The database aborted a transaction in a conflict with another one (a serialization failure,
+    a deadlock, a lock wait timeout): nothing of it was written, and running it again succeeds.
+    `Feed` retries it; the watcher's loops retry it as they retry an outage."""
+
+
+class DatabaseRefused(FeedprocError):
+    """The database refused a statement for a reason that is not an outage (a value or a constraint
+    it does not accept). Its message is the first line of the database's, never the statement or its
+    parameters; `unique` says whether a unique constraint refused it."""
+
+    http_status = 500
+
+    def __init__(self, message: str, *, unique: bool = False) -> None:
+        super().__init__(message)
+        self.unique = unique
 
 
 class PermanentError(Exception):

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from ..core.errors import InvalidInput, NotFound, Refused
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, COMPLETE, FAILED, C, I, P, event
 from .dialects import db_now
+from .escaping import storable
 from .gating import GateWriter
 from .notify import notify_wanted
 from .schema import attempts, claims, items
@@ -55,6 +56,7 @@ class ItemActions(GateWriter):
             raise InvalidInput(f"action must be one of {', '.join(ITEM_ACTIONS)}, got {action!r}")
         if (ids is None) == (key is None):
             raise InvalidInput("name the items (ids) or their partition (key), not both")
+        by = storable(by, 120)  # the records' `watcher` column
         if ids is not None:
             ids = sorted(set(ids))
             if not ids or len(ids) > MAX_IDS or not all(_is_id(i) for i in ids):

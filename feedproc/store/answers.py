@@ -21,6 +21,7 @@ from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
 from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
+from .escaping import storable
 from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
 from .schema import attempts, claims, inflight, items, partitions
 
@@ -294,7 +295,7 @@ class Answers(GateWriter):
             ):
                 raise ValueError(f"outcome for item {o.item_id} would place an item below gate {o.gate}")
             failure = o.kind in (Kind.RETRY, Kind.FAIL)
-            error = truncate_error(o.error or "failed") if failure else None
+            error = truncate_error(storable(o.error or "failed")) if failure else None
             if narrow_done and o.kind == Kind.DONE and o.data is None:
                 completed.append(o)
             else:
@@ -462,7 +463,7 @@ class Answers(GateWriter):
 
 def _record_error(o: Outcome) -> str:
     """A delivery record's error: the outcome's full detail (traceback included), its last 4 KB."""
-    text = o.detail or o.error or "failed"
+    text = storable(o.detail or o.error or "failed")
     return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
 
 

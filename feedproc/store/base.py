@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import ColumnElement, Row, insert, literal_column, select, text, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from ..core.errors import DatabaseUnavailable, NotFound, SchemaMissing
+from ..core.errors import (
+    DatabaseConflict,
+    DatabaseRefused,
+    DatabaseRefusesWrites,
+    DatabaseUnavailable,
+    NotFound,
+    SchemaAhead,
+    SchemaMissing,
+)
 from ..core.models import Status
 from .dialects import WRITE_OPTION, db_minute, db_now, is_mysql, is_postgres, make_engine
 from .names import DEFAULT_PREFIX, prefix_from
@@ -29,6 +37,7 @@ from .schema import attempts, claims, events, inflight, items, partitions, queue
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 A, F, C = attempts.c, inflight.c, claims.c
@@ -71,8 +80,22 @@ class StoreBase:
     # ------------------------------------------------------------ transactions
 
     @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        """A pooled connection, its driver errors translated. When the database refused to write,
+        the pool's connections are closed, not used again: a session keeps the read-only state it
+        began with (PostgreSQL's default_transaction_read_only, a SQLite file opened on read-only
+        storage), and the next attempt must meet the database as it is by then."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except DBAPIError as error:  # as `translated_errors` does, here: one context manager a transaction, not two
+            if _error_code(error.orig) in _REFUSES_WRITES:
+                self.engine.dispose()  # this one included; those out now are closed when given back
+            raise _translate(error).with_traceback(error.__traceback__) from None
+
+    @contextmanager
     def _tx(self, *, write: bool) -> Iterator[Connection]:
-        with translated_errors(), self.engine.connect() as conn:
+        with self._connection() as conn:
             if write:
                 conn = conn.execution_options(**{WRITE_OPTION: True})
             with conn.begin():
@@ -94,7 +117,7 @@ class StoreBase:
             with self._tx(write=True) as conn:
                 yield conn
             return
-        with translated_errors(), self.engine.connect() as conn:
+        with self._connection() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def read(self) -> AbstractContextManager[Connection]:
@@ -114,9 +137,11 @@ class StoreBase:
         """Create or upgrade the schema to the newest revision (idempotent); the revisions before
         (None: no schema) and after."""
         from alembic import command
+        from alembic.script import ScriptDirectory
 
         before = self.schema_revision()
         config = alembic_config(self.url, self.table_prefix)
+        _refuse_ahead(ScriptDirectory.from_config(config), before)  # alembic would fail half-way, with a traceback
         with translated_errors(), self.engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
@@ -131,11 +156,14 @@ class StoreBase:
             return None
 
     def check_schema(self) -> None:
-        """Raise SchemaMissing unless the database is at the newest schema revision."""
+        """Raise SchemaMissing unless the database is at the newest schema revision (SchemaAhead
+        when it is at one this feedproc does not know: a newer feedproc migrated it)."""
         from alembic.script import ScriptDirectory
 
-        head = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix)).get_current_head()
+        script = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix))
+        head = script.get_current_head()
         current = self.schema_revision()
+        _refuse_ahead(script, current)
         if current != head:
             state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
             raise SchemaMissing(f"the database {state}: run `feedproc migrate`")
@@ -272,31 +300,86 @@ def utcnow() -> datetime:
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
-    """Re-raise the driver errors feedproc names (database unavailable, schema missing, ...) as
-    its own; any other error as it is."""
+    """Re-raise every driver error as one of feedproc's own (`_translate`): its message a summary
+    of the database's, never the statement or its parameters (which may hold anything: a claim's
+    token, a worker's text). The driver's error stays on the new one's traceback frames for
+    debugging, not in its chain, which logs and tracebacks would print."""
     try:
         yield
-    except (OperationalError, ProgrammingError) as error:
+    except DBAPIError as error:
         translated = _translate(error)
-        if translated is None:
-            raise
-        raise translated from error
+        raise translated.with_traceback(error.__traceback__) from None
 
 
-def _translate(error: DBAPIError) -> Exception | None:
-    """Map a driver error to what a user should hear; None for errors that are our own bugs."""
-    text = str(error.orig or error)
-    missing = "no such table" in text or type(error.orig).__name__ == "UndefinedTable"
-    if missing or (getattr(error.orig, "args", (None,))[0] == MYSQL_NO_SUCH_TABLE):
+def _translate(error: DBAPIError) -> Exception:
+    """What a user should hear of a driver error: the class of failure it is (the database is
+    read-only, shutting down, out of connections or disk, a conflict to retry, unreachable, the
+    schema missing), else a refusal naming the database's first line."""
+    orig = error.orig
+    code = _error_code(orig)
+    said = _first_line(orig or error)
+    if code in _SCHEMA_MISSING or "no such table" in said:
         return SchemaMissing("the database has no feedproc schema: run `feedproc migrate`")
-    if isinstance(error, OperationalError):
-        first_line = text.strip().splitlines()[0] if text.strip() else type(error.orig).__name__
-        return DatabaseUnavailable(f"database unavailable: {first_line}")
-    return None
+    if code in _READ_ONLY:
+        return DatabaseRefusesWrites("the database is read-only")
+    if code in _DISK_FULL:
+        return DatabaseRefusesWrites(f"the database's disk is full ({said})")
+    if code in _CONFLICT:
+        return DatabaseConflict(
+            f"the database aborted the transaction in a conflict ({said}); running it again succeeds"
+        )
+    if code in _SHUTTING_DOWN or any(phrase in said for phrase in _SHUTTING_DOWN_SAID):
+        return DatabaseUnavailable(
+            f"database unavailable: it is shutting down, restarting or ended the connection ({said})"
+        )
+    if code in _TOO_MANY_CONNECTIONS or any(phrase in said for phrase in _TOO_MANY_CONNECTIONS_SAID):
+        return DatabaseUnavailable(f"database unavailable: it has no connection left for feedproc ({said})")
+    if isinstance(error, OperationalError) or error.connection_invalidated:
+        return DatabaseUnavailable(f"database unavailable: {said}")
+    unique = isinstance(error, IntegrityError) and is_unique_violation(error)
+    return DatabaseRefused(f"the database refused the statement: {said}", unique=unique)
 
 
-#: MariaDB/MySQL's error number for a table that does not exist (ER_NO_SUCH_TABLE).
-MYSQL_NO_SUCH_TABLE = 1146
+def _error_code(orig: BaseException | None) -> str | int | None:
+    """MariaDB/MySQL's error number, PostgreSQL's SQLSTATE, or SQLite's error name (its extended
+    names, SQLITE_READONLY_DBMOVED say, by their primary one)."""
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # PyMySQL: (number, message); its `sqlstate` is coarser
+        return args[0]
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate:
+        return str(sqlstate)
+    name = getattr(orig, "sqlite_errorname", None)
+    return "_".join(str(name).split("_")[:2]) if name else None
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of a driver's message (the rest may quote the statement), bounded; MariaDB's
+    `(1290, "The MariaDB server is ...")` as its text alone."""
+    args: tuple[Any, ...] = getattr(error, "args", ())
+    numbered = len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str)
+    text = args[1] if numbered else str(error)
+    lines = text.strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
+#: The failure classes, by PostgreSQL's SQLSTATE, MariaDB/MySQL's error number and SQLite's error name.
+_SCHEMA_MISSING = {"42P01", 1146}  # undefined table; ER_NO_SUCH_TABLE
+# read_only_sql_transaction; ER_OPTION_PREVENTS_STATEMENT (--read-only), ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+_READ_ONLY = {"25006", 1290, 1792, "SQLITE_READONLY"}
+_DISK_FULL = {"53100", 1021, 1114, "SQLITE_FULL"}  # disk_full; ER_DISK_FULL, ER_RECORD_FILE_FULL
+_REFUSES_WRITES = _READ_ONLY | _DISK_FULL
+# serialization_failure, deadlock_detected; ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+_CONFLICT = {"40001", "40P01", 1213, 1205}
+_SHUTTING_DOWN = {"57P01", "57P02", "57P03", 1053}  # admin/crash shutdown, cannot connect now; ER_SERVER_SHUTDOWN
+_TOO_MANY_CONNECTIONS = {"53300", 1040, 1203}  # too_many_connections; ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS
+# A connection refused while it is made carries no SQLSTATE with psycopg: PostgreSQL's words, then.
+_SHUTTING_DOWN_SAID = (
+    "the database system is shutting down",
+    "the database system is starting up",
+    "terminating connection due to administrator command",
+)
+_TOO_MANY_CONNECTIONS_SAID = ("too many connections", "too many clients")
 
 
 def is_unique_violation(error: IntegrityError) -> bool:
@@ -305,6 +388,16 @@ def is_unique_violation(error: IntegrityError) -> bool:
 
 
 # ---------------------------------------------------------------- migrations
+
+
+def _refuse_ahead(script: ScriptDirectory, current: str | None) -> None:
+    """SchemaAhead when the database's revision `current` is none of this feedproc's own."""
+    if current is None or current in {revision.revision for revision in script.walk_revisions()}:
+        return
+    head = script.get_current_head()
+    newer = current.isdigit() and head is not None and head.isdigit() and int(current) > int(head)
+    how = "newer than this feedproc" if newer else "unknown to this feedproc, which knows up to"
+    raise SchemaAhead(f"the database is at schema {current}, {how} ({head}): upgrade feedproc")
 
 
 def migrations_path() -> Path:

@@ -15,6 +15,7 @@ from ..core.records import Lease, ReadyItem, decode_inflight, encode_inflight
 from .base import AVAILABLE, FAILED, IS_AVAILABLE, F, I, P, event
 from .dialects import db_now
 from .dispatch import MARK_INFLIGHT
+from .escaping import storable
 from .gating import GateWriter
 from .queues import mysql_rows
 from .schema import attempts, inflight, items
@@ -139,7 +140,7 @@ class LostDeliveries(GateWriter):
             failed = alone and attempt >= most
             # Placeholders replaced, not str.format: the rest of a reason may quote an error with braces.
             said = reason.replace("{watcher}", watcher).replace("{attempt}", str(attempt))
-            error = said + (" (delivered alone)" if alone else "")
+            error = storable(said + (" (delivered alone)" if alone else ""))  # a reason may quote any error
             charged.append({"item": r.id, "gate": r.gate, "attempt": attempt, "error": error, "failed": failed})
             updates.append(
                 {

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from ..core.errors import InvalidInput
 from .base import IS_AVAILABLE, IS_FAILED, I, P, StoreBase, W, iso
 from .dialects import db_now
+from .escaping import storable
 from .reading import MAX_PAGE, add_count, count_items, count_partitions, zero_counts
 from .schema import items, partitions
 
@@ -125,6 +126,7 @@ class Operators(StoreBase):
         if after is not None:
             query = query.where(P.key > after)
         if error:
+            error = storable(error)  # as the errors it looks for were stored
             pattern = "%" + error.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             query = query.where(
                 exists().where(I.partition_id == P.id, I.status == IS_FAILED, I.last_error.ilike(pattern, escape="\\"))

@@ -24,6 +24,7 @@ from ..core.pipelines import PipelineSpec, from_mapping
 from ..core.policy import RetryPolicy
 from .base import StoreBase
 from .dialects import db_now
+from .escaping import storable
 from .notify import notify_ready
 from .schema import items, partitions, pipelines, schedules
 
@@ -50,7 +51,7 @@ class Pipelines(StoreBase):
             if row is not None and row.spec == text:
                 return spec.with_version(int(row.version))
             version = 1 if row is None else int(row.version) + 1
-            values = {"version": version, "spec": text, "updated_at": db_now(), "updated_by": by[:120]}
+            values = {"version": version, "spec": text, "updated_at": db_now(), "updated_by": storable(by, 120)}
             if row is None:
                 conn.execute(insert(pipelines).values(queue=spec.queue, **values))
             else:

@@ -13,11 +13,10 @@ from typing import Any
 
 from sqlalchemy import insert, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from ..core import gates
 from ..core import windows as timewindows
-from ..core.errors import DuplicateKey, InvalidInput, Refused
+from ..core.errors import DatabaseRefused, DuplicateKey, InvalidInput, Refused
 from ..core.gates import Move
 from ..core.models import MAX_INT32, NewItem, check_key, check_queue, shown
 from .base import (
@@ -30,7 +29,6 @@ from .base import (
     NO_LEASE,
     I,
     P,
-    is_unique_violation,
     this_process,
 )
 from .dialects import db_now
@@ -84,9 +82,9 @@ class Producing(GateWriter):
                     not_before=not_before,
                     **schedule,
                 )
-        except IntegrityError as error:
-            if is_unique_violation(error):
-                raise DuplicateKey(f"partition {key!r} exists already") from error
+        except DatabaseRefused as error:
+            if error.unique:
+                raise DuplicateKey(f"partition {key!r} exists already") from None
             raise
 
     def _create_partition(
@@ -107,7 +105,7 @@ class Producing(GateWriter):
         """Create partition `key` and its items in the caller's transaction (arguments checked
         already; `schedule` as `_schedule_values` makes it, default when empty); its history's
         "created" entry gets `detail` too. Returns the number of items; IntegrityError when the key
-        exists."""
+        exists (DatabaseRefused with `unique` once out of the transaction)."""
         created = insert(partitions).values(
             key=key,
             queue=queue,

@@ -34,6 +34,7 @@ from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
 from .claimable import claimable
 from .dialects import db_now, pg_bigint_array, seconds_from_now, stored_bytes
+from .escaping import storable
 from .pipelines import Pipelines
 from .queues import Queues
 from .schema import claims, items, partitions
@@ -41,6 +42,7 @@ from .schema import claims, items, partitions
 #: A worker's answer: item id, claim token, and the Response or the failure it reported.
 ClaimAnswer = tuple[int, str, Response | None, BaseException | None]
 EXPIRED_PER_SWEEP = 200  # expired claims settled per transaction
+WORKER_LIMIT = 120  # characters of a worker's name that its claims keep (feedproc_claims.worker)
 
 # What `claim` reads back on MariaDB/MySQL, which has no UPDATE ... RETURNING.
 _MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
@@ -96,6 +98,7 @@ class Pulling(Answers, Queues, Pipelines):
         Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed.
         Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do,
         and take nothing of a gate that is full or outside its windows."""
+        worker = storable(worker, WORKER_LIMIT)  # as every record of its deliveries will name it
         self.expire_claims(queue, policy)
         with self.write() as conn:
             settings = self._queue(conn, queue)
@@ -217,6 +220,7 @@ class Pulling(Answers, Queues, Pipelines):
         A failure is retried or failed by its gate's attempts and backoff in the queue's pipeline,
         else by `policy`."""
         results: list[dict[str, Any] | Exception] = []
+        answers = [(item_id, storable(token), response, error) for item_id, token, response, error in answers]
         with self.write() as conn:
             found = {c.token: c for c in self._claims_of(conn, sorted({a[1] for a in answers}))}
             pids = sorted({c.partition_id for c in found.values()})
@@ -315,6 +319,7 @@ class Pulling(Answers, Queues, Pipelines):
     def _held(self, conn: Connection, item_id: int, token: str) -> tuple[Any, Any]:
         """The claim `token` on `item_id` and the item, the partition locked; raises NotFound for
         an unknown token and StaleClaim when it no longer holds the item."""
+        token = storable(token)  # (a token with a NUL in it matches none, as any other wrong token)
         claim = conn.execute(select(*_CLAIM_COLUMNS).where(C.token == token)).one_or_none()
         if claim is None or claim.item_id != item_id:
             raise NotFound(f"item {item_id} has no claim with this token")

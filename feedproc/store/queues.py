@@ -40,6 +40,7 @@ from .base import (
     utcnow,
 )
 from .dialects import db_now
+from .escaping import storable
 from .notify import notify_ready
 from .schema import inflight, items, partitions, queues, watchers
 
@@ -109,6 +110,7 @@ class Queues(StoreBase):
                 "mode": current.mode if mode is None else mode,
             }
             if paused is not None and paused != current.paused:  # who paused it, and when, is kept
+                by = storable(by, 120)
                 values.update(paused=paused, paused_at=db_now() if paused else None, paused_by=by if paused else None)
             if clear_windows:
                 values.update(windows=None, window_tz=None)

@@ -16,12 +16,11 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
-from ..core.errors import InvalidInput
+from ..core.errors import DatabaseRefused, InvalidInput
 from ..core.models import check_queue
 from ..core.pipelines import PipelineSpec, ScheduleSpec
-from .base import P, is_unique_violation, iso
+from .base import P, iso
 from .dialects import db_now
 from .pipelines import Pipelines
 from .producing import Producing
@@ -59,8 +58,8 @@ class Scheduling(Producing, Pipelines):
                 continue
             try:
                 key = self._fire(queue, schedule.name, now)
-            except IntegrityError as error:
-                if not is_unique_violation(error):
+            except DatabaseRefused as error:
+                if not error.unique:
                     raise
                 key = self._fire(queue, schedule.name, now)  # a producer made that key as we did: skipped now
             if key is not None:

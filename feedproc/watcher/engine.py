@@ -247,6 +247,8 @@ class Watcher(Fetching, Delivering, Writing):
                 deleted = await asyncio.to_thread(self.store.cleanup, older_than)
                 if deleted["partitions"]:
                     log.info("retention: deleted %s", deleted)
+            except DatabaseUnavailable as error:  # an outage: said once, by the loops' health
+                self._health.failed("retention", error)
             except Exception as error:
                 log.warning("retention cleanup failed: %s", error)
             await asyncio.sleep(self.config.retention_every)

@@ -37,7 +37,7 @@ class Fetching(Leasing):
                     self._acquire_now = False
                     await self._lease_more(steal=False)
                 await self._fill_buffer()
-                self._health.ok()
+                self._health.ok(wrote=False)  # (it may have read only)
                 self._failed_polls = 0
                 delay = max(0.0, next_maintenance - time.monotonic())
             except DatabaseUnavailable as error:

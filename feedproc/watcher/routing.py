@@ -7,6 +7,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
+from ..core.errors import DatabaseUnavailable
 from ..processors.pipeline import GateRouter, Route
 from .state import WatcherState
 
@@ -74,6 +75,8 @@ class Routing(WatcherState):
                             key,
                             extra={"event": "scheduled", "key": key, "watcher": self.id},
                         )
+                except DatabaseUnavailable as error:  # an outage: said once, by the loops' health
+                    self._health.failed("schedules", error)
                 except Exception as error:  # looked at again next time
                     log.warning("could not start scheduled partitions: %s", error)
             await asyncio.sleep(min(self.config.poll_interval, 5.0))

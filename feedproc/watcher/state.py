@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from tenacity import RetryCallState, wait_random_exponential
 
+from ..core.errors import DatabaseConflict, DatabaseRefusesWrites
 from ..core.models import Item
 from ..core.policy import RetryPolicy
 from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
@@ -40,14 +41,25 @@ class _RetryState:
 
 
 class _Health:
-    """Tracks database outages: logs one when it starts and when it ends, not once per attempt."""
+    """Tracks database outages: logs one when it starts and when it ends, not once per attempt.
+
+    An outage in which the database refused to write (read-only, disk full) ends only with a write:
+    reads work throughout one, and a loop that only read must not declare it over (the heartbeat
+    writes within a third of a lease). A conflict (a deadlock, a serialization failure) is no outage:
+    it only lengthens the backoff of the loop that met it."""
 
     def __init__(self) -> None:
         self.down_since: float | None = None
         self.failures = 0  # consecutive failed calls, for the backoff
+        self.error = ""  # what the outage is, as its last failure said
+        self._writes_refused = False
 
     def failed(self, what: str, error: BaseException | None) -> None:
         self.failures += 1
+        if isinstance(error, DatabaseConflict):
+            return
+        self._writes_refused = self._writes_refused or isinstance(error, DatabaseRefusesWrites)
+        self.error = str(error)
         if self.down_since is None:
             self.down_since = time.monotonic()
             log.warning(
@@ -57,8 +69,12 @@ class _Health:
                 extra={"event": "database_unavailable", "error": str(error)},
             )
 
-    def ok(self) -> None:
+    def ok(self, *, wrote: bool = True) -> None:
+        """A call succeeded; `wrote`: it wrote (only that ends an outage of refused writes)."""
+        if self._writes_refused and not wrote:
+            return
         self.failures = 0
+        self._writes_refused = False
         if self.down_since is not None:
             log.warning(
                 "database reachable again after %.1fs",
@@ -66,6 +82,12 @@ class _Health:
                 extra={"event": "database_available"},
             )
             self.down_since = None
+
+    def outage(self) -> str | None:
+        """The outage now (what it is, for how long), or None."""
+        if self.down_since is None:
+            return None
+        return f"{self.error} (for {time.monotonic() - self.down_since:.1f}s)"
 
 
 CANCELLED_CALL = "the call was cancelled: its item or its partition was cancelled (or skipped)"
@@ -167,6 +189,12 @@ class WatcherState:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    @property
+    def database_outage(self) -> str | None:
+        """The database outage this watcher is waiting out (what it is, for how long), or None. The
+        database may answer a ping meanwhile: a read-only one does, and refuses every write."""
+        return self._health.outage()
 
     @property
     def heartbeat_age(self) -> float:

@@ -34,6 +34,7 @@ from sqlalchemy import Engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
 from feedproc import Feed
+from feedproc.core.errors import DatabaseRefusesWrites
 
 from ..faults_support import (
     WATCHER_HEADER,
@@ -54,7 +55,9 @@ from ..faults_support import (
     stored_partitions,
     workflow_checks,
 )
+from ..outages import mariadb_read_only, mariadb_user
 from ..support import HandlerService, WatcherProcesses, run_cli, wait_until
+from ..watcher.test_database_outages import waits_out_read_only
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -472,6 +475,19 @@ def test_mariadb_down_mid_run_is_survived_and_logged_once_per_state_change(
     keys = outage_run(feed, handler, fleet, server_down)
     assert_checks(feed, keys, handler, [], fleet)  # no fault excuses a repeated delivery here
     assert_outage_logged_once_per_change(fleet, most=2)
+
+
+@pytest.mark.mariadb_only
+def test_mariadb_read_only_mid_run_is_waited_out_unready_but_live(db_url: str, feed: Feed) -> None:
+    """`SET GLOBAL read_only` (errors 1290, 1792 in a read-only transaction) binds users without
+    READ ONLY ADMIN: the watcher and a producer run as one. Global to the server: a fault test."""
+    with mariadb_user(db_url) as user_url:
+        waits_out_read_only(user_url, feed, lambda: mariadb_read_only(db_url))
+        with Feed(user_url) as producer, mariadb_read_only(db_url):
+            with pytest.raises(DatabaseRefusesWrites) as refused:
+                producer.add_partition("later", [(0, b"{}")])
+            assert str(refused.value) == "the database is read-only"
+            assert producer.status("p")["status"] == "complete"  # reading works throughout
 
 
 LOCKER = """

@@ -102,6 +102,21 @@ def test_a_malformed_answer_is_400_and_the_claim_still_holds(api: ApiServer) -> 
     assert ok.status_code == 200
 
 
+def test_text_with_nul_in_an_answer_or_a_worker_name_is_kept_escaped_and_fails_nothing(api: ApiServer) -> None:
+    """PostgreSQL refuses NUL in text: it used to fail the claim, or the whole batch of answers (500)."""
+    add(api, "doc-1", 1, 2, 3)
+    response = claim(api, worker="gpu\x00box", max=3)
+    assert response.status_code == 200, response.text
+    nul, *others = response.json()["items"]
+    answers = [{"id": nul["id"], "token": nul["token"], "error": "x\x00y"}]
+    answers += [{"id": item["id"], "token": item["token"], "done": True} for item in others]
+    answered = api.client.post("/api/v1/answers", json={"answers": answers}, headers=WORKER_AUTH)
+    assert answered.status_code == 200, answered.text
+    assert [r["status"] for r in answered.json()["results"]] == [200, 200, 200]
+    (failed,) = api.get(f"/api/v1/items/{nul['id']}").json()["history"]
+    assert (failed["error"], failed["watcher"]) == ("x\\u0000y", "gpu\\u0000box")
+
+
 def test_claiming_from_a_push_queue_is_409(api: ApiServer) -> None:
     response = api.client.post("/api/v1/queues/default/claim", json={"worker": "w"}, headers=WORKER_AUTH)
     assert response.status_code == 409 and "pull mode" in response.json()["error"]
@@ -236,6 +251,30 @@ def test_work_drains_its_queue_with_a_worker_token_limited_to_it(db_url: str, tm
         worker.stop()
         server.stop()
         feed.close()
+
+
+def test_a_work_process_whose_processor_fails_with_nul_loses_nothing_else(db_url: str, tmp_path: Path) -> None:
+    """Its error, sent in one request with the other items' answers, used to fail them all on
+    PostgreSQL: their claims expired, and the real error was never recorded."""
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.add_partition("p", [(0, json.dumps({"nul": n == 0}).encode()) for n in range(4)], queue=QUEUE)
+    nul = next(item["id"] for item in feed.items("p") if json.loads(item["data"])["nul"])
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
+    worker = WorkProcess(
+        server.url, tmp_path, "w", "--processor", "cli_processors:FailsOnceWithNul", "--concurrency", "4"
+    )
+    try:
+        wait_until(lambda: feed.status("p")["status"] == "complete", timeout=60, what="p to complete")
+        assert worker.stop() == 0, worker.log_path.read_text()
+    finally:
+        worker.stop()
+        server.stop()
+    failed, done = feed.item(nul)["history"]
+    assert failed["outcome"] == "retry" and "ValueError: bad\\u0000byte" in failed["error"], failed
+    assert done["outcome"] == "done"
+    assert all(item["deliveries"] == 1 for item in feed.items("p") if item["id"] != nul)
+    feed.close()
 
 
 @contextlib.contextmanager

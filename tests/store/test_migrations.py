@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Boolean, UniqueConstraint, inspect, text
 
-from feedproc.core.errors import SchemaMissing
+from feedproc.core.errors import SchemaAhead, SchemaMissing
 from feedproc.store import Store, alembic_config
 from feedproc.store.dialects import MYSQL
 from feedproc.store.schema import metadata
@@ -143,6 +143,35 @@ def test_feedproc_migrate_command_is_idempotent(unmigrated_url, tmp_path):
         store.check_schema()
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- a schema newer than this feedproc
+
+
+def at_a_newer_revision(store):
+    """The database as a newer feedproc would have migrated it: at the revision after this one's head."""
+    newer = f"{int(head_revision(store.url)) + 1:04d}"
+    with store.write() as conn:
+        conn.execute(text("UPDATE feedproc_version SET version_num = :newer"), {"newer": newer})
+    return newer
+
+
+def test_a_schema_newer_than_this_feedproc_is_refused_saying_to_upgrade_feedproc(store):
+    newer, head = at_a_newer_revision(store), head_revision(store.url)
+    with pytest.raises(SchemaAhead) as refused:
+        store.check_schema()
+    assert (
+        str(refused.value) == f"the database is at schema {newer}, newer than this feedproc ({head}): upgrade feedproc"
+    )
+
+
+def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(store):
+    newer = at_a_newer_revision(store)
+    tables = sorted(inspect(store.engine).get_table_names())
+    with pytest.raises(SchemaAhead, match="upgrade feedproc"):
+        store.migrate()
+    assert store.schema_revision() == newer
+    assert sorted(inspect(store.engine).get_table_names()) == tables
 
 
 # ---------------------------------------------------------------- the revision creates exactly `metadata`

@@ -118,6 +118,27 @@ def test_a_database_write_that_fails_for_one_answer_fails_only_that_item(
     assert feed.status("bad")["items"]["complete"] == 20
 
 
+def test_an_error_holding_nul_is_recorded_escaped_and_its_batch_is_written(db_url: str, feed: Feed) -> None:
+    """PostgreSQL refuses NUL in text: the error of one item used to fail the whole group commit,
+    and the answers written one by one recorded the statement and its parameters as the error."""
+    add(feed, "p")
+    target = item_id(feed, "p", 3)
+
+    class FailsOnceWithNul(Processor):
+        async def process(self, item: Item) -> Response:
+            if item.id == target and item.attempt == 1:
+                raise ValueError("bad\x00byte")
+            return Response(done=True)
+
+    with watching(db_url, FailsOnceWithNul()):
+        wait_status(feed, "p", "complete")
+    (failed, done) = feed.item(target)["history"]
+    assert failed["outcome"] == "retry" and "ValueError: bad\\u0000byte" in failed["error"]
+    assert "could not be written" not in failed["error"] and "[SQL" not in failed["error"]
+    assert done["outcome"] == "done"
+    assert all(i["deliveries"] == 1 for i in feed.items("p") if i["id"] != target)  # none delivered twice
+
+
 def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
     db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
