@@ -140,7 +140,7 @@ def test_a_stalled_watcher_an_hour_behind_has_each_of_its_deliveries_charged_as_
         taker = watchers.start(*args, **held)
         items = [i["id"] for i in feed.items("p")]
         wait_until(
-            lambda: all(records(db_url, item) for item in items), timeout=60, what="the stalled deliveries charged"
+            lambda: all(feed.item(item)["history"] for item in items), timeout=60, what="the stalled deliveries charged"
         )
         wait_until(lambda: len(deliveries(log)) == 10, timeout=30, what="the items delivered again")
     finally:
