@@ -22,6 +22,11 @@ RECORD_OUTCOMES = {
     "fail": "failed",
     "accepted": "accepted",
 }
+# The records of deliveries that ended without an answer written: `lost` (charged by whoever took
+# the partition over from a watcher that died or stalled), `abandoned` (still running when their
+# watcher stopped, past its shutdown grace) and `given back` (let go by a watcher that still ran: an
+# answer that could not be written, a lease it gave up on while the delivery was under way).
+LOST, ABANDONED, GIVEN_BACK = "lost", "abandoned", "given back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,21 @@ class Outcome:
     duration_us: int | None = None  # microseconds the call took
     detail: str | None = None  # the error with its traceback or the answer's start, for the record
     token: str | None = None  # ACCEPTED: the token the request carried, for the handler's later answer
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """A delivery its watcher lets go of without an answer written (`Store.release`): charged to its
+    item as an attempt and recorded with `outcome` (ABANDONED or GIVEN_BACK), when it started (epoch
+    microseconds, the watcher's clock, as every record's start) and how long it had run. `reason`
+    overrides the release's reason for it."""
+
+    item_id: int
+    version: int
+    outcome: str = ABANDONED
+    started_us: int | None = None
+    duration_us: int | None = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)

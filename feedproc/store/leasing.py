@@ -15,7 +15,7 @@ from sqlalchemy import Row, Select, and_, bindparam, delete, exists, func, inser
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
-from ..core.records import Lease, ProgressReport, encode_inflight
+from ..core.records import Lease, ProgressReport, Unanswered
 from .base import IS_AVAILABLE, NO_LEASE, PULL, F, P, Q, W, event
 from .dialects import db_now, seconds_from_now, seconds_until
 from .lost import LostDeliveries
@@ -460,17 +460,20 @@ class Leasing(LostDeliveries, Queues):
         leases: Sequence[Lease],
         *,
         kind: str = "yielded",
-        abandoned: dict[int, list[tuple[int, int]]] | None = None,
+        abandoned: Mapping[int, Sequence[Unanswered | tuple[int, int]]] | None = None,
         max_attempts: int = 5,
         gate_attempts: Mapping[int, int] | None = None,
         reason: str = "watcher {watcher} stopped during delivery {attempt}: still running after the shutdown grace",
     ) -> int:
         """Give up leases at once (shutdown: `yielded`), so others need not wait for expiry.
 
-        `abandoned`: per partition, the (item id, version) of deliveries the watcher gives up on
-        (still running, or answered but unwritable); each is charged now as a lost delivery, with
-        `reason` as its error (`{watcher}` and `{attempt}` in it are filled in), against its gate's
-        attempts (`gate_attempts`, else `max_attempts`)."""
+        `abandoned`: per partition, the deliveries the watcher lets go of unanswered (`Unanswered`,
+        or (item id, version): abandoned, times unknown): still running, or answered but
+        unwritable. Each is charged now, against its gate's attempts (`gate_attempts`, else
+        `max_attempts`), and recorded with its outcome, start and duration, and `reason` (or its
+        own) as its error (`{watcher}` and `{attempt}` in it are filled in). An in-flight record of
+        an earlier lease of the partition, taken over and not charged yet, is charged as lost: a
+        release never drops a delivery from the record."""
         if not leases:
             return 0
         with self.write() as conn:
@@ -495,10 +498,17 @@ class Leasing(LostDeliveries, Queues):
                 )
             if not ids:
                 return 0
+            epochs = dict(pairs)
+            earlier = conn.execute(
+                select(F.partition_id, F.watcher, F.entries, F.epoch).where(F.partition_id.in_(ids)).with_for_update()
+            ).all()
+            for row in earlier:
+                if row.epoch < epochs[row.partition_id]:
+                    self._charge_record(conn, row.partition_id, row.watcher, row.entries, max_attempts, gate_attempts)
             for pid in ids:
                 if abandoned and abandoned.get(pid):
-                    entries = encode_inflight(abandoned[pid])
-                    self._charge(conn, pid, watcher_id, entries, max_attempts, reason, gate_attempts)
+                    given = [d if isinstance(d, Unanswered) else Unanswered(*d) for d in abandoned[pid]]
+                    self._charge(conn, pid, watcher_id, given, max_attempts, reason, gate_attempts)
             conn.execute(delete(inflight).where(F.partition_id.in_(ids)))
             self._touch(conn, ids, P.lease_owner == watcher_id, **NO_LEASE)
             self._events(conn, [event(pid, kind, watcher=watcher_id) for pid in ids])

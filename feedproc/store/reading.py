@@ -102,8 +102,9 @@ class Reading(Queues):
 
         Each delivery: `n` (the item's delivery number), `attempt` (as its processor saw it), `gate`,
         `watcher`, `started_at`, `ended_at`, `duration` (seconds), `outcome` (done, moved, not yet,
-        retry, failed, lost) and `error` (with a traceback for a Python processor's exception). Per
-        item the first and the last few deliveries are kept (`answers.RECORDS_KEPT` each)."""
+        retry, failed, lost, abandoned, given back) and `error` (with a traceback for a Python
+        processor's exception). Per item the first and the last few deliveries are kept
+        (`answers.RECORDS_KEPT` each)."""
         if isinstance(item_id, bool) or not isinstance(item_id, int) or not 0 < item_id < 2**63:
             raise InvalidInput(f"item id must be a positive integer, got {item_id!r}")
         with self.read() as conn:

@@ -108,7 +108,7 @@ class Delivering(Leasing):
         started = time.perf_counter_ns()
         task = asyncio.current_task()
         assert task is not None
-        self._running[ready.id] = (ready.partition_id, task, (item,))
+        self._running[ready.id] = (ready.partition_id, task, (item,), started_us, started)
         self._unannounced[ready.id] = ProgressReport(
             ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us
         )
@@ -149,13 +149,13 @@ class Delivering(Leasing):
         task = asyncio.current_task()
         assert task is not None
         items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
+        started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         for ready in batch:
             self.busy.add(ready.id)
-            self._running[ready.id] = (ready.partition_id, task, tuple(items))
+            self._running[ready.id] = (ready.partition_id, task, tuple(items), started_us, started)
         router = self.router
         route = router.route(batch[0].gate)
         timeout = self._timeout_of(lease, route)
-        started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         for ready in batch:
             self._unannounced[ready.id] = ProgressReport(
                 ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us

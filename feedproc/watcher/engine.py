@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.errors import DatabaseUnavailable
+from ..core.records import ABANDONED, GIVEN_BACK
 from ..processors import ProcessorLike
 from ..processors.pipeline import close_processors
 from ..store import Store
@@ -172,10 +173,12 @@ class Watcher(Fetching, Delivering, Writing):
         if self.busy:
             log.info("stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace, len(self.busy))
         _, unfinished = await asyncio.wait(workers, timeout=self.config.shutdown_grace)
-        if self.busy:
-            log.warning(
-                "abandoned %d items still running after the grace period; they will be redelivered", len(self.busy)
-            )
+        # Still running past the grace: abandoned, each charged and recorded with how long it ran. Taken
+        # now: cancelling the calls below takes them out of `busy`.
+        busy = set(self.busy)
+        abandoned = self._unanswered(lambda item: item.id in busy, ABANDONED)
+        if busy:
+            log.warning("abandoned %d items still running after the grace period; they will be redelivered", len(busy))
         for task in [*unfinished, *helpers]:
             task.cancel()
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
@@ -191,8 +194,11 @@ class Watcher(Fetching, Delivering, Writing):
             await asyncio.gather(flusher, return_exceptions=True)
         except Exception as error:
             log.error("writing answers on stop failed: %s", error)
-        busy = self.busy
-        abandoned = self._inflight_entries(lambda item: item.id in busy)  # still running: charged as lost
+        if self.results:  # answers that could not be written in time: given back, on record as such
+            unwritten = {o.item_id for o in self.results}
+            reason = "watcher {watcher} stopped before the answer of delivery {attempt} was written"
+            for pid, given in self._unanswered(lambda item: item.id in unwritten, GIVEN_BACK, reason).items():
+                abandoned.setdefault(pid, []).extend(given)
         try:
             # A lease taken by a poll that was cancelled mid-call is in the database, not in `owned`:
             # this read queues behind that call on the same thread, so it sees it.

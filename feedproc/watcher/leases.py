@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core import windows
 from ..core.errors import WatcherGone
-from ..core.records import Lease
+from ..core.records import GIVEN_BACK, Lease
 from .routing import Routing
 
 log = logging.getLogger("feedproc.watcher")
@@ -206,16 +206,39 @@ class Leasing(Routing):
                     extra={"event": "queue_paused", "watcher": self.id},
                 )
         self.queue_settings = settings
+        if self._uncharged:  # a takeover whose charge failed: charged before its partition is deferred or handed on
+            await self._charge_lost()
         await self._defer_closed()
         stray = await self._refresh_leases(self._db, self.store.owned, self.id)
         if stray:
-            await self._db_call(self._db, self.store.release, self.id, stray, kind="released")
+            await self._release_stray(stray)
         await self._hand_over_wanted()
         await self._lease_more(steal=True)
         if time.monotonic() >= self._next_claim_check:  # not at every maintenance: they share the poll thread
             self._next_claim_check = time.monotonic() + CLAIM_CHECK_EVERY
             await self._expire_claims()
             await self._cancel_finished_calls()
+
+    async def _release_stray(self, stray: list[Lease]) -> None:
+        """Let go of leases given up here that the database still gives this watcher (assumed lost
+        while it could not renew them). Deliveries still under way under them are given back: their
+        answers will be refused, so each is charged and recorded now, in the release."""
+        held = {(lease.partition_id, lease.epoch) for lease in stray}
+        delivered = self.busy | self._answered
+        given = self._unanswered(
+            lambda item: (item.partition_id, item.epoch) in held and item.id in delivered, GIVEN_BACK
+        )
+        await self._db_call(
+            self._db,
+            self.store.release,
+            self.id,
+            stray,
+            kind="released",
+            abandoned=given,
+            max_attempts=self.config.max_attempts,
+            gate_attempts=self.router.attempts,
+            reason="watcher {watcher} gave its lease up during delivery {attempt}: it could not renew it in time",
+        )
 
     async def _cancel_finished_calls(self) -> None:
         """Cancel the calls of running items an operator skipped or cancelled meanwhile."""
@@ -296,7 +319,10 @@ class Leasing(Routing):
         """Charge the deliveries that partitions taken over had unanswered, before fetching from them
         (a partition stays out of fetches until its charge is written)."""
         for pid, lease in list(self._uncharged.items()):
-            if self.owned.get(pid) is not lease:
+            # By epoch, not identity: a read of the leases (the heartbeat's, the next maintenance's)
+            # replaces the Lease held with an equal one, and the charge must survive that.
+            held = self.owned.get(pid)
+            if held is None or held.epoch != lease.epoch:
                 self._uncharged.pop(pid, None)
                 continue
             charged = await self._db_call(

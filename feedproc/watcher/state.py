@@ -23,7 +23,7 @@ from tenacity import RetryCallState, wait_random_exponential
 from ..core.errors import DatabaseConflict, DatabaseRefusesWrites
 from ..core.models import Item
 from ..core.policy import RetryPolicy
-from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
+from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem, Unanswered
 from ..metrics import WatcherMetrics
 from ..processors import HTTPProcessor, ProcessorLike
 from ..processors.pipeline import GateRouter, Pipeline
@@ -128,8 +128,9 @@ class WatcherState:
         self.inflight: dict[int, ReadyItem] = {}  # fetched, not yet committed or dropped
         self.busy: set[int] = set()  # items a worker is processing now
         # The calls running now, by item: (partition, the worker task awaiting it, the Items of the
-        # call); `_cancel_calls` cancels those of a cancelled partition, or of skipped or cancelled items.
-        self._running: dict[int, tuple[int, asyncio.Task[Any], tuple[Item, ...]]] = {}
+        # call, its start in epoch microseconds and on the perf counter); `_cancel_calls` cancels those
+        # of a cancelled partition, or of skipped or cancelled items.
+        self._running: dict[int, tuple[int, asyncio.Task[Any], tuple[Item, ...], int, int]] = {}
         self._cancelled_calls: set[asyncio.Task[Any]] = set()
         self._next_claim_check = 0.0  # monotonic time of the next look at expired claims and finished items
         self.results: list[Outcome] = []
@@ -247,7 +248,7 @@ class WatcherState:
         dropped by the group commit (no lease, or a new item version). Returns how many."""
         named = set(item_ids)
         cancelled = 0
-        for item_id, (pid, task, items) in list(self._running.items()):
+        for item_id, (pid, task, items, *_) in list(self._running.items()):
             if pid != partition_id and item_id not in named:
                 continue
             del self._running[item_id]
@@ -290,6 +291,27 @@ class WatcherState:
                 kept.append(item)
         for item in kept:
             self._buffer.put_nowait(item)
+
+    def _unanswered(
+        self, which: Callable[[ReadyItem], bool], outcome: str, reason: str | None = None
+    ) -> dict[int, list[Unanswered]]:
+        """Per partition, this watcher's deliveries in flight that match `which`, as let go of unanswered
+        (`Store.release`) with `outcome`: with their start and how long they ran, from their answer
+        when they have one, else up to now (a call still running)."""
+        answers = {o.item_id: o for o in self.results}
+        now_ns = time.perf_counter_ns()
+        given: dict[int, list[Unanswered]] = {}
+        for item in self.inflight.values():
+            if not which(item):
+                continue
+            started_us = duration_us = None
+            if (answer := answers.get(item.id)) is not None:
+                started_us, duration_us = answer.started_us, answer.duration_us
+            elif (running := self._running.get(item.id)) is not None:
+                started_us, duration_us = running[3], (now_ns - running[4]) // 1000
+            delivery = Unanswered(item.id, item.version, outcome, started_us, duration_us, reason)
+            given.setdefault(item.partition_id, []).append(delivery)
+        return given
 
     def _inflight_entries(self, which: Callable[[ReadyItem], bool]) -> dict[int, list[tuple[int, int]]]:
         """Per partition, the (id, version) of this watcher's items in flight that match `which`."""

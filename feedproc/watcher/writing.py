@@ -13,7 +13,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from .. import tracing
 from ..core.errors import DatabaseUnavailable, StaleWrite
 from ..core.policy import outcome_of
-from ..core.records import Applied, Kind, Outcome, ReadyItem, tally_outcomes
+from ..core.records import GIVEN_BACK, Applied, Kind, Outcome, ReadyItem, tally_outcomes
 from ..redact import redact_url
 from .config import FAILED_WRITES_FATAL
 from .state import WatcherState
@@ -152,7 +152,7 @@ class Writing(WatcherState):
                 )
                 if lease is not None:
                     pid = outcome.partition_id
-                    charged = self._inflight_entries(partial(_delivered_of, pid, self._answered | self.busy))
+                    charged = self._unanswered(partial(_delivered_of, pid, self._answered | self.busy), GIVEN_BACK)
                     self._forget(pid)
                     with contextlib.suppress(Exception):
                         await self._db_call(

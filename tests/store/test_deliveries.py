@@ -1,19 +1,22 @@
-"""Deliveries are counted when they start, and every delivery is on record (store level, both databases).
+"""Deliveries are counted when they start, and every delivery is on record (store level, every database).
 
 A fetch records what it takes as in flight; whoever takes the partition over charges what is still
-unanswered as lost deliveries. Each delivery that does not complete its item has a record with its
-error; the completing one is read from the item row.
+unanswered as lost deliveries; a watcher that lets deliveries go unanswered (stopped past its grace,
+or an answer it could not write) charges them itself, recorded as abandoned or given back. Each
+delivery that does not complete its item has a record with its error; the completing one is read
+from the item row.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 from sqlalchemy import select, update
 
 from feedproc.core.errors import NotFound
-from feedproc.core.records import Kind, decode_inflight, encode_inflight
+from feedproc.core.records import ABANDONED, GIVEN_BACK, Kind, Unanswered, decode_inflight, encode_inflight
 from feedproc.store import RECORDS_KEPT, Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import attempts, inflight, partitions
@@ -175,6 +178,77 @@ def test_a_release_charges_with_the_reason_given_braces_and_all(three: Store) ->
     three.release(A, three.owned(A), abandoned=abandoned, max_attempts=5, reason=reason)
     error = three.item(answered.id)["last_error"]
     assert error == f"watcher {A} could not write the answer of delivery 1: TypeError: {{'label': 1}}"
+
+
+def test_a_release_records_each_abandoned_delivery_with_its_start_duration_and_watcher(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (running,) = take(three, A)
+    started_us = time.time_ns() // 1000 - 2_000_000
+    abandoned = {running.partition_id: [Unanswered(running.id, running.version, ABANDONED, started_us, 1_750_000)]}
+    assert three.release(A, three.owned(A), abandoned=abandoned, max_attempts=5) == 1
+    item = three.item(running.id)
+    (record,) = item["history"]
+    assert (record["n"], record["attempt"], record["outcome"], record["watcher"]) == (1, 1, "abandoned", A)
+    assert record["duration"] == 1.75
+    assert abs(datetime.fromisoformat(record["started_at"]).timestamp() - started_us / 1e6) < 0.001
+    assert record["ended_at"] and "stopped during delivery 1" in record["error"]
+    assert (item["attempts"], item["deliveries"], item["status"]) == (1, 1, "available")
+    assert three.status("p")["lease"] is None  # released in the same transaction as the record
+
+
+def test_a_delivery_given_back_is_recorded_as_such_with_its_own_reason(three: Store) -> None:
+    three.add_partition("p", [(0, b"1"), (0, b"2")])
+    unwritable, running = take(three, A)
+    given = [
+        Unanswered(unwritable.id, unwritable.version, GIVEN_BACK, reason="watcher {watcher}: answer {attempt} lost"),
+        Unanswered(running.id, running.version, GIVEN_BACK),
+    ]
+    reason = "watcher {watcher} could not write the answer of delivery {attempt}: ValueError"
+    three.release(A, three.owned(A), kind="released", abandoned={running.partition_id: given}, reason=reason)
+    (first,) = three.item(unwritable.id)["history"]
+    (second,) = three.item(running.id)["history"]
+    assert (first["outcome"], first["error"]) == ("given back", f"watcher {A}: answer 1 lost")
+    assert (second["outcome"], second["error"]) == (
+        "given back",
+        f"watcher {A} could not write the answer of delivery 1: ValueError",
+    )
+
+
+def test_a_release_charges_what_an_earlier_holder_left_before_the_takeover_charged_it(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    (lost,) = take(three, A)
+    expire(three, "p")
+    three.acquire(B, "default", 10, 30)  # taken over; B stops before charging what A left
+    three.release(B, three.owned(B))
+    item = three.item(lost.id)
+    assert [(h["outcome"], h["watcher"]) for h in item["history"]] == [("lost", A)]
+    assert item["attempts"] == 1 and "died or stalled during delivery 1" in item["last_error"]
+    (again,) = take(three, C)
+    assert again.attempts == 1 and again.deliveries == 1
+
+
+def test_delivering_alone_leaves_the_records_of_lost_leases_to_their_new_holder(three: Store) -> None:
+    three.add_partition("lost", [(0, b"1")])
+    three.add_partition("kept", [(0, b"2")])
+    taken = {r.partition: r for r in take(three, A)}
+    expire(three, "lost")
+    (lease,) = three.acquire(B, "default", 10, 30)  # B took "lost" over; its charge comes next
+    assert three.isolate(A, taken["kept"])  # A, which still holds "kept", delivers an item of it alone
+    (charged,) = three.charge_lost(B, lease, max_attempts=5)
+    assert charged["item"] == taken["lost"].id
+    assert recorded(three, taken["lost"].id) == ["lost"]
+
+
+def test_lost_deliveries_keep_only_the_first_and_the_last_records(three: Store) -> None:
+    three.add_partition("p", [(0, b"1")])
+    losses = 2 * RECORDS_KEPT + 5
+    for n in range(losses):
+        take(three, (A, B, C)[n % 3], max_attempts=1000)
+        expire(three, "p")
+    (ready,) = take(three, A, max_attempts=1000)
+    assert ready.deliveries == losses
+    numbers = [h["n"] for h in three.item(ready.id)["history"]]
+    assert numbers == list(range(1, RECORDS_KEPT + 1)) + list(range(losses - RECORDS_KEPT + 1, losses + 1))
 
 
 def test_a_hand_over_leaves_nothing_to_charge(three: Store) -> None:
