@@ -313,9 +313,11 @@ def fit_descriptors(max_connections: int, reserve: int = 4) -> int:
     return fitted
 
 
-class ByteBudget:
-    """A process-wide allowance of request-body bytes being read and handled (one event loop).
-    FIFO: a large request waiting is not overtaken forever by small ones."""
+class Budget:
+    """An allowance shared by a server's requests (one event loop): bytes of request bodies being
+    read and handled, or turns of expensive reads. FIFO: a large request waiting is not overtaken
+    forever by small ones. Unlike `asyncio.wait_for(semaphore.acquire())` on Python 3.11, a grant
+    that coincides with the timeout is never lost."""
 
     def __init__(self, total: int) -> None:
         self.total = total
