@@ -12,12 +12,12 @@ Per connection (`Limits`):
   itself pause reading must bring `min_body_rate` bytes a second, else the connection is closed.
 
 Per server: at most `max_connections` connections. A newcomer at the cap closes the oldest
-connection not in a request (still sending its headers, or idle between requests) that has had its
-chance: it sent something, or has waited `ROOM_DELAY`. asyncio accepts connections in batches before
-any is read, and a probe accepted early in a batch must not be evicted by the rest of the batch
-while its request waits to be read. A connection closed so before it ever sent a whole request is
-answered 503 first. Newcomers beyond the cap that found nothing to close are let in up to `BACKLOG`
-more (room is made for them once they have been read), then answered 503 at once.
+connection not in a request that has sent part of one (a slow client), else the oldest one that has
+sent nothing for `ROOM_DELAY` (idle, or silent); never a connection whose request may just not have
+been read yet (asyncio accepts connections in batches before reading any, and a probe early in a
+batch must not be evicted by the rest of it). A connection closed so before it ever sent a whole
+request is answered 503 first. Newcomers beyond the cap that found nothing to close are let in up
+to `BACKLOG` more (room is made for them once they have been read), then answered 503 at once.
 API requests (any path but `PROBE_PATHS`) are at most `max_connections` at once; more are answered
 503 with `Connection: close`. Probe requests are never refused while fewer than `probe_reserve` run
 beyond the cap. So open sockets stay bounded, a slowloris client is evicted by newcomers, and probes
@@ -55,9 +55,9 @@ DESCRIPTOR_MARGIN = 64
 #: The listen backlog, which is also how many connections asyncio accepts at once before any of them
 #: can be counted (and so how far the open sockets may overshoot the cap for a moment).
 BACKLOG = 32
-#: Seconds between a newcomer beyond the cap and the evictions that make room: at least one read of
-#: every socket, so that connections whose requests have arrived are in a request and kept.
-ROOM_DELAY = 0.02
+#: Seconds a connection that has sent nothing is safe from eviction (and the delay before room is
+#: made for newcomers beyond the cap): time for its request to be read, even on a loaded machine.
+ROOM_DELAY = 0.5
 
 BUSY_BODY = b'{"error": "server busy: too many connections; retry"}'
 _BUSY_RESPONSE = (
@@ -93,10 +93,15 @@ class _Registry:
         self.waiting.pop(connection, None)
 
     def evictable(self, now: float) -> BoundedH11Protocol | None:
-        """The oldest connection not in a request that has had its chance: it sent something, or
-        has waited ROOM_DELAY (a newcomer whose request is not read yet is not evicted for it)."""
+        """The connection to close for a newcomer: the oldest one not in a request that has sent
+        part of one (a slow client), else the oldest one idle for ROOM_DELAY. Never one whose request
+        may simply not have been read yet: asyncio accepts connections in batches, and a probe early
+        in a batch must not be evicted by the rest of it."""
         for connection in self.waiting:
-            if connection.heard or now - connection.since >= ROOM_DELAY:
+            if connection.heard:
+                return connection
+        for connection in self.waiting:
+            if now - connection.since >= ROOM_DELAY:
                 return connection
         return None
 

@@ -161,7 +161,7 @@ class Slowloris:
         self._thread.join(timeout=30)
 
 
-def probe_for(url: str, seconds: float, *, within: float = 1.0) -> list[str]:
+def probe_for(url: str, seconds: float, *, within: float = 2.0) -> list[str]:
     """GET `url` on a new connection every 0.2 s for `seconds`; what went wrong (a status other than
     200, an error, or an answer slower than `within` seconds), if anything."""
     problems: list[str] = []
