@@ -27,6 +27,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup, escape
 
+from .api.common import expensive
 from .api.gate import Reading
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
@@ -305,17 +306,19 @@ def _running(feed: Feed) -> dict[str, Any]:
 
 
 @router.get("/queues", response_class=HTMLResponse)
-def queues_page(request: Request) -> HTMLResponse:
-    return _page(request, "queues.html", _queues(request.app.state.feed), "/ui/queues")
+async def queues_page(request: Request) -> HTMLResponse:
+    return _page(request, "queues.html", await _queues(request), "/ui/queues")
 
 
 @router.get("/ui/queues", response_class=HTMLResponse)
-def queues_live(request: Request) -> HTMLResponse:
-    return _render(request, "_queues.html", _queues(request.app.state.feed))
+async def queues_live(request: Request) -> HTMLResponse:
+    return _render(request, "_queues.html", await _queues(request))
 
 
-def _queues(feed: Feed) -> dict[str, Any]:
-    return {"queues": feed.queues(), "gauges": feed.gauges()}
+async def _queues(request: Request) -> dict[str, Any]:
+    """Queues with their gauges, which count over all items: a few at once (api.common.expensive)."""
+    feed: Feed = request.app.state.feed
+    return await expensive(request, lambda: {"queues": feed.queues(), "gauges": feed.gauges()})
 
 
 @router.get("/queues/{name}", response_class=HTMLResponse)

@@ -81,6 +81,7 @@ class Feed:
         # table_prefix: whose tables in that database (else $FEEDPROC_TABLE_PREFIX, else feedproc_)
         self.store = Store(url, pool_size=pool_size, table_prefix=table_prefix)
         self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
+        self._twins: list[Feed] = []
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database holds this version's schema."""
@@ -91,8 +92,17 @@ class Feed:
         self.store.ping()
 
     def close(self) -> None:
-        """Release the database connections."""
+        """Release the database connections (and those of its twins)."""
+        for twin in self._twins:
+            twin.close()
         self.store.close()
+
+    def twin(self, *, pool_size: int = 1) -> Feed:
+        """Another handle on the same database and tables, with a pool of its own (a health check
+        must not queue for a connection behind busy reads); closed with this one."""
+        twin = Feed(self.store.url, pool_size=pool_size, policy=self.policy, table_prefix=self.store.table_prefix)
+        self._twins.append(twin)
+        return twin
 
     def __enter__(self) -> Feed:
         return self

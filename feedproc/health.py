@@ -27,21 +27,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .core.errors import FeedprocError
 from .logs import redact
 from .metrics import CONTENT_TYPE
+from .serving import Limits, uvicorn_settings
 
 CHECK_TIMEOUT = 3.0  # seconds one check may take before it counts as failed
-MAX_CONNECTIONS = 8  # monitor connections open at once; a request beyond is answered 503
-CONNECTION_TIMEOUT = 5.0  # seconds a monitor connection may take to send its request
+MAX_CONNECTIONS = 8  # monitor connections at once (plus one kept for probes: serving.py)
+CONNECTION_TIMEOUT = 5.0  # seconds a monitor connection may take to send its request, or stay idle
 Route = Callable[[], tuple[int, str, bytes]]  # -> (status, content type, body)
 Check = tuple[Callable[[], Any], str]  # (a call that raises when the check fails, what it checks)
 
@@ -116,9 +116,29 @@ def report(reasons: list[str | None], **facts: Any) -> tuple[int, dict[str, Any]
     return 200, {"status": "ok", **facts}
 
 
-def serve_health(store: Any) -> tuple[int, dict[str, Any]]:
-    """/healthz of `feedproc serve`: the database answers."""
-    return report([database_reason(store)])
+class DatabaseProbe:
+    """/healthz of `feedproc serve`: the database answers, asked through `feed`, a handle of the
+    probe's own (not the API's pool, whose connections busy reads may all hold), on this module's
+    threads (not the API's), within CHECK_TIMEOUT. Probes arriving while a ping runs wait for that
+    ping: a database that hangs costs one thread, however often it is probed."""
+
+    def __init__(self, feed: Any) -> None:
+        self.feed = feed
+        self._lock = threading.Lock()
+        self._ping: Future[None] | None = None
+
+    async def __call__(self) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            if self._ping is None or self._ping.done():
+                self._ping = _checks.submit(self.feed.ping)
+            ping = self._ping
+        try:  # shielded: one probe's timeout must not cancel the ping another probe waits for
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ping)), CHECK_TIMEOUT)
+        except TimeoutError:
+            return report([f"database: no answer within {CHECK_TIMEOUT:g}s"])
+        except Exception as error:
+            return report([_failure("database", error)])
+        return report([None])
 
 
 class WatcherProbe:
@@ -206,23 +226,16 @@ class WatcherProbe:
         return 200, CONTENT_TYPE, w.metrics.render(backlog=backlog)
 
 
-class _IdleTimeoutProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, also closing a connection that sends no request within the
-    keep-alive timeout (uvicorn starts that timer only after a first response)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
-
-
 class MonitorServer:
     """GET routes (`/healthz`, `/livez`, `/readyz`, `/metrics`) served by uvicorn on a thread and
     event loop of its own, so a probe never touches the watcher's loop.
 
-    Bounded: at most `MAX_CONNECTIONS` connections at once (beyond, uvicorn answers 503); a connection
-    that sends no request within `CONNECTION_TIMEOUT` seconds, or stays idle that long between two, is
-    closed. An idle connection holds a socket, not a thread. Routes are blocking calls: each runs on
-    the loop's default executor."""
+    Bounded (serving.py): at most `MAX_CONNECTIONS` connections, a newcomer closing the oldest one not
+    in a request; a connection whose request line and headers are not complete within
+    `CONNECTION_TIMEOUT` seconds, however slowly they trickle in, or that stays idle that long between
+    two requests, is closed; /livez, /readyz and /healthz answer even when every connection is busy
+    with /metrics. An idle connection holds a socket, not a thread. Routes are blocking calls: each
+    runs on an executor of the server's own, a thread per connection it may hold."""
 
     def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
         import uvicorn
@@ -233,16 +246,17 @@ class MonitorServer:
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
             self._app,
-            http=_IdleTimeoutProtocol,
             interface="asgi3",
             proxy_headers=False,
             lifespan="off",
             access_log=False,
             log_config=None,  # uvicorn's loggers propagate to feedproc's root handler
-            limit_concurrency=MAX_CONNECTIONS,
-            timeout_keep_alive=CONNECTION_TIMEOUT,  # type: ignore[arg-type]  # a float works (call_later)
+            **uvicorn_settings(Limits(MAX_CONNECTIONS, CONNECTION_TIMEOUT, CONNECTION_TIMEOUT)),
         )
         self._server = uvicorn.Server(config)
+        # A thread per connection the server may hold: /metrics reading a slow database on every
+        # connection still leaves probes a thread (the loop's default executor has cpus + 4).
+        self._routes = ThreadPoolExecutor(MAX_CONNECTIONS + 1, thread_name_prefix="feedproc-monitor-route")
         self.thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="feedproc-monitor", daemon=True
         )
@@ -257,7 +271,7 @@ class MonitorServer:
             status, kind, body = 404, "application/json", b'{"error": "not found"}'
         else:
             try:
-                status, kind, body = await asyncio.get_running_loop().run_in_executor(None, route)
+                status, kind, body = await asyncio.get_running_loop().run_in_executor(self._routes, route)
             except Exception as error:  # never let a probe take the server down
                 status, kind = 503, "application/json"
                 body = json.dumps({"status": "unavailable", "reasons": [redact(str(error))]}).encode()
@@ -281,3 +295,4 @@ class MonitorServer:
         if self.thread.is_alive():
             self.thread.join(timeout=5)
         self._socket.close()
+        self._routes.shutdown(wait=False)

@@ -1,14 +1,17 @@
 """Helpers for the HTTP tests: the `feedproc serve` application on a real socket (in a thread, or as
-a real `feedproc serve` process), and a free port for `watch --health-port`."""
+a real `feedproc serve` process), a free port for `watch --health-port`, and slow clients."""
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +73,21 @@ class ApiServer:
 
 
 class ServeProcess:
-    """A real `feedproc serve --port 0` process; its URL is read from its first line of output."""
+    """A real `feedproc serve --port 0` process; its URL is read from its first line of output.
+    `nofile`: its file descriptors, soft and hard (`ulimit -n`)."""
 
-    def __init__(self, db_url: str, log_dir: Path, *args: str, **env: str) -> None:
+    def __init__(self, db_url: str, log_dir: Path, *args: str, nofile: int | None = None, **env: str) -> None:
         self.log_path = log_dir / "serve.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.process = subprocess.Popen(
             [sys.executable, "-m", "feedproc", "serve", "--port", "0", *args],
             env=feedproc_env(db_url, **env),
+            preexec_fn=limit,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -110,3 +120,73 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+
+
+class Slowloris:
+    """`count` connections to 127.0.0.1:`port` that each send a request line, then one more header
+    line every `every` seconds, never ending the request; a connection the server closes is opened
+    again (so there are always more than a cap). One thread; `closed` counts the server's closes."""
+
+    def __init__(self, port: int, count: int, *, path: str = "/api/v1/queues", every: float = 1.0) -> None:
+        self.port, self.count, self.path, self.every = port, count, path, every
+        self.opened = self.closed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _open(self) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=1)
+            sock.sendall(f"GET {self.path} HTTP/1.1\r\nHost: x\r\n".encode())
+        except OSError:
+            return None
+        self.opened += 1
+        return sock
+
+    def _run(self) -> None:
+        socks: list[socket.socket | None] = [None] * self.count
+        try:
+            while not self._stop.is_set():
+                for n, sock in enumerate(socks):
+                    if self._stop.is_set():
+                        break
+                    if sock is None:
+                        socks[n] = self._open()
+                        continue
+                    try:
+                        sock.sendall(b"X-Slow: 1\r\n")
+                    except OSError:  # the server closed it (a first send after the close may still pass)
+                        self.closed += 1
+                        sock.close()
+                        socks[n] = self._open()
+                self._stop.wait(self.every)
+        finally:
+            for sock in socks:
+                if sock is not None:
+                    sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def probe_for(url: str, seconds: float, *, within: float = 2.0) -> list[str]:
+    """GET `url` on a new connection every 0.2 s for `seconds`; what went wrong (a status other than
+    200, an error, or an answer slower than `within` seconds), if anything."""
+    problems: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        try:
+            status: object = httpx.get(url, timeout=within + 5).status_code
+        except httpx.HTTPError as error:
+            status = type(error).__name__
+        elapsed = time.monotonic() - started
+        if status != 200 or elapsed > within:
+            problems.append(f"{status} after {elapsed:.2f}s")
+        time.sleep(0.2)
+    return problems
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))

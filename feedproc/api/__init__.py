@@ -20,17 +20,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .._version import __version__
 from ..auth import Access, Tokens
 from ..core.errors import FeedprocError
 from ..feed import Feed
-from ..health import serve_health
+from ..health import DatabaseProbe
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
 from . import actions, activity, partitions, queues, workers
-from .common import DEFAULT_MAX_BODY, BodyLimit
+from .common import DEFAULT_MAX_BODY, BodyLimit, expensive, expensive_reads
 from .docs import DocsPolicy
 from .errors import install_error_handlers
 from .gate import Gate, Open, Reading, route_scopes
@@ -90,21 +90,24 @@ def create_app(
     )
     app.state.feed = feed
     app.state.ready_board = ReadyBoard(feed)
+    app.state.expensive = expensive_reads()  # status summaries and gauges: a few at once
     for module in ROUTE_MODULES:
         app.include_router(module.router, prefix="/api/v1")
     dashboard.install(app)
 
+    probe = DatabaseProbe(feed.twin(pool_size=1))  # answers while the API's pool and threads are busy
+
     @app.get("/healthz", dependencies=Open, tags=["operations"])
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         """200 when the database answers; 503 with the reason otherwise."""
-        status, body = serve_health(feed)
+        status, body = await probe()
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics", dependencies=Reading, tags=["operations"], response_class=PlainTextResponse)
-    def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
         try:
-            text = render_gauges(feed.gauges())
+            text = render_gauges(await expensive(request, feed.gauges))
         except FeedprocError as error:
             text = render_down(str(error))
         return Response(text, media_type=CONTENT_TYPE)
@@ -118,11 +121,20 @@ def create_app(
     return app
 
 
-def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
-    """Serve `app` on a bound socket until SIGINT/SIGTERM; then shut down gracefully (exit 0, like `watch`)."""
+#: `feedproc serve`'s connections (--max-connections): each an open socket, whatever it is doing.
+MAX_CONNECTIONS = 256
+#: Seconds a client has to send a request's line and headers, and may stay idle between requests.
+HEADER_TIMEOUT, IDLE_TIMEOUT = 10.0, 60.0
+
+
+def run(app: FastAPI, sock: Any, *, log_level: str = "info", max_connections: int = MAX_CONNECTIONS) -> None:
+    """Serve `app` on a bound socket until SIGINT/SIGTERM; then shut down gracefully (exit 0, like `watch`).
+    Bounded as serving.py says: `max_connections` (fewer when the process lacks file descriptors)."""
     import signal
 
     import uvicorn
+
+    from ..serving import Limits, fit_descriptors, uvicorn_settings
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's, minus re-raising the signal at exit
@@ -132,5 +144,8 @@ def run(app: FastAPI, sock: Any, *, log_level: str = "info") -> None:
 
     # log_config=None: uvicorn's loggers propagate to the root handler of `logs.configure()` (text or
     # JSON, redacted, rate-limited) instead of getting handlers of their own.
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", log_config=None)
+    limits = Limits(fit_descriptors(max_connections), HEADER_TIMEOUT, IDLE_TIMEOUT)
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="off", log_config=None, **uvicorn_settings(limits)
+    )
     _Server(config).run(sockets=[sock])

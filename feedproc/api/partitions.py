@@ -12,7 +12,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
 from ..gatenames import GateNames, gate_filter, with_name
-from .common import GATE_HELP, GATE_NAME, INT32, INT64, GateIn, KeyPath, _data, _feed, _key, _status
+from .common import (
+    GATE_HELP,
+    GATE_NAME,
+    INT32,
+    INT64,
+    GateIn,
+    KeyPath,
+    _data,
+    _feed,
+    _key,
+    _status,
+    expensive,
+)
 from .errors import ApiError
 from .gate import Operating, Reading
 
@@ -128,10 +140,10 @@ def list_partitions(
 
 
 @router.get("/status", dependencies=Reading, tags=["partitions"])
-def summary(request: Request) -> dict[str, Any]:
-    """Counts of partitions and items by status (`feedproc status --json`)."""
+async def summary(request: Request) -> dict[str, Any]:
+    """Counts of partitions and items by status (`feedproc status --json`); a few at once (503 busy beyond)."""
     feed = _feed(request)
-    return GateNames(feed).summary(feed.summary())
+    return await expensive(request, lambda: GateNames(feed).summary(feed.summary()))
 
 
 @router.get("/partitions/{key:path}", dependencies=Reading, tags=["partitions"])

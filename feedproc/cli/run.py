@@ -432,6 +432,13 @@ def serve(
     ] = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Connections at once: a newcomer closes the oldest idle one, else gets 503 (/healthz always answers).",
+        ),
+    ] = 256,
     max_attempts: Annotated[
         int, typer.Option(min=1, help="Pull workers: deliveries per gate before an item fails.")
     ] = 5,
@@ -484,7 +491,7 @@ def serve(
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
         app_ = create_app(feed, max_body=max_body_bytes, access=access)
-        run(app_, sock, log_level=log_level.lower())
+        run(app_, sock, log_level=log_level.lower(), max_connections=max_connections)
     finally:
         feed.close()
 

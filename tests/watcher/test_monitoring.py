@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from feedproc import DatabaseUnavailable, Feed, health
+from feedproc import DatabaseUnavailable, Feed, health, serving
 from feedproc.health import MonitorServer, WatcherProbe
 
-from ..api_support import free_port
+from ..api_support import Slowloris, free_port, probe_for
 from ..support import HandlerService, WatcherProcesses, metric, metric_samples, wait_until
 
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "5", "--retry-delay", "0.05", "--monitor-host", "127.0.0.1")
@@ -250,26 +250,80 @@ def test_probe_checks_run_at_once_within_one_deadline(monkeypatch: pytest.Monkey
     assert elapsed < 0.95, elapsed
 
 
-def test_the_monitor_server_bounds_its_connections() -> None:
-    """At most MAX_CONNECTIONS connections at once: a request beyond them is answered 503 at once."""
-    server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
-    idle: list[socket.socket] = []
+def test_the_monitor_server_bounds_its_requests_but_always_answers_probes() -> None:
+    """With MAX_CONNECTIONS connections each in a /metrics request, another /metrics request is
+    answered 503 at once, and /livez still 200."""
+    release, entered = threading.Event(), []
+
+    def slow_metrics() -> tuple[int, str, bytes]:
+        entered.append(1)
+        release.wait(30)
+        return 200, "text/plain", b"ok"
+
+    routes = {"/livez": lambda: (200, "application/json", b"{}"), "/metrics": slow_metrics}
+    server = MonitorServer("127.0.0.1", 0, routes).start()
+    busy = [threading.Thread(target=get, args=(server.port, "/metrics")) for _ in range(health.MAX_CONNECTIONS)]
     try:
+        for thread in busy:
+            thread.start()
+        wait_until(lambda: len(entered) == health.MAX_CONNECTIONS, timeout=10, what="every connection in a request")
+        assert get(server.port, "/metrics").status_code == 503  # type: ignore[union-attr]
         assert get(server.port, "/livez").status_code == 200  # type: ignore[union-attr]
-        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(health.MAX_CONNECTIONS)]
-        wait_until(
-            lambda: (r := get(server.port, "/livez")) is not None and r.status_code == 503 and r,
-            timeout=10,
-            what="a connection beyond the bound to be answered 503",
-        )
-        for connection in idle:
-            connection.close()
-        idle = []
-        wait_until(lambda: (r := get(server.port, "/livez")) is not None and r.status_code == 200, timeout=10)
+    finally:
+        release.set()
+        for thread in busy:
+            thread.join(timeout=30)
+        server.close()
+    assert get(server.port, "/livez") is None  # closed
+
+
+def test_a_new_connection_at_the_cap_closes_the_oldest_idle_one() -> None:
+    server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(health.MAX_CONNECTIONS)]
+    try:
+        time.sleep(serving.ROOM_DELAY)  # connections that sent nothing yet are safe for this long
+        assert get(server.port, "/livez").status_code == 200  # type: ignore[union-attr]
+        idle[0].settimeout(10)
+        assert idle[0].recv(1024).startswith(b"HTTP/1.1 503 ")  # told why, then closed
     finally:
         for connection in idle:
             connection.close()
         server.close()
+
+
+def test_the_monitor_server_closes_connections_that_trickle_their_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header deadline counts from the connection's start: bytes arriving do not extend it."""
+    monkeypatch.setattr(health, "CONNECTION_TIMEOUT", 0.5)
+    server = MonitorServer("127.0.0.1", 0, {"/livez": lambda: (200, "application/json", b"{}")}).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as connection:
+            started = time.monotonic()
+            connection.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+            with pytest.raises(OSError):
+                while time.monotonic() - started < 10:
+                    time.sleep(0.1)
+                    connection.sendall(b"X-Slow: 1\r\n")
+            assert time.monotonic() - started < 3
+    finally:
+        server.close()
+
+
+@dialect_independent
+def test_slowloris_clients_do_not_starve_the_watchers_probes(
+    watchers: WatcherProcesses, handler: HandlerService
+) -> None:
+    """Twice MAX_CONNECTIONS connections trickling a header line every second, for longer than the
+    header deadline: /livez answers 200 within two seconds throughout, and the server closes them."""
+    port = free_port()
+    watchers.start("--handler", handler.url, *FAST, "--health-port", str(port))
+    wait_until(lambda: get(port, "/livez"), timeout=60, what="/livez")
+    loris = Slowloris(port, 2 * health.MAX_CONNECTIONS, path="/metrics")
+    try:
+        wait_until(lambda: loris.opened >= 2 * health.MAX_CONNECTIONS, timeout=30, what="the slow connections")
+        assert probe_for(f"http://127.0.0.1:{port}/livez", health.CONNECTION_TIMEOUT + 3) == []
+        assert loris.closed > 0
+    finally:
+        loris.close()
 
 
 def test_the_monitor_server_closes_connections_that_send_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
