@@ -87,7 +87,12 @@ class Writing(WatcherState):
         async for attempt in retrying:
             with attempt, tracing.group_commit(len(batch)):
                 applied: Applied = await self._db_call(
-                    self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
+                    self._writer,
+                    self.store.apply,
+                    self.id,
+                    batch,
+                    idle_after=self.config.lease_seconds / 3,
+                    lease_seconds=self.config.lease_seconds,
                 )
         return applied
 
