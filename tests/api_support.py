@@ -27,10 +27,17 @@ def free_port() -> int:
 
 
 class ApiServer:
-    """`create_app` served by uvicorn in a thread, on 127.0.0.1 and a port of its own."""
+    """`create_app` served by uvicorn in a thread, on 127.0.0.1 and a port of its own (`limits`:
+    create_app's max_items, max_children)."""
 
     def __init__(
-        self, db_url: str, *, token: str | None = TOKEN, worker_token: str | None = None, max_body: int | None = None
+        self,
+        db_url: str,
+        *,
+        token: str | None = TOKEN,
+        worker_token: str | None = None,
+        max_body: int | None = None,
+        **limits: int,
     ) -> None:
         import uvicorn
 
@@ -38,7 +45,9 @@ class ApiServer:
         from feedproc.api import DEFAULT_MAX_BODY, create_app
 
         self.feed = Feed(db_url)
-        app = create_app(self.feed, token=token, worker_token=worker_token, max_body=max_body or DEFAULT_MAX_BODY)
+        app = create_app(
+            self.feed, token=token, worker_token=worker_token, max_body=max_body or DEFAULT_MAX_BODY, **limits
+        )
         sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))

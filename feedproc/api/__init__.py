@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .._version import __version__
 from ..core.errors import FeedprocError
+from ..core.models import MAX_CHILDREN, MAX_ITEMS
 from ..feed import Feed
 from ..health import serve_health
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
@@ -47,7 +48,8 @@ Lists are keyset-paginated: pass the last key (or history id) seen as `after`.
 Mutating endpoints need `Authorization: Bearer <FEEDPROC_API_TOKEN>`, compared in constant time;
 a server started without a token is read-only. The worker API (claim, heartbeat, answer: pull
 workers and callback handlers) also takes `FEEDPROC_WORKER_TOKEN`, which allows nothing else.
-Request bodies are limited in size.
+Request bodies are limited in size, a request's items in number (`--max-items`, 413) and an
+answer's children too (`--max-children`, 413).
 """
 
 #: The route modules in the order their routes are matched and listed in the OpenAPI document.
@@ -55,9 +57,16 @@ ROUTE_MODULES = (partitions, actions, queues, activity, workers)
 
 
 def create_app(
-    feed: Feed, *, token: str | None = None, worker_token: str | None = None, max_body: int = DEFAULT_MAX_BODY
+    feed: Feed,
+    *,
+    token: str | None = None,
+    worker_token: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    max_items: int = MAX_ITEMS,
+    max_children: int = MAX_CHILDREN,
 ) -> FastAPI:
-    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics."""
+    """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics. A request may
+    add `max_items` items at most, a worker's or callback's answer `max_children` children."""
     from fastapi_offline import FastAPIOffline
 
     from .. import dashboard
@@ -74,6 +83,8 @@ def create_app(
     app.state.feed = feed
     app.state.token = token or None
     app.state.worker_token = worker_token or None
+    app.state.max_items = max_items
+    app.state.max_children = max_children
     app.state.ready_board = ReadyBoard(feed)
     for module in ROUTE_MODULES:
         app.include_router(module.router, prefix="/api/v1")

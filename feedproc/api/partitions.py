@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
 from ..gatenames import GateNames, gate_filter, with_name
-from .common import GATE_HELP, GATE_NAME, INT32, INT64, GateIn, KeyPath, Mutating, _data, _feed, _key, _status
+from .common import GATE_HELP, GATE_NAME, INT32, INT64, AddingItems, GateIn, KeyPath, _data, _feed, _key, _status
 from .errors import ApiError
 
 router = APIRouter()
@@ -74,9 +74,10 @@ def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
     return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
 
 
-@router.post("/partitions", status_code=201, dependencies=Mutating, tags=["partitions"])
+@router.post("/partitions", status_code=201, dependencies=AddingItems, tags=["partitions"])
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
-    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
+    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`.
+    More items than `--max-items` (default 100,000): 413, nothing written."""
     feed = _feed(request)
     with feed.gate_naming(queue=body.queue):  # {"gate": "ocr"}
         items = _items(body.items)
@@ -185,9 +186,9 @@ def history(
     return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
 
 
-@router.post("/partitions/{key:path}/items", dependencies=Mutating, tags=["actions"])
+@router.post("/partitions/{key:path}/items", dependencies=AddingItems, tags=["actions"])
 def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
-    """Add items to an open partition (`feedproc add-items`)."""
+    """Add items to an open partition (`feedproc add-items`); more than `--max-items`: 413."""
     feed = _feed(request)
     with feed.gate_naming(key=_key(key)):  # {"gate": "ocr"}
         items = _items(body.items)
