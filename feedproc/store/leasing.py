@@ -297,11 +297,14 @@ class Leasing(LostDeliveries, Queues):
             return leases
 
     def partition_statuses(self, pids: Sequence[int]) -> dict[int, str]:
-        """The status of each of these partitions (a watcher telling why a lease went)."""
+        """The status of each of these partitions (a watcher telling why a lease went), "released"
+        for an available one that no watcher holds: let go by its own watcher (a group commit that
+        committed as the heartbeat read), not taken over."""
         if not pids:
             return {}
         with self.read() as conn:
-            return dict(conn.execute(select(P.id, P.status).where(P.id.in_(sorted(pids)))).all())
+            rows = conn.execute(select(P.id, P.status, P.lease_owner).where(P.id.in_(sorted(pids))))
+            return {r.id: "released" if r.status == "available" and r.lease_owner is None else r.status for r in rows}
 
     def owned(self, watcher_id: str) -> list[Lease]:
         """The partitions currently leased to a watcher (with any steal request on them)."""
