@@ -313,7 +313,7 @@ class Answers(GateWriter):
 
     def _renew(self, conn: Connection, pids: list[int], watcher_id: str, lease_seconds: float) -> None:
         """Renew the leases this transaction wrote under, on the statement's clock (PostgreSQL's
-        now() is the transaction's start). A long write (a fan-out of 100,000 children: 2-4 s) holds
+        now() is the transaction's start). A long write (a fan-out of 100,000 children: 1-5 s) holds
         their rows locked, so the watcher's heartbeat waits behind it, and the leases could end
         meanwhile: a watcher polling the moment it commits would take them over. The rows are locked
         and fenced here: this watcher is their owner (the ones settled and released stay released)."""
