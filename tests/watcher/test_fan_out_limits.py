@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -93,3 +94,27 @@ def test_a_fan_out_at_the_limit_that_drains_its_gate_releases_the_partition_with
         wait_until(lambda: feed.status("fan")["gates"].get("1", {}).get("available") == MAX_CHILDREN, timeout=60)
         wait_until(lambda: feed.status("fan")["lease"] is None, timeout=30, what="the partition to be released")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_fan_outs_answered_together_are_written_in_group_commits_of_at_most_the_limits_children(
+    db_url: str, feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten answers of 100,000 children in one group commit would hold their partitions' rows for
+    ten times as long as one: a commit takes no more children than one answer may have."""
+
+    class FansOutThree(Processor):
+        async def process(self, item: Item) -> Response:
+            return Response(done=True, items=[(1, b"{}")] * 3)
+
+    committed: list[int] = []
+    with watching(db_url, FansOutThree(), max_children=4, concurrency=10) as running:
+        apply = running.store.apply
+
+        def counted(watcher_id: str, outcomes: Any, **settings: Any) -> Any:
+            committed.append(sum(len(o.children) for o in outcomes))
+            return apply(watcher_id, outcomes, **settings)
+
+        monkeypatch.setattr(running.store, "apply", counted)
+        feed.add_partition("fan", [(0, b"{}")] * 10, manual_checkpoint=True)
+        wait_until(lambda: feed.status("fan")["gates"].get("1", {}).get("available") == 30, what="30 children")
+    assert max(committed) == 3 and sum(committed) == 30  # one fan-out a commit: two would be 6 > 4
