@@ -20,8 +20,10 @@ from .core.errors import (
     InvalidInput,
     PermanentError,
     RetryLater,
+    TooLarge,
+    TooManyChildren,
 )
-from .core.models import NewItem, Response, check_key
+from .core.models import MAX_CHILDREN, NewItem, Response, check_key
 from .core.naming import naming
 from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
@@ -445,33 +447,39 @@ class Feed:
             check_claim("-", 1, lease_seconds)
         return self.store.heartbeat_claim(item_id, token, progress=progress, lease_seconds=lease_seconds)
 
-    def answer(self, item_id: int, token: str, answer: Mapping[str, Any] | Response) -> dict[str, Any]:
+    def answer(
+        self, item_id: int, token: str, answer: Mapping[str, Any] | Response, *, max_children: int = MAX_CHILDREN
+    ) -> dict[str, Any]:
         """Answer a claimed item: a Response, or an answer object of the handler contract (done /
         gate / data or data_base64 / items / retry_after / progress / Go Feed's complete and
         response, or `error`: {"message", "no_retry"} or a message). A failure is retried with
         backoff or, with no_retry or out of attempts, fails the item. Returns what became of it.
-        InvalidInput for a malformed answer and StaleClaim for a token that no longer holds the
-        item: nothing changes then."""
-        (result,) = self.answer_many([(item_id, token, answer)])
+        InvalidInput for a malformed answer, TooLarge for one with more than `max_children`
+        children and StaleClaim for a token that no longer holds the item: nothing changes then."""
+        (result,) = self.answer_many([(item_id, token, answer)], max_children=max_children)
         if isinstance(result, Exception):
             raise result
         return result
 
     @retried
     def answer_many(
-        self, answers: Sequence[tuple[int, str, Mapping[str, Any] | Response]]
+        self, answers: Sequence[tuple[int, str, Mapping[str, Any] | Response]], *, max_children: int = MAX_CHILDREN
     ) -> list[dict[str, Any] | FeedprocError]:
         """`answer` for many claimed items in one transaction: each one's result, or the error that
-        refused it alone (InvalidInput, StaleClaim, NotFound); the others are written."""
+        refused it alone (InvalidInput, TooLarge, StaleClaim, NotFound); the others are written."""
         results: list[dict[str, Any] | FeedprocError | None] = [None] * len(answers)
         valid: list[tuple[int, ClaimAnswer]] = []
         for n, (item_id, token, answer) in enumerate(answers):
-            if isinstance(answer, Response):
-                valid.append((n, (item_id, token, answer, None)))
-                continue
             try:
+                if isinstance(answer, Response):
+                    if len(answer.children) > max_children:
+                        raise TooManyChildren(len(answer.children), max_children)
+                    valid.append((n, (item_id, token, answer, None)))
+                    continue
                 with self.gate_naming(item=item_id):  # {"gate": "rank"}: the item's queue's pipeline
-                    valid.append((n, (item_id, token, read_worker_answer(answer), None)))
+                    valid.append((n, (item_id, token, read_worker_answer(answer, max_children), None)))
+            except TooManyChildren as refused:  # refused, as any request over a limit: the sender hears why
+                results[n] = TooLarge(str(refused))
             except (PermanentError, RetryLater) as reported:
                 valid.append((n, (item_id, token, None, reported)))
             except InvalidInput as invalid:
@@ -518,9 +526,10 @@ def check_claim(worker: str, max_items: int, lease_seconds: float) -> None:
         raise InvalidInput(f"lease_seconds must be from 1 to 86400, got {lease_seconds!r}")
 
 
-def read_worker_answer(answer: Mapping[str, Any]) -> Response:
+def read_worker_answer(answer: Mapping[str, Any], max_children: int = MAX_CHILDREN) -> Response:
     """A worker's answer object as a Response; raises the failure it reports (RetryLater, or
-    PermanentError for `no_retry`) and InvalidInput when it is malformed."""
+    PermanentError for `no_retry`), InvalidInput when it is malformed and TooManyChildren when it
+    has more than `max_children` children (counted before any is read)."""
     from .processors.answers import answer_from_object
 
     fields = dict(answer)
@@ -538,7 +547,7 @@ def read_worker_answer(answer: Mapping[str, Any]) -> Response:
     retry_after = fields.get("retry_after")
     after = retry_after if isinstance(retry_after, int | float) and not isinstance(retry_after, bool) else None
     try:
-        response = answer_from_object(fields, after if isinstance(fields.get("error"), dict) else None)
+        response = answer_from_object(fields, after if isinstance(fields.get("error"), dict) else None, max_children)
     except InvalidAnswer as invalid:
         raise InvalidInput(str(invalid)) from None
     if raw is not None:

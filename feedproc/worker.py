@@ -218,6 +218,7 @@ class RemoteWorker:
                     log.warning("could not send %d answers: %s", len(answers), error)
                     return
                 await asyncio.sleep(0.5 * 2**attempt)
+        too_large = []
         for result in results:
             if result.get("status") == 200:
                 self.answered += 1
@@ -227,6 +228,18 @@ class RemoteWorker:
                 )
             else:
                 log.warning("answer for item %s refused: %s", result.get("id"), result.get("error"))
+                if result.get("status") == 413:
+                    too_large.append(result)
+        if too_large:
+            # Over a limit of the server's (more children than its --max-children): the same answer
+            # would be refused every time, so the item fails now, saying why, as a watcher's would.
+            tokens = {a["id"]: a["token"] for a in answers}
+            failures = [
+                {"id": r["id"], "token": tokens[r["id"]], "error": {"message": str(r.get("error")), "no_retry": True}}
+                for r in too_large
+                if r.get("id") in tokens
+            ]
+            await self._post_answers(failures)
 
     async def _heartbeats(
         self, item_id: int, token: str, progress: list[float | None], call: asyncio.Future[Any], stop: threading.Event

@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 class ApiServer:
-    """`create_app` served by uvicorn in a thread, on 127.0.0.1 and a port of its own."""
+    """`create_app` served by uvicorn in a thread, on 127.0.0.1 and a port of its own (`limits`:
+    create_app's max_items, max_children)."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class ApiServer:
         worker_token: str | None = None,
         max_body: int | None = None,
         access: Any = None,
+        **limits: int,
     ) -> None:
         import uvicorn
 
@@ -48,7 +50,12 @@ class ApiServer:
 
         self.feed = Feed(db_url)
         app = create_app(
-            self.feed, token=token, worker_token=worker_token, max_body=max_body or DEFAULT_MAX_BODY, access=access
+            self.feed,
+            token=token,
+            worker_token=worker_token,
+            max_body=max_body or DEFAULT_MAX_BODY,
+            access=access,
+            **limits,
         )
         sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from .._version import __version__
 from ..auth import Access, Tokens
 from ..core.errors import FeedprocError
+from ..core.models import MAX_CHILDREN, MAX_ITEMS
 from ..feed import Feed
 from ..health import DatabaseProbe
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
@@ -55,7 +56,8 @@ callback handlers; a worker token may be limited to queues). admin includes oper
 read; a worker token reads nothing. Reads also take `Authorization: Basic` with the token as the
 password (browsers). A server with no token for a scope refuses its calls (403). A Host header
 other than localhost, an IP address or a name allowed with `--allowed-host` is a 400.
-Request bodies are limited in size.
+Request bodies are limited in size, a request's items in number (`--max-items`, 413) and an
+answer's children too (`--max-children`, 413).
 """
 
 #: The documentation pages: Swagger UI and Redoc (`docs.DocsPolicy` sets their security policy).
@@ -72,9 +74,12 @@ def create_app(
     worker_token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     access: Access | None = None,
+    max_items: int = MAX_ITEMS,
+    max_children: int = MAX_CHILDREN,
 ) -> FastAPI:
     """The whole `feedproc serve` application: API, dashboard, /healthz and /metrics. Who may do
-    what is `access`; without it, `token` (admin and worker) and `worker_token` (worker), reads open."""
+    what is `access`; without it, `token` (admin and worker) and `worker_token` (worker), reads open.
+    A request may add `max_items` items at most, a worker's or callback's answer `max_children` children."""
     from fastapi_offline import FastAPIOffline
 
     from .. import dashboard
@@ -89,6 +94,8 @@ def create_app(
         static_url="/api/v1/docs-assets",
     )
     app.state.feed = feed
+    app.state.max_items = max_items
+    app.state.max_children = max_children
     app.state.ready_board = ReadyBoard(feed)
     app.state.expensive = expensive_reads()  # status summaries and gauges: a few at once
     for module in ROUTE_MODULES:

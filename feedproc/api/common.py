@@ -50,6 +50,24 @@ KeyPath = Annotated[str, Path(pattern=KEY_PATTERN.pattern, description="a partit
 # ---------------------------------------------------------------- limits
 
 
+async def within_max_items(request: Request) -> None:
+    """A request adding items: 413 when its `items` list is longer than `--max-items`. Counted in
+    the parsed body (Starlette keeps what the route parsed) before any item is validated: 1,000,000
+    items would otherwise become as many models, then as many NewItems, before any check."""
+    limit: int = request.app.state.max_items
+    try:
+        body = await request.json()
+    except Exception:  # not JSON: the route's own validation says what is wrong
+        return
+    items = body.get("items") if isinstance(body, dict) else None
+    if isinstance(items, list) and len(items) > limit:
+        raise ApiError(
+            413,
+            f"{len(items)} items in one request; the limit is {limit} (feedproc serve --max-items): "
+            "send them in several requests",
+        )
+
+
 class BodyLimit:
     """ASGI middleware: a request body larger than `limit` bytes is answered 413 before any handler,
     and bodies are read and handled only within a byte budget shared by the server's requests

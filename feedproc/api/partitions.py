@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
@@ -24,11 +24,14 @@ from .common import (
     _key,
     _status,
     expensive,
+    within_max_items,
 )
 from .errors import ApiError
 from .gate import Operating, Reading
 
 router = APIRouter()
+#: Routes that add items: operate, and no more items than `--max-items` (413).
+AddingItems = [*Operating, Depends(within_max_items)]
 
 StatusName = Literal["available", "complete", "failed", "cancelled"]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
@@ -87,9 +90,10 @@ def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
     return {"items": rows, "next": rows[-1][cursor] if len(rows) == limit else None}
 
 
-@router.post("/partitions", status_code=201, dependencies=Operating, tags=["partitions"])
+@router.post("/partitions", status_code=201, dependencies=AddingItems, tags=["partitions"])
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
-    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`."""
+    """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`.
+    More items than `--max-items` (default 100,000): 413, nothing written."""
     feed = _feed(request)
     with feed.gate_naming(queue=body.queue):  # {"gate": "ocr"}
         items = _items(body.items)
@@ -198,9 +202,9 @@ def history(
     return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
 
 
-@router.post("/partitions/{key:path}/items", dependencies=Operating, tags=["actions"])
+@router.post("/partitions/{key:path}/items", dependencies=AddingItems, tags=["actions"])
 def add_items(key: KeyPath, body: NewItems, request: Request) -> dict[str, Any]:
-    """Add items to an open partition (`feedproc add-items`)."""
+    """Add items to an open partition (`feedproc add-items`); more than `--max-items`: 413."""
     feed = _feed(request)
     with feed.gate_naming(key=_key(key)):  # {"gate": "ocr"}
         items = _items(body.items)

@@ -170,14 +170,15 @@ def answer(
         ),
     ],
 ) -> dict[str, Any]:
-    """Answer a claimed item, as a handler would answer its request; 400 for a malformed answer
-    and 409 with `reason` when the token no longer holds the item (nothing changes then)."""
+    """Answer a claimed item, as a handler would answer its request; 400 for a malformed answer,
+    413 for one with more children than `--max-children` (default 100,000) and 409 with `reason`
+    when the token no longer holds the item (nothing changes then)."""
     token = body.get("token")
     if not isinstance(token, str) or not 1 <= len(token) <= 64:
         raise ApiError(400, "token: the claim's token (a string) is required")
     fields = {k: v for k, v in body.items() if k != "token"}
     _check_item(_feed(request), grant, item_id)
-    return _feed(request).answer(item_id, token, fields)
+    return _feed(request).answer(item_id, token, fields, max_children=request.app.state.max_children)
 
 
 class AnswerBatch(BaseModel):
@@ -191,8 +192,9 @@ class AnswerBatch(BaseModel):
 def answer_many(body: AnswerBatch, request: Request, grant: Worker) -> dict[str, Any]:
     """Answer many claimed items in one transaction (a worker's group commit). Each answer is
     judged alone: `results` holds, in order, `{"id", "status": 200, "outcome", ...}` or
-    `{"id", "status": 400 | 403 | 404 | 409, "error"[, "reason"]}`; the refused ones change
-    nothing (403: the item is in a queue the token may not work on)."""
+    `{"id", "status": 400 | 403 | 404 | 409 | 413, "error"[, "reason"]}`; the refused ones change
+    nothing (403: the item is in a queue the token may not work on; 413: more children than
+    `--max-children`)."""
     results: list[dict[str, Any] | None] = [None] * len(body.answers)
     batch: list[tuple[int, str, dict[str, Any]]] = []
     where: list[int] = []
@@ -208,7 +210,8 @@ def answer_many(body: AnswerBatch, request: Request, grant: Worker) -> dict[str,
         else:
             batch.append((item_id, token, {k: v for k, v in entry.items() if k not in ("id", "token")}))
             where.append(n)
-    for n, result in zip(where, _feed(request).answer_many(batch) if batch else [], strict=True):
+    written = _feed(request).answer_many(batch, max_children=request.app.state.max_children) if batch else []
+    for n, result in zip(where, written, strict=True):
         item_id = body.answers[n]["id"]
         if isinstance(result, FeedprocError):
             results[n] = {"id": item_id, "status": result.http_status, "error": str(result)}

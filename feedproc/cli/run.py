@@ -15,6 +15,7 @@ import typer
 
 from .. import logs
 from ..core.errors import InvalidInput, Refused
+from ..core.models import MAX_CHILDREN, MAX_ITEMS
 from ..redact import credentials_conflict
 from .app import (
     DbOption,
@@ -96,6 +97,15 @@ def watch(
             help="Largest handler answer, in bytes once decompressed (default 10 MiB).",
         ),
     ] = 10 * 1024 * 1024,
+    max_children: Annotated[
+        int,
+        typer.Option(
+            envvar="FEEDPROC_MAX_CHILDREN",
+            min=0,
+            metavar="N",
+            help="Most child items one answer may add; an answer with more fails its item (default 100,000).",
+        ),
+    ] = MAX_CHILDREN,
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
@@ -218,6 +228,7 @@ def watch(
             batch=batch,
             batch_wait=batch_wait / 1000,
             fetch_ahead=prefetch,
+            max_children=max_children,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
@@ -227,6 +238,7 @@ def watch(
         "max_connections": max(concurrency, 10),
         "max_answer_bytes": max_answer_bytes,
         "callback_url": callback_url,
+        "max_children": max_children,
     }
     if handler is not None:
         check_http_url(handler, "--handler")
@@ -242,6 +254,7 @@ def watch(
             max_answer_bytes=max_answer_bytes,
             callback_url=callback_url,
             request=request_format,
+            max_children=max_children,
         )
     logs.configure(log_level, log_format)
     for value in headers.values():
@@ -439,6 +452,13 @@ def serve(
             help="Connections at once: a newcomer closes the oldest idle one, else gets 503 (/healthz always answers).",
         ),
     ] = 256,
+    max_items: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Most items one request may add (more: 413, nothing written).")
+    ] = MAX_ITEMS,
+    max_children: Annotated[
+        int,
+        typer.Option(min=0, metavar="N", help="Most child items one worker or callback answer may add (more: 413)."),
+    ] = MAX_CHILDREN,
     max_attempts: Annotated[
         int, typer.Option(min=1, help="Pull workers: deliveries per gate before an item fails.")
     ] = 5,
@@ -490,7 +510,7 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
-        app_ = create_app(feed, max_body=max_body_bytes, access=access)
+        app_ = create_app(feed, max_body=max_body_bytes, access=access, max_items=max_items, max_children=max_children)
         run(app_, sock, log_level=log_level.lower(), max_connections=max_connections)
     finally:
         feed.close()

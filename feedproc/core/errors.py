@@ -22,6 +22,13 @@ class InvalidInput(FeedprocError, ValueError):
     http_status = 400  # (422: a request that does not match the API's schema)
 
 
+class TooLarge(InvalidInput):
+    """A request over a size limit: more items in one request than `feedproc serve --max-items`,
+    more children in one answer than `--max-children` (HTTP 413; nothing is written)."""
+
+    http_status = 413
+
+
 class Refused(FeedprocError):
     """A well-formed request the current state does not allow (sealed, finished, gate too low...)."""
 
@@ -95,6 +102,16 @@ class DatabaseRefused(FeedprocError):
 
 class PermanentError(Exception):
     """Raise from a Processor to fail an item at once, without retries."""
+
+
+class TooManyChildren(PermanentError):
+    """An answer with more child items than the limit (`--max-children`): a permanent failure of
+    its item, since the same answer would be refused every time. Raised before any child is built."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"answer has {count} children; the limit is {limit} (--max-children)")
+        self.count = count
+        self.limit = limit
 
 
 class RetryLater(Exception):

@@ -9,8 +9,17 @@ import math
 import time
 from typing import Any
 
-from ..core.errors import InvalidAnswer, PermanentError, RetryLater
-from ..core.models import NewItem, Response, check_delay, check_progress, gate_number, shown, strict_json
+from ..core.errors import InvalidAnswer, PermanentError, RetryLater, TooManyChildren
+from ..core.models import (
+    MAX_CHILDREN,
+    NewItem,
+    Response,
+    check_delay,
+    check_progress,
+    gate_number,
+    shown,
+    strict_json,
+)
 
 BODY_KEPT = 500  # bytes of a failed answer's body kept in last_error
 
@@ -45,10 +54,17 @@ def parse_json(content: bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def read_answer(status: int, content: bytes, retry_after_header: str | None, url: str | None = None) -> Response:
+def read_answer(
+    status: int,
+    content: bytes,
+    retry_after_header: str | None,
+    url: str | None = None,
+    max_children: int = MAX_CHILDREN,
+) -> Response:
     """Turn an HTTP answer into a Response, or raise the failure the contract says it is.
 
-    `url` (shown without credentials) is named in the message of a non-2xx answer."""
+    `url` (shown without credentials) is named in the message of a non-2xx answer; an answer with
+    more than `max_children` children is TooManyChildren (a permanent failure)."""
     retry_after = parse_retry_after(retry_after_header)
     ok = 200 <= status < 300
     parsed: Any = None
@@ -73,10 +89,12 @@ def read_answer(status: int, content: bytes, retry_after_header: str | None, url
     if not isinstance(parsed, dict):
         shown = content[:100].decode("utf-8", "replace")
         raise InvalidAnswer(f"expected a JSON object, got {shown!r}")
-    return answer_from_object(parsed, retry_after)
+    return answer_from_object(parsed, retry_after, max_children)
 
 
-def answer_from_object(answer: dict[str, Any], retry_after: float | None = None) -> Response:
+def answer_from_object(
+    answer: dict[str, Any], retry_after: float | None = None, max_children: int = MAX_CHILDREN
+) -> Response:
     """One item's `2xx` answer object as a Response, or the failure it reports (`"error": {...}`)."""
     go_error = answer.get("error")
     if isinstance(go_error, dict):
@@ -84,11 +102,16 @@ def answer_from_object(answer: dict[str, Any], retry_after: float | None = None)
         if go_error.get("no_retry"):
             raise PermanentError(message)
         raise RetryLater(message, after=retry_after)
-    return response_from_json(answer, retry_after)
+    return response_from_json(answer, retry_after, max_children)
 
 
 def read_batch_answer(
-    status: int, content: bytes, retry_after_header: str | None, ids: list[int], url: str | None = None
+    status: int,
+    content: bytes,
+    retry_after_header: str | None,
+    ids: list[int],
+    url: str | None = None,
+    max_children: int = MAX_CHILDREN,
 ) -> list[Response | Exception]:
     """A batch's HTTP answer as each item's Response or failure, in the order of `ids`.
 
@@ -123,18 +146,21 @@ def read_batch_answer(
             results.append(InvalidAnswer(f"answer {n + 1} of the batch is not a JSON object"))
         else:
             try:
-                results.append(answer_from_object(answer, retry_after))
+                results.append(answer_from_object(answer, retry_after, max_children))
             except Exception as error:
                 results.append(error)
     return results
 
 
-def response_from_json(answer: dict[str, Any], retry_after: float | None = None) -> Response:
+def response_from_json(
+    answer: dict[str, Any], retry_after: float | None = None, max_children: int = MAX_CHILDREN
+) -> Response:
     """Read an answer object (ours, or Go Feed's `complete` / `response` spelling).
 
     Every value is checked here, so that a hostile answer is an InvalidAnswer (a transient failure
     of its item) and never reaches the database: gates from 0 to MAX_GATE, a finite `retry_after`
-    >= 0 (how long it may be is the policy's cap), standard JSON data."""
+    >= 0 (how long it may be is the policy's cap), standard JSON data. More than `max_children`
+    children is TooManyChildren, counted before any child is read."""
     done = answer.get("done", answer.get("complete", False))
     data_value = answer["data"] if "data" in answer else answer.get("response", _MISSING)
     data = None if data_value is _MISSING else _answer_data(data_value, "data")
@@ -154,6 +180,8 @@ def response_from_json(answer: dict[str, Any], retry_after: float | None = None)
     children_value = answer.get("items") or []
     if not isinstance(children_value, list):
         raise InvalidAnswer('items must be a list of {"gate": G, "data": ...}')
+    if len(children_value) > max_children:  # before a NewItem, a row and a statement's parameters each
+        raise TooManyChildren(len(children_value), max_children)
     children = []
     for n, child in enumerate(children_value, start=1):
         if not isinstance(child, dict):

@@ -9,8 +9,8 @@ import functools
 import json
 import secrets
 import zlib
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import aiohttp
 from multidict import MultiMapping
@@ -18,7 +18,7 @@ from multidict import MultiMapping
 from .. import logs, tracing
 from .._version import __version__
 from ..core.errors import Accepted, InvalidAnswer, RetryLater
-from ..core.models import Item, Response
+from ..core.models import MAX_CHILDREN, Item, Response
 from ..redact import credentials_conflict, redact_text, redact_url, url_secrets
 from .answers import read_answer, read_batch_answer
 from .calling import Processor
@@ -28,7 +28,9 @@ ACCEPT_ENCODING = "gzip, deflate"  # what read_body inflates within the size lim
 JSON_CONTENT = {"Content-Type": "application/json"}
 ACCEPTED_LEASE = 3600.0  # seconds a 202's answer may take when the handler does not say
 MAX_ACCEPTED_LEASE = 7 * 24 * 3600
-REQUEST_FORMATS = ("json", "raw")  # HTTPProcessor(request=...): the contract's JSON body, or Go Feed's raw data
+LARGE_ANSWER = 64 * 1024  # bytes from which an answer is read on a thread (HTTPProcessor._read)
+REQUEST_FORMATS = ("json", "raw")
+_T = TypeVar("_T")  # HTTPProcessor(request=...): the contract's JSON body, or Go Feed's raw data
 
 
 class HTTPProcessor(Processor):
@@ -37,7 +39,9 @@ class HTTPProcessor(Processor):
     Requests go over one aiohttp session's keep-alive pool of up to `max_connections` (TCP_NODELAY,
     redirects not followed, no cookies kept). `timeout` bounds the whole request, from connecting to
     the answer's last byte; an answer larger than `max_answer_bytes` once decoded (gzip or deflate,
-    inflated while it streams) is cut off as a transient failure. `headers` are added to every
+    inflated while it streams) is cut off as a transient failure, and one with more than
+    `max_children` child items is refused before any child is read: a permanent failure (the same
+    answer would be refused every time). `headers` are added to every
     request (e.g. an Authorization header for the handler). Credentials in `url` are sent as basic
     auth and never shown: errors name `shown_url`.
 
@@ -62,9 +66,12 @@ class HTTPProcessor(Processor):
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         callback_url: str | None = None,
         request: str = "json",
+        max_children: int = MAX_CHILDREN,
     ) -> None:
         if max_answer_bytes < 1:
             raise ValueError("max_answer_bytes must be at least 1")
+        if max_children < 0:
+            raise ValueError("max_children must be at least 0")
         if request not in REQUEST_FORMATS:
             raise ValueError(f"request must be one of {', '.join(map(repr, REQUEST_FORMATS))}, got {request!r}")
         if conflict := credentials_conflict(url, headers or {}):
@@ -85,6 +92,7 @@ class HTTPProcessor(Processor):
             logs.add_secret(secret)
         self.timeout = timeout
         self.max_answer_bytes = max_answer_bytes
+        self.max_children = max_children
         # Only the encodings read_body inflates within the size limit are offered.
         self.headers = {"User-Agent": f"feedproc/{__version__}", "Accept-Encoding": ACCEPT_ENCODING, **(headers or {})}
         self.max_connections = max_connections
@@ -121,7 +129,7 @@ class HTTPProcessor(Processor):
             status, headers, content = await self._send(
                 request_body(item), self.max_answer_bytes, self.request_headers()
             )
-            return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
+            return await self._read(read_answer, status, content, headers.get("Retry-After"))
         token = answer_url = None
         if self.callback_url is not None:
             token = secrets.token_urlsafe(24)
@@ -136,7 +144,7 @@ class HTTPProcessor(Processor):
         status, headers, content = await self._send(body, self.max_answer_bytes, sent)
         if status == 202 and token is not None:
             raise Accepted(token, read_acceptance(content))
-        return read_answer(status, content, headers.get("Retry-After"), url=self.shown_url)
+        return await self._read(read_answer, status, content, headers.get("Retry-After"))
 
     async def deliver_batch(self, items: list[Item]) -> list[Response | Exception]:
         """One `POST` of `{"items": [...]}` for a batch; each item's Response or failure, in order
@@ -152,7 +160,16 @@ class HTTPProcessor(Processor):
             )
         except Exception as error:  # the request failed as a whole: every item's failure
             return [error] * len(items)
-        return read_batch_answer(status, content, headers.get("Retry-After"), [i.id for i in items], self.shown_url)
+        ids = [i.id for i in items]
+        return await self._read(read_batch_answer, status, content, headers.get("Retry-After"), ids)
+
+    async def _read(self, reader: Callable[..., _T], status: int, content: bytes, *args: Any) -> _T:
+        """`reader(status, content, *args, url, max_children)` (read_answer, read_batch_answer): a
+        large answer on a thread. Reading 100,000 children took 1 s: on the event loop, the watcher's
+        heartbeat (and every other delivery) would wait that long, and a short lease could run out."""
+        if len(content) < LARGE_ANSWER:
+            return reader(status, content, *args, self.shown_url, self.max_children)
+        return await asyncio.to_thread(reader, status, content, *args, self.shown_url, self.max_children)
 
     async def _send(self, body: bytes, limit: int, headers: Mapping[str, str]) -> tuple[int, MultiMapping[str], bytes]:
         """POST `body` with `headers` (besides the session's constant ones) within the whole-request

@@ -8,7 +8,8 @@ twin below them where it needs its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -233,26 +234,51 @@ _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(
 _MYSQL_READ_READY_AT = select(P.id, P.ready_at, _IDLE).where(P.id.in_(bindparam("pids", expanding=True)))
 
 
+# The leases a long group commit wrote under, renewed before it commits (`Answers._renew`).
+_PG_RENEW_LEASES = text(
+    """
+    UPDATE feedproc_partitions
+    SET lease_expires_at = statement_timestamp() + CAST(:seconds AS double precision) * interval '1 second'
+    WHERE id = ANY(CAST(:pids AS bigint[])) AND lease_owner = :watcher AND status = 'available'
+    """
+)
+_RENEW_LEASES = (
+    update(partitions)
+    .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+    .values(lease_expires_at=seconds_from_now(bindparam("seconds", type_=Float())))
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")  # the rows it locked, by key (as the heartbeat)
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
+)
+
+
 class Answers(GateWriter):
     """The group commit of a watcher's answers."""
 
-    def apply(self, watcher_id: str, outcomes: Sequence[Outcome], *, idle_after: float = 10.0) -> Applied:
+    def apply(
+        self,
+        watcher_id: str,
+        outcomes: Sequence[Outcome],
+        *,
+        idle_after: float = 10.0,
+        lease_seconds: float | None = None,
+    ) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
         Outcomes of partitions no longer leased to `watcher_id` under the epoch they were
         dispatched with are dropped (reported in `Applied.lost`). Then the touched partitions are
         settled by the gate rules; partitions that finish, go idle, or have nothing due within
-        `idle_after` seconds are released.
+        `idle_after` seconds are released. A group commit that took longer than a third of
+        `lease_seconds` (the heartbeat's interval) renews the leases it wrote under before it commits.
         """
         try:
-            return self._apply_once(watcher_id, outcomes, idle_after)
+            return self._apply_once(watcher_id, outcomes, idle_after, lease_seconds)
         except StaleWrite:
             # An item changed under its lease since it was fetched: an operator retried, skipped or
             # cancelled it (items of a leased partition change only so). Its answer is dropped,
             # the others are written; the common path reads no versions.
             current = self._versions([o.item_id for o in outcomes])
             kept = [o for o in outcomes if current.get(o.item_id) == o.version]
-            applied = self._apply_once(watcher_id, kept, idle_after) if kept else Applied()
+            applied = self._apply_once(watcher_id, kept, idle_after, lease_seconds) if kept else Applied()
             applied.superseded = [o.item_id for o in outcomes if current.get(o.item_id) != o.version]
             return applied
 
@@ -260,10 +286,13 @@ class Answers(GateWriter):
         with self.read() as conn:
             return dict(conn.execute(select(I.id, I.version).where(I.id.in_(ids))).all())
 
-    def _apply_once(self, watcher_id: str, outcomes: Sequence[Outcome], idle_after: float) -> Applied:
+    def _apply_once(
+        self, watcher_id: str, outcomes: Sequence[Outcome], idle_after: float, lease_seconds: float | None
+    ) -> Applied:
         applied = Applied()
         if not outcomes:
             return applied
+        began = time.monotonic()
         with self.write() as conn:
             pids = sorted({o.partition_id for o in outcomes})
             held = self._twin(_lock_held_pg, _lock_held_sqlite)(conn, pids, watcher_id)
@@ -278,13 +307,27 @@ class Answers(GateWriter):
                         applied.moves[pid] = move.value
                 applied.advanced = len(advanced)
                 applied.advances = advanced
+                if lease_seconds is not None and time.monotonic() - began > lease_seconds / 3:
+                    self._renew(conn, sorted({o.partition_id for o in kept}), watcher_id, lease_seconds)
             applied.written = [o.item_id for o in kept]
         return applied
+
+    def _renew(self, conn: Connection, pids: list[int], watcher_id: str, lease_seconds: float) -> None:
+        """Renew the leases this transaction wrote under, on the statement's clock (PostgreSQL's
+        now() is the transaction's start). A long write (a fan-out of 100,000 children: 1-5 s) holds
+        their rows locked, so the watcher's heartbeat waits behind it, and the leases could end
+        meanwhile: a watcher polling the moment it commits would take them over. The rows are locked
+        and fenced here: this watcher is their owner (the ones settled and released stay released)."""
+        params = {"pids": pids, "watcher": watcher_id, "seconds": float(lease_seconds)}
+        if self.postgres:
+            conn.execute(_PG_RENEW_LEASES, {**params, "pids": pg_bigint_array(pids)})
+        else:
+            conn.execute(_RENEW_LEASES, params)
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         """Update the answered items (version-guarded), add their children, record each delivery that
         did not complete its item (the completing one is recorded on the item row) and failures."""
-        rows, completed, children, history, records, trimmed = [], [], [], [], [], []
+        rows, completed, history, records, trimmed = [], [], [], [], []
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
         if accepted:
@@ -332,18 +375,6 @@ class Answers(GateWriter):
                 )
                 if o.n > 2 * RECORDS_KEPT:  # keep the first and the last RECORDS_KEPT of each item
                     trimmed.append((o.item_id, o.n - RECORDS_KEPT))
-            children += [
-                {
-                    "partition_id": o.partition_id,
-                    "gate": c.gate,
-                    "status": AVAILABLE,
-                    "data": c.data,
-                    "parent_id": o.item_id,
-                    "parent_gate": o.gate,
-                    "seq": n,
-                }
-                for n, c in enumerate(o.children)
-            ]
             if failure:
                 assert error is not None
                 detail = {"gate": o.gate, "attempts": o.attempts, "error": error[:500]}
@@ -370,8 +401,8 @@ class Answers(GateWriter):
             raise StaleWrite(
                 f"only {matched} of {len(kept) + len(accepted)} item updates matched their expected version"
             )
-        if children:
-            self._insert_rows(conn, children)
+        if any(o.children for o in kept):
+            self._insert_rows(conn, _child_rows(kept))
         if records and self.mysql:
             insert_many_mysql(conn, attempts.name, records, now=("ended_at",))
         elif records:
@@ -459,6 +490,21 @@ class Answers(GateWriter):
                 conn, [event(pid, "released", watcher=watcher_id, detail={"reason": "nothing due"}) for pid in idle]
             )
         return moves
+
+
+def _child_rows(outcomes: Iterable[Outcome]) -> Iterator[dict[str, Any]]:
+    """The item rows of the outcomes' children, made one at a time as they are inserted."""
+    for o in outcomes:
+        for n, c in enumerate(o.children):
+            yield {
+                "partition_id": o.partition_id,
+                "gate": c.gate,
+                "status": AVAILABLE,
+                "data": c.data,
+                "parent_id": o.item_id,
+                "parent_gate": o.gate,
+                "seq": n,
+            }
 
 
 def _record_error(o: Outcome) -> str:

@@ -8,6 +8,7 @@ under the partition's lock.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,7 +24,7 @@ from .dialects import db_now, pg_bigint_array
 from .notify import notify_finished, notify_ready
 from .schema import inflight, items, partitions
 
-INSERT_CHUNK = 5000  # rows per INSERT statement
+INSERT_CHUNK = 5000  # rows per INSERT statement (and row dicts made at a time, for children)
 
 #: The partition columns `_settle` reads beside its gate facts.
 SETTLE_COLUMNS = (P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue)
@@ -78,6 +79,7 @@ _PG_INSERT_NEW_ITEMS = text(
 )
 # Any item rows (children carry their parent): one statement for the whole chunk, arrays in, unnest.
 _ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
+_PG_INT_COLUMNS = ("partition_id", "gate", "parent_id", "parent_gate", "seq")  # never NULL: the rows are children
 _PG_INSERT_ITEMS = text(
     """
     INSERT INTO feedproc_items
@@ -114,7 +116,12 @@ def _insert_rows_mysql(conn: Connection, rows: list[dict[str, Any]]) -> None:
 
 
 def _insert_rows_pg(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    conn.execute(_PG_INSERT_ITEMS, {column: [row[column] for row in rows] for column in _ITEM_COLUMNS})
+    params: dict[str, Any] = {column: [row[column] for row in rows] for column in _ITEM_COLUMNS}
+    # The integers as text literals (pg_bigint_array): for 100,000 children, 0.06 s against 0.22 s
+    # in psycopg's list dumper.
+    for column in _PG_INT_COLUMNS:
+        params[column] = pg_bigint_array(params[column])
+    conn.execute(_PG_INSERT_ITEMS, params)
 
 
 def _insert_rows_sqlite(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -147,10 +154,16 @@ class GateWriter(StoreBase):
             insert_new(conn, pid, gates_, data)
         return count, gates.initial_gate(lowest_per_chunk)
 
-    def _insert_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Insert item rows (partition_id, gate, status, data[, parent_id, parent_gate, seq])."""
-        rows = [{"parent_id": None, "parent_gate": None, "seq": None, **row} for row in rows]
-        self._twin(_insert_rows_pg, _insert_rows_sqlite, mysql=_insert_rows_mysql)(conn, rows)
+    def _insert_rows(self, conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
+        """Insert children's item rows, each with every column of `_ITEM_COLUMNS` (none NULL),
+        INSERT_CHUNK per statement, taking them from `rows` a chunk at a time: an answer's 100,000
+        children are never 100,000 row dicts at once (made all at once, with a copy per row for the
+        statement, they added 135 MB to a watcher writing 100,000 on SQLite, 91 MB on PostgreSQL; 8
+        and 5 MB now)."""
+        insert_rows = self._twin(_insert_rows_pg, _insert_rows_sqlite, mysql=_insert_rows_mysql)
+        pending = iter(rows)
+        while chunk := list(itertools.islice(pending, INSERT_CHUNK)):
+            insert_rows(conn, chunk)
 
     def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
         """The gate rules' inputs for partition `row` (read from the items)."""

@@ -11,7 +11,22 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, bindparam, delete, exists, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import (
+    Float,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
@@ -157,6 +172,22 @@ _DEAD_WATCHERS = select(W.id).where(W.expires_at < seconds_from_now(-10 * bindpa
 _FORGET_WATCHERS = delete(watchers).where(
     W.id.in_(bindparam("ids", expanding=True)), W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds"))
 )
+# A heartbeat's renewal of its watcher's leases. On MariaDB/MySQL the partitions are read first,
+# then renewed by primary key: the UPDATE by owner went through a secondary index (status, updated_at)
+# and held its record while it waited for a partition a group commit had locked; that commit then
+# released the partition, which changes that index's record: a deadlock, the heartbeat its victim
+# (a 100,000-child fan-out with a 1.5 s lease, once in a few runs).
+_RENEW = (
+    update(partitions)
+    .where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+    .values(lease_expires_at=seconds_from_now(bindparam("seconds", type_=Float())))
+)
+_MYSQL_OWNED = select(P.id).where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+_MYSQL_RENEW = (
+    _RENEW.where(P.id.in_(bindparam("ids", expanding=True)))
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
+    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
+)
 #: Rounds of picking and locking on MariaDB/MySQL (`lock_picked`) before settling for fewer rows than
 #: asked: each round past rows that concurrent transactions locked meanwhile looks twice as far.
 LOCK_ROUNDS = 3
@@ -245,11 +276,12 @@ class Leasing(LostDeliveries, Queues):
             ).rowcount
             if not alive:  # reaped while we were stalled: come back
                 raise WatcherGone(watcher_id)
-            conn.execute(
-                update(partitions)
-                .where(P.lease_owner == watcher_id, P.status == IS_AVAILABLE)
-                .values(lease_expires_at=seconds_from_now(lease_seconds))
-            )
+            if self.mysql:  # by primary key: see _MYSQL_OWNED
+                owned = list(conn.execute(_MYSQL_OWNED, {"watcher": watcher_id}).scalars())
+                if owned:
+                    conn.execute(_MYSQL_RENEW, {"ids": owned, "watcher": watcher_id, "seconds": float(lease_seconds)})
+            else:
+                conn.execute(_RENEW, {"watcher": watcher_id, "seconds": float(lease_seconds)})
             # Forget watchers that have been dead for a while (their leases expire on their own).
             if self.mysql:
                 dead = list(conn.execute(_DEAD_WATCHERS, {"lease_seconds": float(lease_seconds)}).scalars())
@@ -265,11 +297,14 @@ class Leasing(LostDeliveries, Queues):
             return leases
 
     def partition_statuses(self, pids: Sequence[int]) -> dict[int, str]:
-        """The status of each of these partitions (a watcher telling why a lease went)."""
+        """The status of each of these partitions (a watcher telling why a lease went), "released"
+        for an available one that no watcher holds: let go by its own watcher (a group commit that
+        committed as the heartbeat read), not taken over."""
         if not pids:
             return {}
         with self.read() as conn:
-            return dict(conn.execute(select(P.id, P.status).where(P.id.in_(sorted(pids)))).all())
+            rows = conn.execute(select(P.id, P.status, P.lease_owner).where(P.id.in_(sorted(pids))))
+            return {r.id: "released" if r.status == "available" and r.lease_owner is None else r.status for r in rows}
 
     def owned(self, watcher_id: str) -> list[Lease]:
         """The partitions currently leased to a watcher (with any steal request on them)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.models import check_queue
+from ..core.models import MAX_CHILDREN, check_queue
 from ..core.policy import RetryPolicy
 
 PREFETCH = 200  # ready items kept fetched ahead at least, whatever the concurrency
@@ -39,6 +39,7 @@ class WatcherConfig:
     batch: int = 1  # items of one partition and gate delivered in one call at most (`--batch`)
     batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait`)
     fetch_ahead: int | None = None  # ready items kept fetched ahead (`--prefetch`); default: see `prefetch`
+    max_children: int = MAX_CHILDREN  # child items one answer may add (`--max-children`); more fails the item
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -54,6 +55,8 @@ class WatcherConfig:
             raise ValueError("item_timeout must be positive")
         if not 1 <= self.batch <= MAX_BATCH:
             raise ValueError(f"batch must be from 1 to {MAX_BATCH}")
+        if self.max_children < 0:
+            raise ValueError("max_children must be >= 0")
         if self.batch_wait < 0:
             raise ValueError("batch_wait must be >= 0")
         if self.fetch_ahead is not None and not 1 <= self.fetch_ahead <= MAX_PREFETCH:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..core.errors import Accepted, RetryLater
+from ..core.errors import Accepted, RetryLater, TooManyChildren
 from ..core.models import Item, Response
 from ..core.policy import RetryPolicy, outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
@@ -200,9 +200,13 @@ class Delivering(Leasing):
         self, ready: ReadyItem, result: Response | Exception, policy: RetryPolicy
     ) -> tuple[Outcome, Exception | None]:
         """An item's outcome from its answer or failure (an answer our rules cannot read is a
-        transient failure), by its gate's attempts and backoff (`policy`)."""
+        transient failure), by its gate's attempts and backoff (`policy`). More children than
+        `max_children` fail the item for good (the HTTP processor refuses them before reading them;
+        a Python processor's are counted here, before any is written)."""
         if not isinstance(result, Exception):
             try:
+                if len(result.children) > self.config.max_children:
+                    raise TooManyChildren(len(result.children), self.config.max_children)
                 return outcome_of(ready, policy, response=result), None
             except Exception as error:
                 result = error

@@ -84,7 +84,8 @@ class Leasing(Routing):
         return [lease for lease in leases if (lease.partition_id, lease.epoch) in self._given_up]
 
     async def _tell_lost(self, executor: ThreadPoolExecutor, lost: list[Lease]) -> None:
-        """Say why leases went: the partition was cancelled (INFO), or another watcher has it (WARNING)."""
+        """Say why leases went: the partition finished or was cancelled, or this watcher's group commit
+        released it as the heartbeat read (INFO), or another watcher has it (WARNING)."""
         try:
             statuses = await self._db_call(executor, self.store.partition_statuses, [x.partition_id for x in lost])
         except Exception:  # only the wording depends on it
@@ -104,6 +105,12 @@ class Leasing(Routing):
                     lease.key,
                     statuses[lease.partition_id],
                     extra={"event": event, "key": lease.key, "watcher": self.id},
+                )
+            elif statuses.get(lease.partition_id) == "released":  # by this watcher's own group commit
+                log.info(
+                    "partition %s released",
+                    lease.key,
+                    extra={"event": "released", "key": lease.key, "watcher": self.id},
                 )
             else:
                 log.warning(

@@ -118,7 +118,7 @@ class WatcherState:
         # version); otherwise the queue's stored pipeline is followed (`_follow_pipeline`), each
         # version through a router of its own. `http_options` make its gates' HTTP processors.
         self.code_pipeline = processor if isinstance(processor, Pipeline) else None
-        self.http_options = dict(http_options or {})
+        self.http_options = {"max_children": self.config.max_children, **(http_options or {})}
         spec = self.code_pipeline.spec if self.code_pipeline is not None else None
         self.router = GateRouter(spec, processor, self.policy, route=False)
         self._started_processors: set[int] = set()  # ids of the processors started (each once)

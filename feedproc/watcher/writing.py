@@ -36,9 +36,21 @@ class Writing(WatcherState):
 
     async def _flush_all(self, *, final: bool = False) -> None:
         while self.results:
-            batch = self.results[: self.config.flush_batch]
+            batch = self._next_batch()
             await self._flush(batch, final=final)
             del self.results[: len(batch)]  # only now: a batch interrupted mid-write stays queued
+
+    def _next_batch(self) -> list[Outcome]:
+        """The next group commit: up to `flush_batch` outcomes, and no more children than one answer
+        may add (an outcome alone may have that many). Ten fan-outs at the limit in one commit would
+        write a million rows, 10-50 s, their partitions' rows locked and the heartbeat waiting."""
+        batch = self.results[: self.config.flush_batch]
+        children = 0
+        for n, outcome in enumerate(batch):
+            children += len(outcome.children)
+            if children > self.config.max_children and n > 0:
+                return batch[:n]
+        return batch
 
     async def _flush(self, batch: list[Outcome], *, final: bool) -> None:
         try:
@@ -87,7 +99,12 @@ class Writing(WatcherState):
         async for attempt in retrying:
             with attempt, tracing.group_commit(len(batch)):
                 applied: Applied = await self._db_call(
-                    self._writer, self.store.apply, self.id, batch, idle_after=self.config.lease_seconds / 3
+                    self._writer,
+                    self.store.apply,
+                    self.id,
+                    batch,
+                    idle_after=self.config.lease_seconds / 3,
+                    lease_seconds=self.config.lease_seconds,
                 )
         return applied
 

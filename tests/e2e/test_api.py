@@ -350,6 +350,32 @@ def test_a_body_over_the_limit_is_413_and_writes_nothing(db_url: str, feed: Feed
     assert [p["key"] for p in feed.store.list_partitions()] == ["small"]
 
 
+def test_more_items_in_one_request_than_the_limit_is_413_naming_it_and_writes_nothing(db_url: str, feed: Feed) -> None:
+    server = ApiServer(db_url, max_items=3)
+    try:
+        assert server.post("/api/v1/partitions", {"key": "open", "open": True}).status_code == 201
+        before = db_state(feed)
+        four = [{"data": n} for n in range(4)]
+        for path, body in (
+            ("/api/v1/partitions", {"key": "p", "items": four}),
+            ("/api/v1/partitions/open/items", {"items": four}),
+        ):
+            assert error_of(server.post(path, body), 413) == (
+                "4 items in one request; the limit is 3 (feedproc serve --max-items): send them in several requests"
+            )
+        assert db_state(feed) == before
+        assert server.post("/api/v1/partitions/open/items", {"items": four[:3]}).json()["added"] == 3
+    finally:
+        server.close()
+
+
+@before_any_database_access
+def test_the_default_limit_is_100_000_items_a_request(api: ApiServer, feed: Feed) -> None:
+    over = api.post("/api/v1/partitions", {"key": "p", "items": [{}] * 100_001})
+    assert "100001 items in one request; the limit is 100000" in error_of(over, 413)
+    assert feed.store.list_partitions() == []
+
+
 # ---------------------------------------------------------------- the document, unknown routes, health
 
 

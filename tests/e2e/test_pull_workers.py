@@ -117,6 +117,50 @@ def test_text_with_nul_in_an_answer_or_a_worker_name_is_kept_escaped_and_fails_n
     assert (failed["error"], failed["watcher"]) == ("x\\u0000y", "gpu\\u0000box")
 
 
+def test_an_answer_with_more_children_than_the_limit_is_413_and_the_claim_still_holds(db_url: str, feed: Feed) -> None:
+    server = ApiServer(db_url, worker_token=WORKER_TOKEN, max_children=2)
+    try:
+        feed.set_queue(QUEUE, mode="pull")
+        add(server, "doc-1", 1)
+        (item,) = claim(server).json()["items"]
+        url = f"/api/v1/items/{item['id']}/answer"
+        three = {"token": item["token"], "done": True, "items": [{"gate": 1}] * 3}
+        refused = server.client.post(url, json=three, headers=WORKER_AUTH)
+        assert refused.status_code == 413
+        assert refused.json() == {"error": "answer has 3 children; the limit is 2 (--max-children)"}
+        assert server.get("/api/v1/partitions/doc-1").json()["items"]["total"] == 1
+        two = {**three, "items": [{"gate": 1}] * 2}
+        assert server.client.post(url, json=two, headers=WORKER_AUTH).json()["outcome"] == "done"
+    finally:
+        server.close()
+
+
+def test_a_batch_answer_over_the_children_limit_is_refused_alone_and_the_others_are_written(
+    db_url: str, feed: Feed
+) -> None:
+    server = ApiServer(db_url, worker_token=WORKER_TOKEN, max_children=2)
+    try:
+        feed.set_queue(QUEUE, mode="pull")
+        add(server, "doc-1", 1, 2)
+        first, second = claim(server, max=2).json()["items"]
+        answers = [
+            {"id": first["id"], "token": first["token"], "done": True, "items": [{"gate": 1}] * 3},
+            {"id": second["id"], "token": second["token"], "done": True, "items": [{"gate": 1}] * 2},
+        ]
+        response = server.client.post("/api/v1/answers", json={"answers": answers}, headers=WORKER_AUTH)
+        over, within = response.json()["results"]
+        assert over == {
+            "id": first["id"],
+            "status": 413,
+            "error": "answer has 3 children; the limit is 2 (--max-children)",
+        }
+        assert (within["status"], within["outcome"]) == (200, "done")
+        status = server.get("/api/v1/partitions/doc-1").json()
+        assert (status["items"]["total"], status["gates"]["0"]["available"]) == (4, 1)  # only the second's children
+    finally:
+        server.close()
+
+
 def test_claiming_from_a_push_queue_is_409(api: ApiServer) -> None:
     response = api.client.post("/api/v1/queues/default/claim", json={"worker": "w"}, headers=WORKER_AUTH)
     assert response.status_code == 409 and "pull mode" in response.json()["error"]
@@ -275,6 +319,23 @@ def test_a_work_process_whose_processor_fails_with_nul_loses_nothing_else(db_url
     assert done["outcome"] == "done"
     assert all(item["deliveries"] == 1 for item in feed.items("p") if item["id"] != nul)
     feed.close()
+
+
+def test_a_workers_answer_refused_as_too_large_fails_its_item_at_once_saying_why(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull")
+    feed.add_partition("upload", [(0, b"{}")], queue=QUEUE)
+    server = ServeProcess(db_url, tmp_path, "--max-children", "2", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
+    worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:FansOutThenLogs")
+    try:
+        status = wait_until(lambda: (s := feed.status("upload"))["status"] == "failed" and s, timeout=60)
+    finally:
+        worker.stop()
+        server.stop()
+        feed.close()
+    (failed,) = status["failed_items"]  # its three children are over serve's --max-children 2
+    assert (failed["attempts"], failed["last_error"]) == (1, "answer has 3 children; the limit is 2 (--max-children)")
+    assert status["items"]["total"] == 1
 
 
 @contextlib.contextmanager

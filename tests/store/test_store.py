@@ -14,7 +14,7 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused
-from feedproc.core.models import NewItem
+from feedproc.core.models import MAX_CHILDREN, NewItem
 from feedproc.core.records import Kind
 from feedproc.store import INSERT_CHUNK, Store
 from feedproc.store.dispatch import PG_FETCH_READY
@@ -630,6 +630,32 @@ def test_answers_from_a_watcher_whose_expired_lease_was_taken_over_change_nothin
     assert applied.lost == {ready.partition_id}
     assert store.status("p") == before
     assert [r.status for r in item_rows(store, "p")] == ["available"]
+
+
+def test_a_group_commit_that_outlasts_the_lease_renews_it_before_committing(store):
+    """Writing 100,000 children takes seconds, its partition's row locked all along (the heartbeat
+    waits behind it): the lease is renewed in the same transaction, so that no watcher can take
+    the partition over the moment it commits."""
+    register(store, A)
+    register(store, B)
+    store.add_partition("p", [(0, b"root"), (0, b"sibling")])
+    store.acquire(A, "default", 10, 30)
+    root = store.fetch_ready(A, 10)[0]
+    store.heartbeat(A, 0.3)  # 0.3 s left: less than the write takes
+    fan_out = answer(root, Kind.DONE, children=tuple(NewItem(1, b"{}") for _ in range(MAX_CHILDREN)))
+    assert store.apply(A, [fan_out], lease_seconds=1.0).written == [root.id]
+    assert store.acquire(B, "default", 10, 30) == []
+    assert store.status("p")["lease"]["owner"] == A
+    assert store.status("p")["items"]["total"] == 2 + MAX_CHILDREN
+
+
+def test_a_long_group_commit_that_releases_its_partition_leaves_it_released(store):
+    register(store, A)
+    store.add_partition("p", [(0, b"root")], manual_checkpoint=True)
+    (root,) = lease_and_fetch(store)
+    fan_out = answer(root, Kind.DONE, children=tuple(NewItem(1, b"{}") for _ in range(20_000)))
+    assert store.apply(A, [fan_out], lease_seconds=0.3).released == {root.partition_id}  # gate 0 drained: waits
+    assert store.status("p")["lease"] is None
 
 
 def test_expiry_takeover_records_an_expired_event(store):

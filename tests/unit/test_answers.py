@@ -19,8 +19,8 @@ import pytest
 from multidict import CIMultiDict
 
 from feedproc import Item, Processor, Response
-from feedproc.core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater
-from feedproc.core.models import MAX_GATE, NewItem, check_gate
+from feedproc.core.errors import InvalidAnswer, InvalidInput, PermanentError, RetryLater, TooManyChildren
+from feedproc.core.models import MAX_CHILDREN, MAX_GATE, NewItem, check_gate
 from feedproc.core.policy import MAX_DELAY, RetryPolicy, outcome_of, validate
 from feedproc.core.records import Kind
 from feedproc.processors import (
@@ -350,6 +350,35 @@ def test_a_non_2xx_names_status_url_and_the_first_500_bytes_of_the_body() -> Non
     with pytest.raises(RetryLater) as raised:
         read_answer(500, b"x" * 600 + b"TAIL", None, url="http://***@h:1/x")
     assert str(raised.value) == "HTTP 500 from http://***@h:1/x: " + "x" * 500
+
+
+def test_an_answer_with_more_children_than_the_limit_is_a_permanent_failure_naming_both() -> None:
+    answer = json.dumps({"done": True, "items": [{"gate": 1}] * 4}).encode()
+    with pytest.raises(TooManyChildren) as raised:
+        read_answer(200, answer, None, max_children=3)
+    assert isinstance(raised.value, PermanentError)
+    assert str(raised.value) == "answer has 4 children; the limit is 3 (--max-children)"
+    assert len(read_answer(200, answer, None, max_children=4).children) == 4
+
+
+def test_children_are_counted_before_any_is_read() -> None:
+    # Not one of them is an object: what is refused is their number, before the first is looked at.
+    with pytest.raises(TooManyChildren, match="answer has 3 children; the limit is 2"):
+        read_answer(200, b'{"done": true, "items": [7, 8, 9]}', None, max_children=2)
+
+
+def test_the_default_limit_takes_a_fan_out_of_100_000_children() -> None:
+    children = b",".join([b"{}"] * MAX_CHILDREN)
+    assert MAX_CHILDREN == 100_000
+    assert len(read_answer(200, b'{"done": true, "items": [%s]}' % children, None).children) == MAX_CHILDREN
+    with pytest.raises(TooManyChildren):
+        read_answer(200, b'{"done": true, "items": [%s,{}]}' % children, None)
+
+
+def test_each_answer_of_a_batch_is_held_to_the_limit_alone() -> None:
+    answer = {"answers": [{"done": True, "items": [{}, {}]}, {"done": True, "items": [{}]}]}
+    over, within = read_batch_answer(200, json.dumps(answer).encode(), None, [1, 2], max_children=1)
+    assert isinstance(over, TooManyChildren) and len(within.children) == 1
 
 
 # ---------------------------------------------------------------- Retry-After
