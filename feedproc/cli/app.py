@@ -29,7 +29,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
-    help="Partitioned fan-out/fan-in workflows on SQLite or PostgreSQL.",
+    help="Partitioned fan-out/fan-in workflows on SQLite, PostgreSQL or MariaDB/MySQL.",
 )
 _global: dict[str, str | None] = {"db": None, "table_prefix": None}
 

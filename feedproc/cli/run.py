@@ -8,14 +8,13 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from .. import logs
 from ..core.errors import InvalidInput, Refused
-from ..core.models import MAX_CHILDREN, MAX_ITEMS
+from ..core.models import MAX_CHILDREN
 from ..redact import credentials_conflict
 from .app import (
     DbOption,
@@ -422,192 +421,6 @@ def work(
         await remote.run()
 
     asyncio.run(main())
-
-
-@app.command()
-def serve(
-    host: Annotated[
-        str, typer.Option(help="Address to listen on; other than loopback only with a read token (or --public-read).")
-    ] = "127.0.0.1",
-    public_read: Annotated[
-        bool, typer.Option("--public-read", help="Serve reads without a token, on any address (logged as a WARNING).")
-    ] = False,
-    allowed_host: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="NAME",
-            help="A Host name to answer besides localhost and IP addresses (repeatable; *.NAME: subdomains; *: any).",
-        ),
-    ] = None,
-    tokens_file: Annotated[
-        str | None,
-        typer.Option(metavar="FILE", help="More tokens: lines of 'SCOPE [QUEUES:]TOKEN' (read|operate|admin|worker)."),
-    ] = None,
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8000,
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 10 * 1024 * 1024,
-    max_connections: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Connections at once: a newcomer closes the oldest idle one, else gets 503 (/healthz always answers).",
-        ),
-    ] = 256,
-    max_items: Annotated[
-        int, typer.Option(min=1, metavar="N", help="Most items one request may add (more: 413, nothing written).")
-    ] = MAX_ITEMS,
-    max_children: Annotated[
-        int,
-        typer.Option(min=0, metavar="N", help="Most child items one worker or callback answer may add (more: 413)."),
-    ] = MAX_CHILDREN,
-    max_attempts: Annotated[
-        int, typer.Option(min=1, help="Pull workers: deliveries per gate before an item fails.")
-    ] = 5,
-    retry_delay: Annotated[
-        float, typer.Option(min=0.0, help="Pull workers: first backoff delay; doubles each retry.")
-    ] = 1.0,
-    max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Pull workers: longest backoff delay.")] = 600.0,
-    log_level: LogLevelOption = "INFO",
-    log_format: LogFormatOption = "text",
-    db: DbOption = None,
-) -> None:
-    """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
-
-    Calls need `Authorization: Bearer TOKEN` of their scope: FEEDPROC_READ_TOKENS, _OPERATE_TOKENS,
-    _ADMIN_TOKENS, _WORKER_TOKENS (comma-separated; a worker's may be `QUEUE+QUEUE:TOKEN`), or
-    FEEDPROC_API_TOKEN (admin and worker) and FEEDPROC_WORKER_TOKEN (worker). Reads are open on
-    loopback until FEEDPROC_READ_TOKENS is set; elsewhere they need a token unless --public-read.
-    """
-    import socket
-
-    from ..auth import load_tokens, serve_access
-
-    try:
-        from ..api import create_app, run
-    except ImportError as error:
-        raise Refused(f"feedproc serve needs the server extra: pip install 'feedproc[server]' ({error})") from None
-    from ..feed import Feed
-
-    _check_log_options(log_level, log_format)
-    tokens = load_tokens(os.environ, tokens_file)
-    access = serve_access(host, tokens, public_read=public_read, allowed_hosts=allowed_host or ())
-    logs.configure(log_level, log_format)
-    for secret in tokens.secrets():
-        logs.add_secret(secret)
-    if public_read:
-        logging.getLogger("feedproc.serve").warning("--public-read: anyone who reaches %s may read every queue", host)
-    logs.add_url_secrets(database_url(db))
-    from ..core.policy import RetryPolicy
-
-    policy = RetryPolicy(max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay)
-    feed = Feed(database_url(db), policy=policy, table_prefix=_global["table_prefix"])
-    try:
-        feed.check_schema()
-        try:
-            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-            sock = socket.create_server((host, port), family=family)
-        except OSError as error:
-            raise Refused(f"cannot listen on {host}:{port}: {error}") from None
-        shown = f"[{host}]" if ":" in host else host
-        typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
-        sys.stdout.flush()
-        app_ = create_app(feed, max_body=max_body_bytes, access=access, max_items=max_items, max_children=max_children)
-        run(app_, sock, log_level=log_level.lower(), max_connections=max_connections)
-    finally:
-        feed.close()
-
-
-@app.command()
-def demo(
-    partitions: Annotated[int, typer.Option(min=1, max=20, help="Folders to submit.")] = 3,
-    files: Annotated[int, typer.Option(min=1, max=5000, help="Files in the first folder.")] = 40,
-    delay: Annotated[float, typer.Option(min=0.0, help="Seconds each OCR call takes.")] = 0.02,
-    keep: Annotated[bool, typer.Option(help="Keep the temporary database and logs.")] = False,
-) -> None:
-    """Run a fan-out/fan-in example end to end on a throwaway SQLite database."""
-    from ..demo import run_demo
-
-    final = run_demo(partitions=partitions, files=files, delay=delay, keep=keep)
-    if any(status["status"] != "complete" for status in final.values()):
-        raise typer.Exit(1)
-
-
-@app.command()
-def bench(
-    db: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--db",
-            metavar="URL",
-            help="Where to benchmark (repeatable): sqlite (a temporary file), sqlite:///DIR/X.db (a new file "
-            "beside it), postgresql://... or mysql://... (MariaDB/MySQL; a throwaway database created on that "
-            "server, dropped after). Default: sqlite, plus FEEDPROC_DATABASE_URL when it is a server.",
-        ),
-    ] = None,
-    workload: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
-            "also http-fan (fan's partitions through one --handler) and pipeline (the same, each gate to its own "
-            "handler through a stored pipeline)."
-        ),
-    ] = "flat,fan,http,http-batch,pull",
-    watchers: Annotated[
-        str | None, typer.Option(help="Comma-separated numbers of watcher processes (default 1,2,4; --quick 1).")
-    ] = None,
-    partitions: Annotated[int | None, typer.Option(min=1, help="Partitions per run (default 20; --quick 2).")] = None,
-    items: Annotated[
-        int | None, typer.Option(min=1, help="Items per partition (default 1000; --quick 10); fan: 3 gates x N/3 + 1.")
-    ] = None,
-    quick: Annotated[
-        bool, typer.Option(help="Tiny sizes, one watcher, no peers: checks completion and exactly-once only.")
-    ] = False,
-    against: Annotated[
-        str | None, typer.Option(metavar="PEERS", help="Also run the flat drain with: pgqueuer,procrastinate.")
-    ] = None,
-    json_file: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the results as JSON.")] = None,
-    markdown: Annotated[Path | None, typer.Option(metavar="FILE", help="Write the Markdown tables.")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="`feedproc watch --concurrency` of each watcher.")] = 50,
-    poll_interval: Annotated[float, typer.Option(min=0.01, help="`feedproc watch --poll-interval`.")] = 0.1,
-    latency_seconds: Annotated[
-        float | None,
-        typer.Option(min=0.0, help="Length of the half-load latency phase (default 5; --quick 0.5; 0: none)."),
-    ] = None,
-    pgqueuer_batches: Annotated[str, typer.Option(help="PgQueuer batch sizes to run (comma-separated).")] = "10,500",
-    procrastinate_jobs: Annotated[int, typer.Option(min=1, help="Jobs for Procrastinate at most (it is slow).")] = 5000,
-    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one phase of a run may take.")] = 900.0,
-    finished: Annotated[
-        int,
-        typer.Option(min=0, metavar="N", help="Finished items put in the tables before each run (flat-cost check)."),
-    ] = 0,
-    keep: Annotated[
-        bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
-    ] = False,
-) -> None:
-    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
-    from ..bench import parse_options, run_bench
-
-    options = parse_options(
-        db=db,
-        fallback_db=_global["db"] or os.environ.get("FEEDPROC_DATABASE_URL"),
-        workload=workload,
-        watchers=watchers,
-        partitions=partitions,
-        items=items,
-        quick=quick,
-        against=against,
-        concurrency=concurrency,
-        poll_interval=poll_interval,
-        latency_seconds=latency_seconds,
-        pgqueuer_batches=pgqueuer_batches,
-        procrastinate_jobs=procrastinate_jobs,
-        timeout=timeout,
-        keep=keep,
-        finished=finished,
-        json_path=json_file,
-        markdown_path=markdown,
-        command=" ".join(["feedproc", *sys.argv[1:]]),
-    )
-    run_bench(options)
 
 
 def _freeze_startup_objects() -> None:
