@@ -7,7 +7,7 @@ import math
 import re
 import reprlib
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
@@ -235,6 +235,10 @@ class Item:
     data: bytes
     reporter: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
     stop: threading.Event | None = field(default=None, repr=False, compare=False)  # set when cancelled
+    #: At a gate that collects (fan-in): what the collected gate's items produced (`core.fanin.Collected`,
+    #: iterated a page at a time), and the partition's accumulator {name: number}. None elsewhere.
+    collected: Any = field(default=None, repr=False, compare=False)
+    accumulated: Mapping[str, float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
@@ -264,7 +268,10 @@ class Response:
     G, and a child's gate, may be a gate's name in the queue's pipeline (`"rank"`): it is made
     its number here (an unknown name raises ValueError).
     `data` replaces the item's data: bytes, a str (stored as UTF-8) or any other JSON value (stored
-    as its JSON text). `items` are new child items added to the same partition in the same
+    as its JSON text). `result` is what the item produced, kept apart from its data (by the same
+    rule; its input stays as it was): the results a later gate collects. `accumulate` adds numbers
+    to the partition's accumulator (`{"pages": 12}`, each name merged by the operation its gate or
+    queue declares). `items` are new child items added to the same partition in the same
     transaction (fan-out): `(gate, data)`, `{"gate": g, "data": d}` or `NewItem`, data by the same
     rule. Gates are ints from 0 to MAX_GATE; `retry_after` is a finite number of seconds >= 0.
     Anything else raises TypeError or ValueError here, in the processor's own call (a transient
@@ -279,6 +286,8 @@ class Response:
     )
     retry_after: float | None = None
     progress: float | None = None  # with a "not yet" answer: how far the item has got (0..1)
+    result: Any = None  # bytes once made (None: no result)
+    accumulate: Mapping[str, Any] | None = None  # {name: finite number} once made
 
     @property
     def children(self) -> tuple[NewItem, ...]:
@@ -294,6 +303,12 @@ class Response:
             raise ValueError(f"Response {problem}")
         if self.data is not None and type(self.data) is not bytes:
             self.data = encode_data(self.data, "Response data")
+        if self.result is not None and type(self.result) is not bytes:
+            self.result = encode_data(self.result, "Response result")
+        if self.accumulate is not None:
+            from .fanin import check_accumulate
+
+            self.accumulate = check_accumulate(self.accumulate, "Response accumulate") or None
         if self.items:
             if isinstance(self.items, str | bytes | bytearray | dict):
                 raise TypeError(f"Response items must be a list of children, got {type(self.items).__name__}")

@@ -40,13 +40,14 @@ import json
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, cast
 
 from ..redact import credentials_conflict, redact_url
 from . import windows as timewindows
 from .errors import InvalidInput
+from .fanin import Tolerance, check_operations
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
 from .naming import check_gate_name, naming
 from .policy import RetryPolicy
@@ -66,6 +67,13 @@ GATE_SETTINGS: dict[str, type] = {
     "timezone": str,
     "batch": int,
     "headers": dict,
+    # Fan-in (core/fanin.py): the earlier gate whose results this gate's items receive (a name or
+    # a number), how many of them travel inline, the failures the gate tolerates, and how answers'
+    # `accumulate` numbers merge into the partition's accumulator.
+    "collect": str,
+    "collect_inline": int,
+    "tolerate": str,
+    "accumulate": dict,
 }
 _GATE_KEYS = {"name", "number", "handler", "processor", *GATE_SETTINGS}
 _SCHEDULE_KEYS = {"name", "cron", "timezone", "key", "items", "priority"}
@@ -91,6 +99,20 @@ class GateSpec:
     timezone: str | None = None  # of the windows (None: UTC)
     batch: int | None = None  # items of one partition delivered in one call at most
     headers: tuple[tuple[str, str], ...] = ()  # extra headers on this gate's handler requests
+    collect: int | None = None  # an earlier gate whose items' results (and the accumulator) this gate's items get
+    collect_inline: int | None = None  # collected results sent inline at most (None: fanin.COLLECT_INLINE)
+    tolerate: str | None = None  # "5%" or a count: failed items of this gate that do not fail the partition
+    accumulate: tuple[tuple[str, str], ...] = ()  # name -> operation (sum, min, max, count)
+
+    @property
+    def tolerance(self) -> Tolerance | None:
+        """The failures this gate tolerates, or None (any failure fails the partition once the gate drains)."""
+        return Tolerance.parse(self.tolerate) if self.tolerate is not None else None
+
+    @property
+    def operations(self) -> dict[str, str]:
+        """How answers' `accumulate` numbers merge at this gate: name -> operation."""
+        return dict(self.accumulate)
 
     def policy(self, base: RetryPolicy) -> RetryPolicy:
         """`base` (the watcher's) with this gate's attempts and backoff where it gives them."""
@@ -115,7 +137,7 @@ class GateSpec:
                 continue
             if f.name == "windows":
                 value = value.split(",")
-            elif f.name == "headers":
+            elif f.name in ("headers", "accumulate"):
                 value = dict(value)
             out[f.name] = value
         return out
@@ -264,6 +286,7 @@ def from_mapping(document: Mapping[str, Any], *, source: str = "pipeline", versi
         seen_numbers.add(gate.number)
     gates.sort(key=lambda gate: gate.number)
     names = {gate.name: gate.number for gate in gates}
+    gates = [_resolve_collect(gate, names, source) for gate in gates]
     raw_schedules = document.get("schedule", [])
     if not isinstance(raw_schedules, list):
         raise InvalidInput(f"{source}: schedule must be an array of tables ([[schedule]])")
@@ -338,7 +361,52 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
         values["headers"] = tuple(sorted(headers.items()))
         if isinstance(handler, str) and (conflict := credentials_conflict(handler, headers)):
             raise InvalidInput(f"{where}{conflict}")
+    values.update(_fan_in(raw, where))
     return GateSpec(name, cast(int, number), handler, processor, **values)
+
+
+def _fan_in(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A gate's fan-in settings checked (`collect` is resolved to a number once every gate is known)."""
+    values: dict[str, Any] = {}
+    if "collect" in raw:
+        collect = raw["collect"]
+        if isinstance(collect, bool) or not isinstance(collect, int | str):
+            raise InvalidInput(f"{where}collect must be a gate's name or number, got {shown(collect)}")
+        values["collect"] = collect
+    if "collect_inline" in raw:
+        inline = raw["collect_inline"]
+        if isinstance(inline, bool) or not isinstance(inline, int) or not 0 <= inline <= 100_000:
+            raise InvalidInput(f"{where}collect_inline must be an integer from 0 to 100000, got {shown(inline)}")
+        values["collect_inline"] = inline
+    if "tolerate" in raw:
+        try:
+            values["tolerate"] = str(Tolerance.parse(raw["tolerate"]))
+        except ValueError as error:
+            raise InvalidInput(f"{where}{error}") from None
+    if "accumulate" in raw:
+        try:
+            values["accumulate"] = tuple(sorted(check_operations(raw["accumulate"]).items()))
+        except ValueError as error:
+            raise InvalidInput(f"{where}{error}") from None
+    return values
+
+
+def _resolve_collect(gate: GateSpec, names: Mapping[str, int], source: str) -> GateSpec:
+    """`gate` with its `collect` as the number of an earlier gate of the pipeline."""
+    wanted: Any = gate.collect
+    if wanted is None:
+        return gate
+    if isinstance(wanted, str):
+        if wanted not in names:
+            raise InvalidInput(
+                f"{source}: gate {gate.name!r}: collect: unknown gate {wanted!r} (the pipeline has {', '.join(names)})"
+            )
+        wanted = names[wanted]
+    elif problem := gate_problem(wanted):
+        raise InvalidInput(f"{source}: gate {gate.name!r}: collect: {problem}")
+    if wanted >= gate.number:
+        raise InvalidInput(f"{source}: gate {gate.name!r}: collect must name an earlier gate, got gate {wanted}")
+    return replace(gate, collect=wanted)
 
 
 def _seconds(value: Any, what: str, *, positive: bool) -> float:

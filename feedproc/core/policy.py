@@ -113,6 +113,8 @@ def outcome_of(
             Kind.DONE,
             data=response.data,
             attempts=item.attempts,
+            result=response.result,
+            accumulate=response.accumulate,
         )
     base = (item.id, item.version, item.partition_id, item.epoch, item.gate)
     if error is None and response is not None:
@@ -122,19 +124,15 @@ def outcome_of(
             error = invalid
     if error is None and response is not None:
         children = response.children
+        produced = {"data": response.data, "result": response.result, "accumulate": response.accumulate}
         if response.done:
-            return Outcome(*base, kind=Kind.DONE, data=response.data, children=children, attempts=item.attempts)
+            return Outcome(*base, kind=Kind.DONE, children=children, attempts=item.attempts, **produced)
         if response.gate == item.gate:
             delay = policy.not_yet(response.retry_after)
             return Outcome(
-                *base,
-                kind=Kind.LATER,
-                data=response.data,
-                delay=delay,
-                attempts=item.attempts,
-                progress=response.progress,
+                *base, kind=Kind.LATER, delay=delay, attempts=item.attempts, progress=response.progress, **produced
             )
-        return Outcome(*base, kind=Kind.MOVE, new_gate=cast(int, response.gate), data=response.data, children=children)
+        return Outcome(*base, kind=Kind.MOVE, new_gate=cast(int, response.gate), children=children, **produced)
     attempts = item.attempts + 1
     message = describe(error)
     if isinstance(error, PermanentError) or attempts >= policy.max_attempts:

@@ -65,6 +65,7 @@ class ReadyItem:
     weight: int = 1  # its share of the queue's concurrency limit while in flight
     deliveries: int = 0  # the item's deliveries so far, every gate (its next one is number deliveries + 1)
     lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
+    collect: int | None = None  # the gate whose results it collects, given when it was added (no pipeline)
 
 
 class Kind(StrEnum):
@@ -95,6 +96,8 @@ class Outcome:
     attempts: int = 0  # the item's attempts after this outcome
     error: str | None = None
     progress: float | None = None  # reported with a "not yet" answer (0..1)
+    result: bytes | None = None  # what the item produced (fan-in), kept apart from its data
+    accumulate: Mapping[str, float] | None = None  # numbers for the partition's accumulator
     # The delivery's record (feedproc_attempts; a completing delivery's lives on the item row).
     n: int = 0  # the item's delivery number (its deliveries + 1)
     attempt: int = 0  # the attempt number the processor saw

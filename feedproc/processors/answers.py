@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..core.errors import InvalidAnswer, PermanentError, RetryLater, TooManyChildren
+from ..core.fanin import check_accumulate
 from ..core.models import (
     MAX_CHILDREN,
     NewItem,
@@ -191,13 +192,21 @@ def response_from_json(
                 _answer_gate(child.get("gate", 0), f"child {n}: "), _answer_data(child.get("data"), f"child {n} data")
             )
         )
+    result = _answer_data(answer["result"], "result") if answer.get("result") is not None else None
+    accumulate = answer.get("accumulate")
+    if accumulate is not None:
+        try:
+            accumulate = check_accumulate(accumulate) or None
+        except ValueError as error:
+            raise InvalidAnswer(str(error)) from None
+    fields: dict[str, Any] = {"data": data, "items": children, "retry_after": retry_after, "progress": progress}
+    if result is not None or accumulate is not None:  # rare beside the rest: the common answer stays as cheap
+        fields.update(result=result, accumulate=accumulate)
     if done is True:
-        return Response(done=True, data=data, items=children, retry_after=retry_after, progress=progress)
+        return Response(done=True, **fields)
     if answer.get("gate") is None:
         raise InvalidAnswer('the answer has neither "done": true nor a "gate"')
-    return Response(
-        gate=_answer_gate(answer["gate"], ""), data=data, items=children, retry_after=retry_after, progress=progress
-    )
+    return Response(gate=_answer_gate(answer["gate"], ""), **fields)
 
 
 def _answer_gate(value: Any, where: str) -> int:

@@ -30,10 +30,12 @@ cursor) and in the statements each module keeps side by side as twins, chosen by
 
 from __future__ import annotations
 
+from .accumulating import Accumulating
 from .actions import ITEM_ACTIONS, ItemActions
 from .answers import RECORDS_KEPT, Answers
 from .base import StoreBase, alembic_config, migrations_path
 from .claimable import MAX_CLAIM
+from .collecting import Collecting
 from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
 from .insight import Insight
@@ -74,6 +76,8 @@ class Store(
     Dispatch,
     Pulling,
     Answers,
+    Collecting,
+    Accumulating,
     Queues,
     Pipelines,
     Retention,

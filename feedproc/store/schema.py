@@ -57,6 +57,8 @@ partitions = Table(
     Column("item_timeout", Float64, nullable=True),
     Column("windows", LongText, nullable=True),  # e.g. "22:00-06:00,12:00-13:00"
     Column("window_tz", String(64), nullable=True),  # IANA zone of the windows; NULL is UTC
+    # Failed items its gates tolerate (0010): "5%" or a count; NULL: its pipeline gate's, else none.
+    Column("tolerate", String(16), nullable=True),
     Index(
         "feedproc_partitions_leasable",
         "queue",
@@ -102,6 +104,10 @@ items = Table(
     Column("duration", Float64, nullable=True),
     Column("delivered_by", String(120), nullable=True),
     Column("claimed_until", UTCDateTime(), nullable=True),  # a pull worker's claim on it ends then (0005)
+    # Fan-in (0010): what its answers produced, kept apart from its input `data`; and, for a queue
+    # without a pipeline, the gate whose items' results it collects when delivered.
+    Column("result", Blob, nullable=True),
+    Column("collect", Integer, nullable=True),
     Index(
         "feedproc_items_failed",
         "partition_id",
@@ -158,6 +164,19 @@ queues = Table(
     Column("paused", Boolean, nullable=False, server_default=false()),
     Column("paused_at", UTCDateTime(), nullable=True),
     Column("paused_by", String(120), nullable=True),
+    # How answers' `accumulate` numbers merge, for a queue without a pipeline (0010): JSON {"name": "sum"}.
+    Column("accumulate", LongText, nullable=True),
+)
+
+# Each partition's accumulator (0010): per name, what its answers' `accumulate` numbers came to,
+# merged in each answer's own fenced transaction (a group commit merges its batch first: one row
+# write per partition and name per batch).
+accumulators = Table(
+    "feedproc_accumulators",
+    metadata,
+    Column("partition_id", BigId, ForeignKey("feedproc_partitions.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("value", Float64, nullable=False),
 )
 
 # What each partition's lease holder has taken for delivery and not yet answered (0004), one row per

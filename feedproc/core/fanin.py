@@ -1,0 +1,226 @@
+"""Fan-in that joins: the rules of what flows across a gate, written once.
+
+- **Tolerated failures** (`Tolerance`): a gate (or a partition) may let some of its items fail
+  without failing the partition: `"5%"` of the gate's items, or a count. Within it the barrier
+  lets the gate advance once nothing else there is available; past it the partition fails at once.
+- **Accumulators** (`check_operations`, `check_accumulate`, `merge`): an answer's `accumulate`
+  numbers, each name merged by the operation its gate (or queue) declares: `sum`, `min`, `max` or
+  `count` (how many answers carried the name).
+- **Collected results** (`CollectedResult`, `Collected`): what the items of an earlier gate of the
+  partition produced, handed to the item that collects them; inline up to a bound, past it paged.
+
+Pure: no database, network or clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models import shown
+
+#: How an accumulator's numbers merge.
+OPERATIONS = ("sum", "min", "max", "count")
+#: An accumulator's name: as a JSON key in any language, and a column value of 64 characters at most.
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+#: Names one answer may carry, and one gate or queue may declare.
+MAX_NAMES = 32
+#: Collected results sent inline in a request at most (more are paged): a gate's `collect_inline`.
+COLLECT_INLINE = 1000
+#: Bytes of collected results sent inline at most (more are paged).
+COLLECT_INLINE_BYTES = 1024 * 1024
+#: Results one page of a paged collection holds at most.
+PAGE = 1000
+
+
+# ---------------------------------------------------------------- tolerated failures
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """Failed items a gate lets pass: `count` of them, or `percent` of the gate's items."""
+
+    count: int | None = None
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, value: Any, what: str = "tolerate") -> Tolerance:
+        """`"5%"` (0 to 100), or a count (an integer >= 0, or its text); ValueError naming `what` otherwise."""
+        if isinstance(value, str) and value.strip().endswith("%"):
+            number = value.strip()[:-1].strip()
+            try:
+                percent = float(number)
+            except ValueError:
+                percent = math.nan
+            if not (math.isfinite(percent) and 0 <= percent <= 100):
+                raise ValueError(f"{what} must be a percentage from 0% to 100% or a count, got {shown(value)}")
+            return cls(percent=percent)
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31 - 1:
+            raise ValueError(f'{what} must be a count (an integer >= 0) or a percentage like "5%", got {shown(value)}')
+        return cls(count=value)
+
+    def allowed(self, total: int) -> int:
+        """How many of `total` items may fail."""
+        if self.count is not None:
+            return self.count
+        return math.floor((self.percent or 0.0) * total / 100 + 1e-9)
+
+    def exceeded(self, failed: int, total: int) -> bool:
+        """Whether `failed` of `total` items are more than this tolerance lets pass."""
+        return failed > self.allowed(total)
+
+    def __str__(self) -> str:
+        if self.count is not None:
+            return str(self.count)
+        return f"{self.percent:g}%"
+
+
+# ---------------------------------------------------------------- accumulators
+
+
+def check_operations(value: Any, what: str = "accumulate") -> dict[str, str]:
+    """A declaration `{"pages": "sum", "max_score": "max"}` checked; ValueError naming `what` otherwise."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f'{what} must be a table of name = operation, like {{pages = "sum"}}')
+    if len(value) > MAX_NAMES:
+        raise ValueError(f"{what} declares {len(value)} names; at most {MAX_NAMES}")
+    checked: dict[str, str] = {}
+    for name, operation in value.items():
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ValueError(f"{what}: {shown(name)} is not a name (a letter or _, then letters, digits, _ . -)")
+        if operation not in OPERATIONS:
+            raise ValueError(
+                f"{what}: {name}: the operation must be one of {', '.join(OPERATIONS)}, got {shown(operation)}"
+            )
+        checked[name] = operation
+    return checked
+
+
+def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
+    """An answer's `accumulate` checked: an object of at most MAX_NAMES names to finite numbers."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f'{what} must be an object of names to numbers, like {{"pages": 12}}, got {shown(value)}')
+    if len(value) > MAX_NAMES:
+        raise ValueError(f"{what} carries {len(value)} names; at most {MAX_NAMES}")
+    checked: dict[str, float] = {}
+    for name, number in value.items():
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ValueError(f"{what}: {shown(name)} is not a name (a letter or _, then letters, digits, _ . -)")
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ValueError(f"{what}: {name} must be a number, got {shown(number)}")
+        try:
+            as_float = float(number)
+        except OverflowError:
+            as_float = math.inf
+        if not math.isfinite(as_float):
+            raise ValueError(f"{what}: {name} must be a finite number, got {shown(number)}")
+        checked[name] = as_float
+    return checked
+
+
+def undeclared(accumulate: Mapping[str, float], operations: Mapping[str, str]) -> list[str]:
+    """The names of `accumulate` that `operations` declares no operation for."""
+    return [name for name in accumulate if name not in operations]
+
+
+def merge(operations: Mapping[str, str], into: dict[str, float], numbers: Mapping[str, float]) -> None:
+    """Merge one answer's `numbers` into `into` by each name's operation (names without one are skipped)."""
+    for name, number in numbers.items():
+        operation = operations.get(name)
+        if operation is None:
+            continue
+        step = 1.0 if operation == "count" else number
+        if name not in into:
+            into[name] = step
+        elif operation in ("sum", "count"):
+            into[name] += step
+        elif operation == "min":
+            into[name] = min(into[name], step)
+        else:
+            into[name] = max(into[name], step)
+
+
+def shown_number(value: float) -> int | float:
+    """An accumulator's value as shown: an int when it is one (pages: 12, not 12.0)."""
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+# ---------------------------------------------------------------- collected results
+
+
+@dataclass(frozen=True, slots=True)
+class CollectedResult:
+    """One item of the collected gate: its id and result (complete), or its error (failed, tolerated)."""
+
+    id: int
+    result: bytes | None = None
+    error: str | None = None
+    failed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """As a request carries it: `{"id", "result"}` (JSON, or `result_base64` for other bytes), or
+        `{"id", "error"}` for a failed item."""
+        if self.failed:
+            return {"id": self.id, "error": self.error}
+        return {"id": self.id, **result_json(self.result)}
+
+
+def result_json(result: bytes | None) -> dict[str, Any]:
+    """`{"result": <JSON>}`, or `{"result_base64": ...}` when the bytes are not JSON (a Python
+    processor's), or `{"result": null}` when there is none."""
+    if result is None:
+        return {"result": None}
+    try:
+        return {"result": json.loads(result)}
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return {"result_base64": base64.b64encode(result).decode()}
+
+
+#: Reads one page of a collection: (after this item id, or None for the first page, at most this
+#: many) -> the page, in item id order.
+PageReader = Callable[[int | None, int], list[CollectedResult]]
+
+
+@dataclass(slots=True)
+class Collected:
+    """What the items of gate `gate` of the partition produced, handed to the item that collects
+    them: `count` complete and `failed` failed (tolerated) items. Iterate it (`for r in
+    item.collected`, or `async for` in an `async def` processor) to get each `CollectedResult`
+    once, in item id order, read a page at a time: memory stays flat however many there are."""
+
+    gate: int
+    count: int
+    failed: int
+    read_page: PageReader = field(repr=False)
+    gate_name: str | None = None
+    page: int = PAGE
+
+    def __len__(self) -> int:
+        return self.count + self.failed
+
+    def __iter__(self) -> Iterator[CollectedResult]:
+        after: int | None = None
+        while True:
+            rows = self.read_page(after, self.page)
+            yield from rows
+            if len(rows) < self.page:
+                return
+            after = rows[-1].id
+
+    async def __aiter__(self) -> AsyncIterator[CollectedResult]:
+        after: int | None = None
+        while True:
+            rows = await asyncio.to_thread(self.read_page, after, self.page)  # the read blocks: not on the loop
+            for row in rows:
+                yield row
+            if len(rows) < self.page:
+                return
+            after = rows[-1].id
