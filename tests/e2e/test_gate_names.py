@@ -31,7 +31,7 @@ number = 0
 name = "rank"
 number = 2
 handler = "http://robot:s3cret@ranker.internal:8080/rank"
-headers = {Authorization = "Bearer very-secret-token"}
+headers = {X-Api-Key = "very-secret-token"}  # (an Authorization header would conflict with the URL's credentials)
 """
 
 
@@ -171,7 +171,7 @@ def test_the_pipelines_routes_show_stored_pipelines_without_their_credentials(ap
     assert [(g["name"], g["number"]) for g in body["gate"]] == [("ocr", 0), ("rank", 2)]
     rank = body["gate"][1]
     assert rank["handler"] == "http://***@ranker.internal:8080/rank"
-    assert rank["headers"] == {"Authorization": "***"}
+    assert rank["headers"] == {"X-Api-Key": "***"}
     assert "s3cret" not in pipeline.text and "very-secret-token" not in pipeline.text
     assert api.get("/api/v1/pipelines").json() == {"pipelines": [body]}
     assert "'nope'" in error_of(api.get("/api/v1/pipelines/nope"), 404)
