@@ -86,34 +86,33 @@ class Tolerance:
 # ---------------------------------------------------------------- accumulators
 
 
-def check_operations(value: Any, what: str = "accumulate") -> dict[str, str]:
-    """A declaration `{"pages": "sum", "max_score": "max"}` checked; ValueError naming `what` otherwise."""
+def _named(value: Any, what: str, like: str, verb: str) -> list[tuple[str, Any]]:
+    """The (name, value) pairs of a mapping of accumulator names, each name checked."""
     if not isinstance(value, Mapping):
-        raise ValueError(f'{what} must be a table of name = operation, like {{pages = "sum"}}')
+        raise ValueError(f"{what} must be {like}, got {shown(value)}")
     if len(value) > MAX_NAMES:
-        raise ValueError(f"{what} declares {len(value)} names; at most {MAX_NAMES}")
-    checked: dict[str, str] = {}
-    for name, operation in value.items():
+        raise ValueError(f"{what} {verb} {len(value)} names; at most {MAX_NAMES}")
+    for name in value:
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ValueError(f"{what}: {shown(name)} is not a name (a letter or _, then letters, digits, _ . -)")
+    return list(value.items())
+
+
+def check_operations(value: Any, what: str = "accumulate") -> dict[str, str]:
+    """A declaration `{"pages": "sum", "max_score": "max"}` checked; ValueError naming `what` otherwise."""
+    checked: dict[str, str] = {}
+    for name, operation in _named(value, what, 'a table of name = operation, like {pages = "sum"}', "declares"):
         if operation not in OPERATIONS:
-            raise ValueError(
-                f"{what}: {name}: the operation must be one of {', '.join(OPERATIONS)}, got {shown(operation)}"
-            )
+            choices = ", ".join(OPERATIONS)
+            raise ValueError(f"{what}: {name}: the operation must be one of {choices}, got {shown(operation)}")
         checked[name] = operation
     return checked
 
 
 def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
     """An answer's `accumulate` checked: an object of at most MAX_NAMES names to finite numbers."""
-    if not isinstance(value, Mapping):
-        raise ValueError(f'{what} must be an object of names to numbers, like {{"pages": 12}}, got {shown(value)}')
-    if len(value) > MAX_NAMES:
-        raise ValueError(f"{what} carries {len(value)} names; at most {MAX_NAMES}")
     checked: dict[str, float] = {}
-    for name, number in value.items():
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ValueError(f"{what}: {shown(name)} is not a name (a letter or _, then letters, digits, _ . -)")
+    for name, number in _named(value, what, 'an object of names to numbers, like {"pages": 12}', "carries"):
         if isinstance(number, bool) or not isinstance(number, int | float):
             raise ValueError(f"{what}: {name} must be a number, got {shown(number)}")
         try:
