@@ -463,10 +463,12 @@ class Answers(GateWriter):
         advanced: list[tuple[int, int, int]],
     ) -> dict[int, Move]:
         """Settle the partitions a batch touched, cheaply: one statement refreshes each one's
-        `ready_at`; partitions whose gate drained go through the full gate rules, and partitions
-        with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
-        partitions does not starve partitions with work ready elsewhere."""
+        `ready_at`; partitions whose gate drained, or where an item failed (which may cross the
+        gate's tolerance), go through the full gate rules, and partitions with nothing due for
+        `idle_after` seconds are released, so that a watcher full of waiting partitions does not
+        starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
+        failing = {o.partition_id for o in kept if o.kind == Kind.FAIL}
         params = {"pids": pids, "idle_after": float(idle_after)}
         if self.mysql:  # no UPDATE ... RETURNING: the refresh, then what it wrote
             conn.execute(_SET_READY_AT, params)
@@ -476,11 +478,17 @@ class Answers(GateWriter):
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
+            # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
+            known = row if self.postgres else None
             if row.ready_at is None:
-                # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
-                known = row if self.postgres else None
                 moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
-            elif row.idle:
+                continue
+            if row.id in failing:  # items remain at the gate: only a crossed tolerance changes anything
+                move = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
+                if move is not Move.STAY:
+                    moves[row.id] = move
+                    continue
+            if row.idle:
                 idle.append(row.id)
                 moves[row.id] = Move.WAIT
         if idle:
