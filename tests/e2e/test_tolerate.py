@@ -61,7 +61,7 @@ def test_add_with_tolerate_lets_the_gate_advance_past_failures_and_status_shows_
 def test_add_with_a_bad_tolerate_exits_2_with_one_line_and_writes_nothing(db_url: str, feed: Feed, bad: str) -> None:
     before = db_state(feed)
     line = cli_error(run_cli(db_url, "add", "p", f"--tolerate={bad}", "--items", "-", input=ITEMS), 2)
-    assert "tolerate" in line
+    assert "tolerate must be" in line and bad in line
     assert db_state(feed) == before
 
 
@@ -83,13 +83,24 @@ def test_the_api_creates_a_partition_with_tolerate_and_shows_its_tolerated_failu
     assert row["tolerate"] == "2" and row["tolerated"] == {"0": {"failed": 2, "allowed": "2", "exceeded": False}}
 
 
-@pytest.mark.parametrize(("bad", "status"), [("lots", 400), ("200%", 400), (-1, 400), (True, 422), ([5], 422)])
-def test_the_api_refuses_a_bad_tolerate_and_writes_nothing(api: ApiServer, feed: Feed, bad: Any, status: int) -> None:
+@pytest.mark.parametrize(
+    ("bad", "status", "said"),
+    [
+        ("lots", 400, "must be"),
+        ("200%", 400, "must be"),
+        (-1, 400, "must be"),
+        (True, 422, "valid"),
+        ([5], 422, "valid"),
+    ],
+)
+def test_the_api_refuses_a_bad_tolerate_and_writes_nothing(
+    api: ApiServer, feed: Feed, bad: Any, status: int, said: str
+) -> None:
     before = db_state(feed)
     response = api.post("/api/v1/partitions", {"key": "p", "items": [{"gate": 0}], "tolerate": bad})
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and "tolerate" in body["error"]
+    assert set(body) == {"error"} and "tolerate" in body["error"] and said in body["error"], body
     assert db_state(feed) == before
 
 
