@@ -38,7 +38,8 @@ class GateFacts:
     manual_checkpoint: bool
     # The failures the gate tolerates (None: any failure holds the gate, rule 3 as it always was),
     # and, when `counts_matter`, its failed items and every item that reached it (whatever became
-    # of them: those that moved on to a later gate count too).
+    # of them: those that moved on to a later gate count too; fewer will do where they still
+    # leave the failures within the tolerance, as they can only raise what it allows).
     tolerance: Tolerance | None = None
     failed: int = 0
     total: int = 0

@@ -47,16 +47,23 @@ class Tolerating(StoreBase):
         return f"gate {gate} ({settings.name})" if settings is not None else f"gate {gate}"
 
     def _gate_counts(self, conn: Connection, pid: int, gate: int, tolerance: Tolerance) -> tuple[int, int]:
-        """(failed items, items that reached the gate), as far as `tolerance` needs: the items that
-        moved on are counted only when those still at the gate are too few to tolerate its failures
-        (they can only raise what it allows), so within the tolerance one read of the gate's own
-        index range suffices; past it, the total is exact."""
+        """(failed items, items that reached the gate), as far as `tolerance` needs to be judged:
+        within a count, only the failed items are counted (the failed-items index), and the total
+        is theirs; within a percentage of the items still at the gate, those (one read of the
+        gate's own index range: the items that moved on could only raise what it allows). Past
+        the tolerance, the total is exact."""
+        if tolerance.count is not None:
+            failed = conn.execute(
+                select(func.count()).where(I.partition_id == pid, I.gate == gate, I.status == IS_FAILED)
+            ).scalar_one()
+            if not tolerance.exceeded(int(failed), 0):
+                return int(failed), int(failed)
         here, failed = conn.execute(
             select(func.count(), func.coalesce(func.sum(case((I.status == IS_FAILED, 1), else_=0)), 0)).where(
                 I.partition_id == pid, I.gate == gate
             )
         ).one()
-        if not tolerance.exceeded(int(failed), int(here)):
+        if tolerance.count is None and not tolerance.exceeded(int(failed), int(here)):
             return int(failed), int(here)
         return int(failed), int(here) + self._moved_on(conn, pid, gate)
 
