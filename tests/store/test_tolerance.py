@@ -16,9 +16,10 @@ from feedproc.core.errors import InvalidInput, Refused, StaleClaim
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import Kind
+from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import partitions
 
-from ..support import A, answer, db_state, fail, history_of, lease_and_fetch, register
+from ..support import A, B, answer, db_state, fail, history_of, lease_and_fetch, register
 
 PIPELINE = """
 queue = "default"
@@ -275,3 +276,23 @@ def test_a_pull_workers_failure_crossing_the_tolerance_cancels_the_other_claims(
     with pytest.raises(StaleClaim) as refused:
         feed.answer(claimed[2]["id"], claimed[2]["token"], {"done": True})
     assert refused.value.reason == "cancelled"
+
+
+# ---------------------------------------------------------------- lost deliveries
+
+
+def test_a_lost_delivery_that_fails_its_item_crosses_the_tolerance_when_it_is_charged(feed: Feed) -> None:
+    store = feed.store
+    for watcher in (A, B):
+        register(store, watcher)
+    feed.add_partition("p", [(0, b"1"), (0, b"2"), (0, b"3")], tolerate="0")
+    store.acquire(A, "default", 10, 30)
+    (suspect,) = store.fetch_ready(A, 1)
+    assert store.isolate(A, suspect)  # delivered alone: its loss counts fully
+    with store.write() as conn:  # A dies: its lease runs out
+        conn.execute(update(partitions).where(partitions.c.key == "p").values(lease_expires_at=seconds_from_now(-1)))
+    (lease,) = store.acquire(B, "default", 10, 30)
+    (charged,) = store.charge_lost(B, lease, max_attempts=1)
+    assert charged["failed"]
+    status = feed.status("p")
+    assert status["status"] == "failed" and status["items"]["cancelled"] == 2
