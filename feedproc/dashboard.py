@@ -33,6 +33,7 @@ from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
 from .feed import Feed
 from .gatenames import GateNames, with_name
+from .report import tolerated_text
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # partitions per page
@@ -88,7 +89,7 @@ def duration(seconds: Any) -> str:
     return f"{days}d {hours}h"
 
 
-templates.env.filters.update(keypath=key_path, ago=ago, duration=duration)
+templates.env.filters.update(keypath=key_path, ago=ago, duration=duration, tolerated=tolerated_text)
 router = APIRouter(include_in_schema=False, dependencies=Reading)  # pages are reads (Basic works: browsers)
 
 
@@ -99,12 +100,16 @@ def install(app: FastAPI) -> None:
 
 
 def gate_bars(
-    counts: dict[str, dict[str, int]], current: int, names: dict[int, str] | None = None
+    counts: dict[str, dict[str, int]],
+    current: int,
+    names: dict[int, str] | None = None,
+    tolerated: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One progress bar per gate: complete or cancelled out of all its items; failed ones apart, so a
     gate whose items all failed reads 0% done with its failures, never 100%. `names`: the gates'
-    names in the queue's pipeline (shown beside the numbers)."""
-    names = names or {}
+    names in the queue's pipeline (shown beside the numbers); `tolerated`: the status' failures its
+    gates tolerate (such a gate's failures read "2 failed, tolerated: 5% allowed", not as failed)."""
+    names, tolerated = names or {}, tolerated or {}
     bars = []
     for gate, c in sorted(counts.items(), key=lambda kv: int(kv[0])):
         total = sum(c.values())
@@ -119,6 +124,7 @@ def gate_bars(
                 "available": c["available"],
                 "percent": 100 * done // total if total else 100,
                 "current": int(gate) == current,
+                "tolerated": tolerated.get(gate),
             }
         )
     return bars
@@ -191,7 +197,7 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
     )
     names = GateNames(feed)
     for p in partitions:
-        p["bars"] = gate_bars(p["gates"], p["gate"], names.of(p["queue"]))
+        p["bars"] = gate_bars(p["gates"], p["gate"], names.of(p["queue"]), p.get("tolerated"))
         p["percent"] = overall(p["items"])
     leases: dict[str, list[dict[str, Any]]] = {}
     for lease in feed.leases(limit=500):
@@ -228,7 +234,7 @@ def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
     timings = feed.timings(key)
     return {
         "p": named.status(status),
-        "gate_rows": gate_bars(status["gates"], status["gate"], names),
+        "gate_rows": gate_bars(status["gates"], status["gate"], names, status.get("tolerated")),
         "percent": overall(status["items"]),
         "timings": timings["gates"],
         "current": with_name(timings["current"], names) if timings["current"] else None,

@@ -131,6 +131,7 @@ class Feed:
         item_timeout: float | None = None,
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
+        tolerate: str | int | None = None,
     ) -> int:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
@@ -138,6 +139,8 @@ class Feed:
         input; nothing is written then. Returns the number of items added. Scheduling controls:
         `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
         (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
+        `tolerate`: failed items each of its gates lets pass without failing it, `"5%"` of the
+        gate's items or a count (over its queue's pipeline gates' own `tolerate`).
         """
         with self.gate_naming(queue=queue):  # {"gate": "ocr"}
             return self.store.add_partition(
@@ -152,6 +155,7 @@ class Feed:
                 item_timeout=item_timeout,
                 windows=windows,
                 window_tz=window_tz,
+                tolerate=tolerate,
             )
 
     @retried

@@ -22,8 +22,20 @@ def _table(headers: list[str], rows: list[list[Any]]) -> None:
             typer.echo("  ".join("-" * w for w in widths))
 
 
+def tolerated_text(entry: dict[str, Any]) -> str:
+    """A gate's tolerated failures (an entry of a status' `tolerated`) in words: "2 failed,
+    tolerated: 5% allowed (at most 2 of 40)", or "3 failed, more than the 5% allowed ..."."""
+    said = "more than the {} allowed" if entry["exceeded"] else "tolerated: {} allowed"
+    text = f"{entry['failed']} failed, " + said.format(entry["allowed"])
+    if "items" in entry:
+        text += f" (at most {entry['limit']} of {entry['items']})"
+    return text
+
+
 def print_partition(status: dict[str, Any]) -> None:
     flags = [name for name in ("sealed", "manual_checkpoint") if status.get(name)]
+    if status.get("tolerate"):
+        flags.append(f"tolerate {status['tolerate']}")
     current = label(status["gate"], status.get("gate_name"))
     typer.echo(
         f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
@@ -72,6 +84,8 @@ def print_partition(status: dict[str, Any]) -> None:
                 [label(gate, names.get(gate)), *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker]
             )
         _table(["gate", *STATUSES, "done", "in progress", ""], rows)
+        for gate, entry in sorted((status.get("tolerated") or {}).items(), key=lambda kv: int(kv[0])):
+            typer.echo(f"gate {label(gate, names.get(gate))}: {tolerated_text(entry)}")
     if status["failed_items"]:
         typer.echo("failed items:")
         _table(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
 from ..gatenames import GateNames, gate_filter, with_name
@@ -60,6 +60,9 @@ class NewPartition(BaseModel):
     item_timeout: float | None = Field(None, gt=0, le=86400 * 7, description="seconds a processor call may take")
     windows: list[str] | None = Field(None, max_length=24, description='windows of the day, e.g. ["22:00-06:00"]')
     timezone: str | None = Field(None, max_length=64, description="the windows' time zone (default UTC)")
+    tolerate: StrictInt | StrictStr | None = Field(
+        None, description='failed items each gate lets pass: a count, or a percentage of its items ("5%")'
+    )
 
 
 class NewItems(BaseModel):
@@ -109,6 +112,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         item_timeout=body.item_timeout,
         windows=body.windows,
         window_tz=body.timezone,
+        tolerate=body.tolerate,
     )
     return {"added": count, "partition": _status(feed, body.key)}
 

@@ -48,6 +48,10 @@ def add(
         list[str] | None, typer.Option(metavar="HH:MM-HH:MM", help="Dispatch only in this window (repeatable).")
     ] = None,
     timezone: Annotated[str | None, typer.Option(metavar="ZONE", help="Time zone of --window (default UTC).")] = None,
+    tolerate: Annotated[
+        str | None,
+        typer.Option(metavar="N|P%", help="Failed items each gate lets pass: a count, or a percentage of its items."),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction."""
@@ -68,6 +72,7 @@ def add(
             item_timeout=timeout,
             windows=window or None,
             window_tz=timezone,
+            tolerate=tolerate,
         )
     typer.echo(f"added partition {key} with {count} items")
 

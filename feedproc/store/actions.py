@@ -13,26 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound, Refused
-from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, COMPLETE, FAILED, C, I, P, event
+from .base import AVAILABLE, CANCELLED, COMPLETE, FAILED, I, P, event
 from .dialects import db_now
 from .escaping import storable
-from .gating import GateWriter
+from .gating import GateWriter, change_items
 from .notify import notify_wanted
-from .schema import attempts, claims, items
 
 ITEM_ACTIONS = ("retry", "skip", "cancel")
 _ELIGIBLE = {"retry": (FAILED, AVAILABLE), "skip": (FAILED, AVAILABLE), "cancel": (FAILED, AVAILABLE)}
 _NEW_STATUS = {"retry": AVAILABLE, "skip": COMPLETE, "cancel": CANCELLED}
 _RECORDED = {"retry": "retried", "skip": "skipped", "cancel": "cancelled"}
 MAX_IDS = 1000  # ids named in one action
-_RECORD_COLUMNS = [
-    *("partition_id", "item_id", "n", "attempt", "gate"),
-    *("watcher", "started_at", "ended_at", "outcome", "error"),
-]
 
 
 class ItemActions(GateWriter):
@@ -63,7 +58,7 @@ class ItemActions(GateWriter):
                 raise InvalidInput(f"ids must be 1 to {MAX_IDS} positive integers")
         with self.write() as conn:
             if ids is not None:
-                found = conn.execute(select(I.id, I.partition_id, I.status).where(I.id.in_(ids))).all()
+                found = conn.execute(select(I.id, I.partition_id, I.status, I.gate).where(I.id.in_(ids))).all()
                 missing = sorted(set(ids) - {r.id for r in found})
                 if missing:
                     raise NotFound(f"no item {', '.join(map(str, missing[:10]))}")
@@ -75,19 +70,33 @@ class ItemActions(GateWriter):
                 which: ColumnElement[bool] = I.id.in_(ids)
             else:
                 assert key is not None
-                pids = [self._lock(conn, key).id]
+                locked = self._lock(conn, key)
+                pids = [locked.id]
                 which = and_(I.partition_id == pids[0], I.status.in_(_ELIGIBLE[action]))
                 if gate is not None:
                     which = and_(which, I.gate == gate)
+                if action == "retry":  # not the failures a gate tolerated, left behind as the partition went on
+                    which = and_(which, I.gate >= locked.gate)
             partitions = {
                 r.id: r
                 for r in conn.execute(
-                    select(P.id, P.key, P.status, P.lease_owner).where(P.id.in_(pids)).order_by(P.id).with_for_update()
+                    select(P.id, P.key, P.status, P.lease_owner, P.gate)
+                    .where(P.id.in_(pids))
+                    .order_by(P.id)
+                    .with_for_update()
                 )
             }
             finished = [p for p in partitions.values() if p.status in (COMPLETE, CANCELLED)]
             if finished:
                 raise Refused(f"partition {finished[0].key!r} is {finished[0].status}: its items cannot change")
+            if ids is not None and action == "retry":
+                behind = [r for r in found if r.gate < partitions[r.partition_id].gate]
+                if behind:
+                    listed = ", ".join(
+                        f"item {r.id} is at gate {r.gate}, behind its partition's {partitions[r.partition_id].gate}"
+                        for r in behind[:5]
+                    )
+                    raise Refused(f"cannot retry: {listed} (a failure its gate tolerated)")
             changed = self._change(conn, action, which, by)
             for pid, partition in partitions.items():
                 count = changed.get(pid, 0)
@@ -97,7 +106,7 @@ class ItemActions(GateWriter):
                 self._events(conn, [event(pid, f"items_{_RECORDED[action]}", watcher=None, detail=detail)])
                 if partition.status == FAILED:  # its failed items were dealt with: back at work
                     self._touch(conn, pid, status=AVAILABLE)
-                self._settle(conn, pid)
+                self._settle(conn, pid, failed_now=False)
                 if partition.lease_owner is not None:  # its watcher cancels a call of a skipped or cancelled item
                     notify_wanted(conn, partition.lease_owner)
             return {
@@ -114,60 +123,21 @@ class ItemActions(GateWriter):
 
     def _change(self, conn: Connection, action: str, which: ColumnElement[bool], by: str) -> dict[int, int]:
         """Record and change the items `which` selects; how many per partition."""
-        counts: dict[int, int] = {
-            int(pid): int(n)
-            for pid, n in conn.execute(select(I.partition_id, func.count()).where(which).group_by(I.partition_id))
-        }
-        if not counts:
-            return {}
-        # One delivery record per item, written from the rows themselves (no id list in memory).
-        conn.execute(
-            insert(attempts).from_select(
-                [
-                    "partition_id",
-                    "item_id",
-                    "n",
-                    "attempt",
-                    "gate",
-                    "watcher",
-                    "started_at",
-                    "ended_at",
-                    "outcome",
-                    "error",
-                ],
-                select(
-                    I.partition_id,
-                    I.id,
-                    I.deliveries + 1,
-                    I.attempts,
-                    I.gate,
-                    literal(by),
-                    db_now(),
-                    db_now(),
-                    literal(_RECORDED[action]),
-                    literal(f"{_RECORDED[action]} by {by}"),
-                ).where(which),
-            )
-        )
-        conn.execute(
-            update(claims)
-            .where(C.item_id.in_(select(I.id).where(which).scalar_subquery()), C.state == ACTIVE_CLAIM)
-            .values(state="cancelled" if action == "cancel" else "superseded", ended_at=db_now())
-        )
-        values: dict[str, Any] = {
-            "status": _NEW_STATUS[action],
-            "claimed_until": None,
-            "deliveries": I.deliveries + 1,  # the record above is numbered as a delivery
-            "version": I.version + 1,
-            "updated_at": db_now(),
-            "progress": None,
-        }
+        values: dict[str, Any] = {}
         if action == "retry":
             values.update(attempts=0, next_attempt_at=db_now())
-        if action == "skip":  # no delivery completed it: its record above says so, not the item row
+        if action == "skip":  # no delivery completed it: its record says so, not the item row
             values.update(delivered_by=None, started_at=None, duration=None)
-        conn.execute(update(items).where(which).values(**values))
-        return counts
+        return change_items(
+            conn,
+            which,
+            status=_NEW_STATUS[action],
+            by=by,
+            outcome=_RECORDED[action],
+            error=f"{_RECORDED[action]} by {by}",
+            claim_state="cancelled" if action == "cancel" else "superseded",
+            **values,
+        )
 
 
 def _is_id(value: Any) -> bool:

@@ -225,13 +225,16 @@ _SET_READY_AT = (
     )
 )
 _IDLE = (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle")
-_REFRESH_READY_AT = _SET_READY_AT.returning(P.id, P.ready_at, _IDLE)
+# With the columns that say whether a failure may cross its gate's tolerance.
+_REFRESH_READY_AT = _SET_READY_AT.returning(P.id, P.ready_at, _IDLE, P.gate, P.queue, P.tolerate)
 # PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
 # needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
 # turn the facts' correlated subqueries into questions about the items' own columns.)
 _PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
 # MariaDB/MySQL has no UPDATE ... RETURNING: the refresh, then what it wrote (the rows are locked).
-_MYSQL_READ_READY_AT = select(P.id, P.ready_at, _IDLE).where(P.id.in_(bindparam("pids", expanding=True)))
+_MYSQL_READ_READY_AT = select(P.id, P.ready_at, _IDLE, P.gate, P.queue, P.tolerate).where(
+    P.id.in_(bindparam("pids", expanding=True))
+)
 
 
 # The leases a long group commit wrote under, renewed before it commits (`Answers._renew`).
@@ -463,10 +466,12 @@ class Answers(GateWriter):
         advanced: list[tuple[int, int, int]],
     ) -> dict[int, Move]:
         """Settle the partitions a batch touched, cheaply: one statement refreshes each one's
-        `ready_at`; partitions whose gate drained go through the full gate rules, and partitions
-        with nothing due for `idle_after` seconds are released, so that a watcher full of waiting
-        partitions does not starve partitions with work ready elsewhere."""
+        `ready_at`; partitions whose gate drained, or where an item failed (which may cross the
+        gate's tolerance), go through the full gate rules, and partitions with nothing due for
+        `idle_after` seconds are released, so that a watcher full of waiting partitions does not
+        starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
+        failing = {o.partition_id for o in kept if o.kind == Kind.FAIL}
         params = {"pids": pids, "idle_after": float(idle_after)}
         if self.mysql:  # no UPDATE ... RETURNING: the refresh, then what it wrote
             conn.execute(_SET_READY_AT, params)
@@ -476,11 +481,19 @@ class Answers(GateWriter):
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
+            # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
+            known = row if self.postgres else None
             if row.ready_at is None:
-                # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
-                known = row if self.postgres else None
                 moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
-            elif row.idle:
+                continue
+            # Items remain at the gate: only a failure crossing its tolerance changes anything, and
+            # a gate with no tolerance costs nothing more (the pipeline's is cached).
+            if row.id in failing and self._tolerance(conn, row.tolerate, row.queue, row.gate) is not None:
+                move = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
+                if move is not Move.STAY:
+                    moves[row.id] = move
+                    continue
+            if row.idle:
                 idle.append(row.id)
                 moves[row.id] = Move.WAIT
         if idle:

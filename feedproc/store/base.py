@@ -71,7 +71,7 @@ class StoreBase:
         self.postgres = is_postgres(self.engine)
         #: MariaDB or MySQL.
         self.mysql = is_mysql(self.engine)
-        #: queue -> (when read, its pipeline or None), for pull claims (`Pipelines._claims_pipeline`)
+        #: queue -> (when read, its pipeline or None), for pull claims and settles (`pipelines.cached_pipeline`)
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
 
     def close(self) -> None:

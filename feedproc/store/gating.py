@@ -3,31 +3,52 @@ partition starts at its lowest gate; rule 4, no item below the current gate) and
 partition after anything that can drain its gate (rule 3: stay, wait, advance, fail or complete).
 
 Producers (`producing.py`), answers (`answers.py`) and lost deliveries (`leasing.py`) all end here,
-under the partition's lock.
+under the partition's lock. A gate that tolerates failures (`tolerating.py`) and has more than it
+tolerates fails its partition at once: the items still available there are cancelled, saying why.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, delete, exists, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Row, and_, delete, exists, func, insert, literal, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core import gates
 from ..core.errors import Refused
 from ..core.gates import GateFacts, Move
 from ..core.models import NewItem
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, IS_FAILED, NO_LEASE, F, I, P, StoreBase, insert_many_mysql
+from .base import (
+    ACTIVE_CLAIM,
+    AVAILABLE,
+    CANCELLED,
+    COMPLETE,
+    FAILED,
+    IS_AVAILABLE,
+    IS_FAILED,
+    NO_LEASE,
+    C,
+    F,
+    I,
+    P,
+    insert_many_mysql,
+)
 from .dialects import db_now, pg_bigint_array
-from .notify import notify_finished, notify_ready
-from .schema import inflight, items, partitions
+from .notify import notify_finished, notify_ready, notify_wanted
+from .schema import attempts, claims, inflight, items, partitions
+from .tolerating import Tolerating
 
 INSERT_CHUNK = 5000  # rows per INSERT statement (and row dicts made at a time, for children)
 
 #: The partition columns `_settle` reads beside its gate facts.
-SETTLE_COLUMNS = (P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue)
+SETTLE_COLUMNS = (P.id, P.key, P.gate, P.sealed, P.manual_checkpoint, P.status, P.queue, P.tolerate, P.lease_owner)
+#: Who cancels the items left at a gate whose tolerance was crossed (their delivery records' `watcher`).
+TOLERANCE = "tolerance"
+#: The `last_error` of those items (a LIKE pattern): `retry KEY` brings them back with the failed ones.
+CROSSED = "cancelled: % items failed at gate %, more than the % tolerated"
 
 
 def gate_facts(pid: Any, gate: Any) -> tuple[ColumnElement[Any], ...]:
@@ -128,7 +149,65 @@ def _insert_rows_sqlite(conn: Connection, rows: list[dict[str, Any]]) -> None:
     conn.execute(_INSERT_ITEMS, rows)
 
 
-class GateWriter(StoreBase):
+def change_items(
+    conn: Connection,
+    which: ColumnElement[bool],
+    *,
+    status: str,
+    by: str,
+    outcome: str,
+    error: str,
+    claim_state: str,
+    **values: Any,
+) -> dict[int, int]:
+    """Record and change the items `which` selects, in partitions the caller locked: a delivery
+    record each (`outcome`, `error`, by `by`), their active claims ended in `claim_state`, their
+    `status` and `values` set and their version bumped (an answer on its way is dropped as
+    superseded). Returns how many changed per partition."""
+    counts: dict[int, int] = {
+        int(pid): int(n)
+        for pid, n in conn.execute(select(I.partition_id, func.count()).where(which).group_by(I.partition_id))
+    }
+    if not counts:
+        return {}
+    # One delivery record per item, written from the rows themselves (no id list in memory).
+    columns = ["partition_id", "item_id", "n", "attempt", "gate", "watcher", "started_at", "ended_at", "outcome"]
+    conn.execute(
+        insert(attempts).from_select(
+            [*columns, "error"],
+            select(
+                I.partition_id,
+                I.id,
+                I.deliveries + 1,
+                I.attempts,
+                I.gate,
+                literal(by),
+                db_now(),
+                db_now(),
+                literal(outcome),
+                literal(error),
+            ).where(which),
+        )
+    )
+    conn.execute(
+        update(claims)
+        .where(C.item_id.in_(select(I.id).where(which).scalar_subquery()), C.state == ACTIVE_CLAIM)
+        .values(state=claim_state, ended_at=db_now())
+    )
+    changes: dict[str, Any] = {
+        "status": status,
+        "claimed_until": None,
+        "deliveries": I.deliveries + 1,  # the record above is numbered as a delivery
+        "version": I.version + 1,
+        "updated_at": db_now(),
+        "progress": None,
+        **values,
+    }
+    conn.execute(update(items).where(which).values(**changes))
+    return counts
+
+
+class GateWriter(Tolerating):
     """Item insertion and the gate rules, written to a locked partition."""
 
     def _insert_items(
@@ -165,10 +244,23 @@ class GateWriter(StoreBase):
         while chunk := list(itertools.islice(pending, INSERT_CHUNK)):
             insert_rows(conn, chunk)
 
-    def _facts(self, conn: Connection, row: Row[Any]) -> GateFacts:
-        """The gate rules' inputs for partition `row` (read from the items)."""
+    def _facts(self, conn: Connection, row: Row[Any], *, failed_now: bool = True) -> GateFacts:
+        """The gate rules' inputs for partition `row` (its `SETTLE_COLUMNS` at least; read from the
+        items), with its gate's tolerance and counts when they matter (`gates.counts_matter`:
+        `failed_now` says an item may just have failed there)."""
         facts = conn.execute(select(*gate_facts(row.id, row.gate))).one()
-        return _to_gate_facts(row, facts)
+        return self._with_tolerance(conn, row, _to_gate_facts(row, facts), failed_now)
+
+    def _with_tolerance(self, conn: Connection, row: Row[Any], facts: GateFacts, failed_now: bool) -> GateFacts:
+        if not facts.failed_here:  # the common case: nothing more is read
+            return facts
+        tolerance = self._tolerance(conn, row.tolerate, row.queue, row.gate)
+        if tolerance is None or not gates.counts_matter(
+            tolerance, facts.available_here, facts.failed_here, failed_now=failed_now
+        ):
+            return facts  # the rules decide alike without it: stay while items are available here
+        failed, total = self._gate_counts(conn, row.id, row.gate, tolerance)
+        return replace(facts, tolerance=tolerance, failed=failed, total=total)
 
     def _settle(
         self,
@@ -179,6 +271,7 @@ class GateWriter(StoreBase):
         watcher: str | None = None,
         advanced: list[tuple[int, int, int]] | None = None,
         row: Row[Any] | None = None,
+        failed_now: bool = True,
     ) -> Move:
         """Apply the gate rules to a (locked) available partition and record what happened.
 
@@ -186,11 +279,13 @@ class GateWriter(StoreBase):
         empty gates, fails or completes the partition. A watcher passing `watcher` also gives up its
         lease when the partition finishes or has nothing to do. Each gate advance appends `pid` to
         `advanced`, when given. `row`: the partition's `SETTLE_COLUMNS` and gate facts, when the
-        caller read them already in this transaction.
+        caller read them already in this transaction. `failed_now=False`: the caller knows no item
+        failed in this transaction (a gate's tolerance is then judged only once it drains).
         """
         if row is None:  # the partition and its gate facts in one round trip
             row = conn.execute(select(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate)).where(P.id == pid)).one()
-        outcome = gates.settle(_to_gate_facts(row, row), checkpoint=checkpoint)
+        facts = self._with_tolerance(conn, row, _to_gate_facts(row, row), failed_now)
+        outcome = gates.settle(facts, checkpoint=checkpoint)
         if outcome.move is Move.ADVANCE:
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
             # The new gate is the lowest one above with available items (GateFacts.next_gate), where
@@ -211,11 +306,46 @@ class GateWriter(StoreBase):
             if watcher:
                 self._event(conn, pid, "released", watcher=watcher, detail={"gate": row.gate, "reason": "idle"})
         elif outcome.move is Move.FAIL:
+            detail: dict[str, Any] = {"gate": row.gate}
+            if facts.tolerance is not None:  # failed by crossing the gate's tolerance
+                detail.update(self._cross(conn, row, facts, watcher))
             self._touch(conn, pid, status=FAILED, ready_at=None, **NO_LEASE)
-            self._event(conn, pid, "failed", watcher=watcher, detail={"gate": row.gate})
+            self._event(conn, pid, "failed", watcher=watcher, detail=detail)
             notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
             self._touch(conn, pid, status=COMPLETE, ready_at=None, **NO_LEASE)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
             notify_finished(conn, row.key)
         return outcome.move
+
+    def _cross(self, conn: Connection, row: Row[Any], facts: GateFacts, watcher: str | None) -> dict[str, Any]:
+        """Partition `row` has more failed items at its gate than the gate tolerates: cancel the
+        items still available there, each saying why (in its `last_error` and a delivery record),
+        with the claims of pull workers on them; the watcher holding the lease hears at once and
+        cancels their calls. Returns what the partition's "failed" event adds."""
+        tolerance, where = facts.tolerance, self._gate_label(conn, row.queue, row.gate)
+        failed = f"{facts.failed} of {facts.total} items failed at {where}"
+        reason = f"cancelled: {failed}, more than the {tolerance} tolerated"
+        cancelled = 0
+        if facts.available_here:
+            left = and_(I.partition_id == row.id, I.gate == row.gate, I.status == IS_AVAILABLE)
+            changed = change_items(
+                conn,
+                left,
+                status=CANCELLED,
+                by=TOLERANCE,
+                outcome="cancelled",
+                error=reason,
+                claim_state="cancelled",
+                last_error=reason,
+            )
+            cancelled = changed.get(row.id, 0)
+            if row.lease_owner is not None and row.lease_owner != watcher:  # its calls of them are cancelled
+                notify_wanted(conn, row.lease_owner)
+        return {
+            "tolerate": str(tolerance),
+            "failed": facts.failed,
+            "items": facts.total,
+            "cancelled": cancelled,
+            "error": reason.removeprefix("cancelled: "),
+        }

@@ -107,7 +107,8 @@ class LostDeliveries(GateWriter):
                 conn, lease.partition_id, row.watcher, row.entries, max_attempts, gate_attempts
             )
             if charged:
-                self._settle(conn, lease.partition_id, watcher=watcher_id)
+                failed_now = any(c["failed"] for c in charged)
+                self._settle(conn, lease.partition_id, watcher=watcher_id, failed_now=failed_now)
             return charged
 
     def _charge_record(

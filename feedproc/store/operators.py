@@ -12,11 +12,12 @@ from sqlalchemy import Select, case, exists, func, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput
-from .base import IS_AVAILABLE, IS_FAILED, I, P, StoreBase, W, iso
+from .base import IS_AVAILABLE, IS_FAILED, I, P, W, iso
 from .dialects import db_now
 from .escaping import storable
 from .reading import MAX_PAGE, add_count, count_items, count_partitions, zero_counts
 from .schema import items, partitions
+from .tolerating import Tolerating
 
 #: How a page of partitions may be ordered: by key (keyset pages), or by activity, priority or age.
 PARTITION_SORTS: dict[str, tuple[Any, ...]] = {
@@ -32,7 +33,7 @@ PARTITION_SORTS: dict[str, tuple[Any, ...]] = {
 }
 
 
-class Operators(StoreBase):
+class Operators(Tolerating):
     """Summaries, pages of partitions, failures, leases, watchers and gauges."""
 
     def ping(self) -> None:
@@ -91,10 +92,11 @@ class Operators(StoreBase):
         offset: int = 0,
     ) -> list[dict[str, Any]]:
         """Partitions a page at a time, with their item counts in total and per gate (the `status`
-        object's `items` and `gates`). In key order by default (keyset: pass the last key as `after`);
-        `sort` also takes `activity` (last updated first), `priority` (highest first, then oldest)
-        and `age` (oldest first), paged by `offset`. `error` keeps partitions with a failed item
-        whose error contains that text."""
+        object's `items` and `gates`), their `tolerate` and the failures their gates tolerated
+        (`tolerated`, without the counts of items that reached each gate). In key order by default
+        (keyset: pass the last key as `after`); `sort` also takes `activity` (last updated first),
+        `priority` (highest first, then oldest) and `age` (oldest first), paged by `offset`.
+        `error` keeps partitions with a failed item whose error contains that text."""
         limit = max(1, min(limit, MAX_PAGE))
         if sort not in PARTITION_SORTS:
             raise InvalidInput(f"sort must be one of {', '.join(PARTITION_SORTS)}, got {sort!r}")
@@ -115,6 +117,7 @@ class Operators(StoreBase):
             P.lease_expires_at,
             P.created_at,
             P.updated_at,
+            P.tolerate,
         )
         if queue is not None:
             query = query.where(P.queue == queue)
@@ -137,6 +140,7 @@ class Operators(StoreBase):
         with self.read() as conn:
             rows = conn.execute(query.limit(limit)).all()
             counts = count_items(conn, [r.id for r in rows])
+            tolerated = {r.id: self._tolerated(conn, r, counts[r.id]["gates"], exact=False) for r in rows}
         return [
             {
                 "key": r.key,
@@ -150,6 +154,8 @@ class Operators(StoreBase):
                 "created_at": iso(r.created_at),
                 "updated_at": iso(r.updated_at),
                 **counts[r.id],
+                "tolerate": r.tolerate,
+                "tolerated": tolerated[r.id],
             }
             for r in rows
         ]

@@ -30,7 +30,7 @@ from .schema import items, partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c
 
-PIPELINE_READ_SECONDS = 1.0  # how long pull claims go by a pipeline read (`_claims_pipeline`)
+PIPELINE_READ_SECONDS = 1.0  # how long pull claims and settles go by a pipeline read (`cached_pipeline`)
 #: (queue, gate) -> the retry policy of that gate's items
 GatePolicies = Callable[[str, int], RetryPolicy]
 
@@ -91,21 +91,8 @@ class Pipelines(StoreBase):
         return None if row is None else _spec(row.spec, int(row.version), queue)
 
     def _claims_pipeline(self, conn: Connection, queue: str) -> PipelineSpec | None:
-        """The pipeline pull claims of `queue` go by (its gate limits and windows): read at most once
-        a second, as watchers follow a change within a poll interval (a read per claim cost 1.5% of
-        the pull benchmark's drain on PostgreSQL, with no pipeline at all). None when there is none,
-        or when the stored one cannot be read (written by a newer feedproc): claims then go by the
-        queue's own settings rather than stop."""
-        now = time.monotonic()
-        seen = self._pipelines_read.get(queue)
-        if seen is not None and now - seen[0] < PIPELINE_READ_SECONDS:
-            return cast(PipelineSpec | None, seen[1])
-        try:
-            spec = self._pipeline(conn, queue)
-        except InvalidInput:
-            spec = None
-        self._pipelines_read[queue] = (now, spec)
-        return spec
+        """The pipeline pull claims of `queue` go by (its gate limits and windows): `cached_pipeline`."""
+        return cached_pipeline(self, conn, queue)
 
     def _gate_policies(self, conn: Connection, queues: Iterable[str], policy: RetryPolicy) -> GatePolicies:
         """The attempts and backoff of each (queue, gate): the gate's settings in its queue's stored
@@ -172,6 +159,26 @@ class Pipelines(StoreBase):
                 .where(items.c.id.in_(wanted))
             ).all()
         return {int(item_id): str(queue) for item_id, queue in rows}
+
+
+def cached_pipeline(store: StoreBase, conn: Connection, queue: str) -> PipelineSpec | None:
+    """The pipeline pull claims of `queue` go by (its gate limits and windows), and the gate rules
+    (its gates' tolerated failures): read at most once a second per store, as watchers follow a
+    change within a poll interval (a read per claim cost 1.5% of the pull benchmark's drain on
+    PostgreSQL, with no pipeline at all). None when there is none, or when the stored one cannot be
+    read (written by a newer feedproc): claims then go by the queue's own settings rather than
+    stop, and its gates tolerate nothing."""
+    now = time.monotonic()
+    seen = store._pipelines_read.get(queue)
+    if seen is not None and now - seen[0] < PIPELINE_READ_SECONDS:
+        return cast(PipelineSpec | None, seen[1])
+    row = conn.execute(select(PL.version, PL.spec).where(PL.queue == queue)).one_or_none()
+    try:
+        spec = None if row is None else _spec(row.spec, int(row.version), queue)
+    except InvalidInput:
+        spec = None
+    store._pipelines_read[queue] = (now, spec)
+    return spec
 
 
 def _spec(text: str, version: int, queue: str) -> PipelineSpec:

@@ -11,12 +11,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import and_, insert, or_, update
 from sqlalchemy.engine import Connection
 
 from ..core import gates
 from ..core import windows as timewindows
 from ..core.errors import DatabaseRefused, DuplicateKey, InvalidInput, Refused
+from ..core.fanin import Tolerance
 from ..core.gates import Move
 from ..core.models import MAX_INT32, NewItem, check_key, check_queue, shown
 from .base import (
@@ -32,7 +33,7 @@ from .base import (
     this_process,
 )
 from .dialects import db_now
-from .gating import GateWriter
+from .gating import CROSSED, GateWriter
 from .notify import notify_finished, notify_wanted
 from .schema import items, partitions
 
@@ -56,12 +57,14 @@ class Producing(GateWriter):
         item_timeout: float | None = None,
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
+        tolerate: str | int | None = None,
     ) -> int:
         """Create a partition with its items in one transaction; returns the number of items.
 
         `weight` is each of its items' share of the queue's concurrency limit, `item_timeout` the
         seconds a processor call may take (overriding the watcher's), `windows` / `window_tz` the
-        windows of the day in which its items may be dispatched (see `core/windows.py`)."""
+        windows of the day in which its items may be dispatched (see `core/windows.py`), `tolerate`
+        the failed items each of its gates lets pass ("5%" or a count; over its pipeline gates')."""
         check_key(key)
         check_queue(queue)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_INT32 - 1 <= priority <= MAX_INT32:
@@ -69,6 +72,11 @@ class Producing(GateWriter):
                 f"priority must be an integer from {-MAX_INT32 - 1} to {MAX_INT32}, got {shown(priority)}"
             )
         schedule = _schedule_values(weight, item_timeout, windows, window_tz)
+        if tolerate is not None:
+            try:
+                schedule["tolerate"] = str(Tolerance.parse(tolerate))
+            except ValueError as error:
+                raise InvalidInput(str(error)) from None
         try:
             with self.write() as conn:
                 return self._create_partition(
@@ -126,7 +134,7 @@ class Producing(GateWriter):
             conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
         self._event(conn, pid, "created", detail={"items": count, "gate": first_gate, **(detail or {})})
         self._tally(conn, queue, this_process(source), {"added": count})
-        self._settle(conn, pid)
+        self._settle(conn, pid, failed_now=False)
         return count
 
     def add_items(self, key: str, new_items: NewItems) -> int:
@@ -140,7 +148,7 @@ class Producing(GateWriter):
             count, _ = self._insert_items(conn, row.id, new_items, partition_gate=row.gate)
             self._event(conn, row.id, "items_added", detail={"items": count})
             self._tally(conn, row.queue, this_process("producer"), {"added": count})
-            self._settle(conn, row.id)
+            self._settle(conn, row.id, failed_now=False)
             return count
 
     def seal(self, key: str) -> None:
@@ -154,17 +162,21 @@ class Producing(GateWriter):
             self._touch(conn, row.id, sealed=True)
             self._event(conn, row.id, "sealed")
             if row.status == AVAILABLE:
-                self._settle(conn, row.id)
+                self._settle(conn, row.id, failed_now=False)
 
     def retry(self, key: str) -> int:
-        """Put a failed partition and its failed items back to work; returns the items retried."""
+        """Put a failed partition and its failed items back to work; returns the items retried.
+
+        Those are the items at its gate: failed ones, and those cancelled there because the gate's
+        failures crossed its tolerance (failures an earlier gate tolerated stay behind)."""
         with self.write() as conn:
             row = self._lock(conn, key)
             if row.status != FAILED:
                 raise Refused(f"partition {key!r} is {row.status}, not failed: nothing to retry")
+            crossed = and_(I.status == CANCELLED, I.last_error.like(CROSSED))
             count = conn.execute(
                 update(items)
-                .where(I.partition_id == row.id, I.status == IS_FAILED)
+                .where(I.partition_id == row.id, I.gate == row.gate, or_(I.status == IS_FAILED, crossed))
                 .values(
                     status=AVAILABLE, attempts=0, next_attempt_at=db_now(), version=I.version + 1, updated_at=db_now()
                 )
@@ -172,7 +184,7 @@ class Producing(GateWriter):
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
             self._tally(conn, row.queue, this_process("producer"), {"added": count})  # back in the backlog
-            self._settle(conn, row.id)
+            self._settle(conn, row.id, failed_now=False)
             return count
 
     def cancel(self, key: str) -> None:
@@ -202,14 +214,14 @@ class Producing(GateWriter):
                 raise Refused(f"partition {key!r} has no manual checkpoint")
             if row.status != AVAILABLE:
                 raise Refused(f"partition {key!r} is {row.status}")
-            outcome = gates.settle(self._facts(conn, row), checkpoint=True)
+            outcome = gates.settle(self._facts(conn, row, failed_now=False), checkpoint=True)
             if outcome.move is not Move.ADVANCE:
                 reason = {
                     Move.STAY: f"gate {row.gate} still has available items",
                     Move.FAIL: f"gate {row.gate} has failed items",
                 }.get(outcome.move, f"no gate above {row.gate} holds work")
                 raise Refused(f"partition {key!r} cannot be checkpointed: {reason}")
-            self._settle(conn, row.id, checkpoint=True)
+            self._settle(conn, row.id, checkpoint=True, failed_now=False)
             return outcome.gate
 
 

@@ -261,8 +261,9 @@ class Pulling(Answers, Queues, Pipelines):
                 )
             if done:
                 self._finish(conn, done, "answered")
+                failing = {claim.partition_id for claim, _, outcome in done if outcome.kind == Kind.FAIL}
                 for pid in sorted({claim.partition_id for claim, _, _ in done}):
-                    self._settle(conn, pid)
+                    self._settle(conn, pid, failed_now=pid in failing)
         return results
 
     def release_claim(self, item_id: int, token: str) -> None:
@@ -276,7 +277,7 @@ class Pulling(Answers, Queues, Pipelines):
                 .values(claimed_until=None, next_attempt_at=db_now(), version=I.version + 1)
             )
             self._end_claims(conn, [token], "released")
-            self._settle(conn, claim.partition_id)
+            self._settle(conn, claim.partition_id, failed_now=False)
 
     def expire_claims(self, queue: str | None, policy: RetryPolicy, *, limit: int = EXPIRED_PER_SWEEP) -> int:
         """Settle up to `limit` claims (of `queue`, or every queue) that ran out without an answer:
@@ -310,8 +311,9 @@ class Pulling(Answers, Queues, Pipelines):
                 finished.append((claim, item, outcome))
             if finished:
                 self._finish(conn, finished, "expired")
+                failing = {claim.partition_id for claim, _, outcome in finished if outcome.kind == Kind.FAIL}
                 for pid in sorted({claim.partition_id for claim, _, _ in finished}):
-                    self._settle(conn, pid)
+                    self._settle(conn, pid, failed_now=pid in failing)
             return len(found)
 
     # ------------------------------------------------------------ helpers

@@ -15,11 +15,12 @@ from ..core.models import MAX_PAGE, Status, shown
 from .base import COMPLETE, IS_FAILED, A, E, I, P, iso
 from .queues import Queues
 from .schema import items, partitions
+from .tolerating import Tolerating
 
 FAILED_ITEMS_SHOWN = 100
 
 
-class Reading(Queues):
+class Reading(Tolerating, Queues):
     """What a producer or an operator asks about one partition."""
 
     def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
@@ -62,6 +63,9 @@ class Reading(Queues):
                 "failed_items": [
                     {"id": f.id, "gate": f.gate, "attempts": f.attempts, "last_error": f.last_error} for f in failed
                 ],
+                # Its own tolerance (None: its pipeline gates', if any), and per gate the failures tolerated.
+                "tolerate": row.tolerate,
+                "tolerated": self._tolerated(conn, row, counts["gates"], exact=True),
             }
             result.update(self._schedule_status(conn, row, counts["gates"]))
             if history:

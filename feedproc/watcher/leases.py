@@ -92,10 +92,13 @@ class Leasing(Routing):
             statuses = {}
         for lease in lost:
             event = _FINISHED_EVENTS.get(statuses.get(lease.partition_id, ""))
-            if statuses.get(lease.partition_id) == "cancelled" and (calls := self._cancel_calls(lease.partition_id)):
+            finished = statuses.get(lease.partition_id)
+            # A failed partition may have had items in flight too: its gate's tolerance was crossed.
+            if finished in ("cancelled", "failed") and (calls := self._cancel_calls(lease.partition_id)):
                 log.info(
-                    "partition %s was cancelled: cancelled %d call(s) in progress",
+                    "partition %s %s: cancelled %d call(s) in progress",
                     lease.key,
+                    "was cancelled" if finished == "cancelled" else "failed",
                     calls,
                     extra={"event": "calls_cancelled", "key": lease.key, "watcher": self.id},
                 )

@@ -90,7 +90,7 @@ class _Health:
         return f"{self.error} (for {time.monotonic() - self.down_since:.1f}s)"
 
 
-CANCELLED_CALL = "the call was cancelled: its item or its partition was cancelled (or skipped)"
+CANCELLED_CALL = "the call was cancelled: its item or its partition was cancelled (or skipped), or its partition failed"
 STOPPED = threading.Event()  # what `item.stop` becomes when its call is cancelled (`item.cancelled`)
 STOPPED.set()
 
@@ -242,8 +242,8 @@ class WatcherState:
         self._wake.set()  # a limited queue: claim what is still running at once
 
     def _cancel_calls(self, partition_id: int | None = None, item_ids: Iterable[int] = ()) -> int:
-        """Cancel the calls running for the items of a cancelled partition, or for `item_ids` (items
-        an operator skipped or cancelled): an `async def` processor's call (and the HTTP processor's
+        """Cancel the calls running for the items of a cancelled (or failed) partition, or for
+        `item_ids` (items an operator skipped or cancelled): an `async def` processor's call (and the HTTP processor's
         request) gets CancelledError, a plain `def` one sees `item.cancelled`. Their outcomes are
         dropped by the group commit (no lease, or a new item version). Returns how many."""
         named = set(item_ids)

@@ -242,6 +242,14 @@ class Writing(WatcherState):
                 self._forget(pid)
         for pid in applied.released:
             lease = self.owned.get(pid)
+            if applied.moves.get(pid) == "fail" and (calls := self._cancel_calls(pid)):
+                # Failed with items still in flight: its gate's tolerance was crossed, they are cancelled.
+                log.info(
+                    "partition %s failed: cancelled %d call(s) in progress",
+                    lease.key if lease else pid,
+                    calls,
+                    extra={"event": "calls_cancelled", "key": lease.key if lease else str(pid), "watcher": self.id},
+                )
             if lease is not None:
                 how = applied.moves.get(pid, "idle")
                 event = {"complete": "partition_completed", "fail": "partition_failed"}.get(how, "released")

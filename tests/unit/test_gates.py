@@ -4,7 +4,8 @@ hypothesis properties of `settle`. (tests/store/test_gate_rules.py drives the re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedproc.core.gates import Decision, GateFacts, Move, check_not_below, initial_gate, settle
+from feedproc.core.fanin import Tolerance
+from feedproc.core.gates import Decision, GateFacts, Move, check_not_below, counts_matter, initial_gate, settle
 
 
 def facts(gate=0, *, available_here=False, failed_here=False, next_gate=None, sealed=False, manual_checkpoint=False):
@@ -168,3 +169,114 @@ def test_property_settling_after_an_advance_stays(f, checkpoint):
         # the next gate holds available work by definition of next_gate
         after = GateFacts(outcome.gate, True, False, None, f.sealed, f.manual_checkpoint)
         assert settle(after) == Decision(Move.STAY, outcome.gate)
+
+
+# ---------------------------------------------------------------- tolerated failures
+
+
+def tolerating(tolerate, failed, total, gate=2, *, available_here=False, next_gate=None, sealed=True, manual=False):
+    """Facts of a gate with `failed` of `total` items failed and a tolerance (`"5%"`, a count)."""
+    return GateFacts(
+        gate, available_here, failed > 0, next_gate, sealed, manual, Tolerance.parse(tolerate), failed, total
+    )
+
+
+def test_a_tolerated_failure_lets_a_drained_gate_advance():
+    assert settle(tolerating("5%", 2, 40, next_gate=3)) == Decision(Move.ADVANCE, 3)
+
+
+def test_a_tolerated_failure_lets_a_drained_sealed_partition_complete():
+    assert settle(tolerating("5%", 2, 40)) == Decision(Move.COMPLETE, 2)
+
+
+def test_a_tolerated_failure_lets_an_open_partition_wait_for_more():
+    assert settle(tolerating("5%", 2, 40, sealed=False)) == Decision(Move.WAIT, 2)
+
+
+def test_a_tolerated_failure_still_waits_for_a_manual_checkpoint():
+    facts = tolerating("5%", 2, 40, next_gate=3, manual=True)
+    assert settle(facts) == Decision(Move.WAIT, 2)
+    assert settle(facts, checkpoint=True) == Decision(Move.ADVANCE, 3)
+
+
+def test_within_the_tolerance_the_gate_stays_while_items_are_available():
+    assert settle(tolerating("5%", 2, 40, available_here=True, next_gate=3)) == Decision(Move.STAY, 2)
+
+
+def test_crossing_a_percentage_fails_at_once_even_with_items_available():
+    assert settle(tolerating("5%", 3, 40, available_here=True, next_gate=3)) == Decision(Move.FAIL, 2)
+
+
+def test_a_count_tolerance_lets_that_many_fail_and_no_more():
+    assert settle(tolerating(3, 3, 10, next_gate=4)) == Decision(Move.ADVANCE, 4)
+    assert settle(tolerating(3, 4, 1000, available_here=True)) == Decision(Move.FAIL, 2)
+
+
+def test_a_tolerance_of_zero_fails_at_the_first_failure_without_waiting_for_the_gate_to_drain():
+    assert settle(tolerating(0, 1, 40, available_here=True)) == Decision(Move.FAIL, 2)
+    assert settle(tolerating("0%", 1, 40, available_here=True)) == Decision(Move.FAIL, 2)
+
+
+def test_a_percentage_of_few_items_rounds_down():
+    assert settle(tolerating("5%", 1, 19)) == Decision(Move.FAIL, 2)  # 5% of 19 is 0.95: none may fail
+    assert settle(tolerating("5%", 1, 20)) == Decision(Move.COMPLETE, 2)
+
+
+def test_without_a_tolerance_a_failure_holds_the_gate_until_it_drains_then_fails_it():
+    held = GateFacts(2, True, True, 3, True, False, None, 39, 40)  # counts are not looked at
+    assert settle(held) == Decision(Move.STAY, 2)
+    assert settle(GateFacts(2, False, True, 3, True, False, None, 1, 40)) == Decision(Move.FAIL, 2)
+
+
+def test_counts_matter_only_with_a_tolerance_and_a_failure_when_the_gate_drained_or_an_item_just_failed():
+    five = Tolerance.parse("5%")
+    assert not counts_matter(None, False, True, failed_now=True)
+    assert not counts_matter(five, False, False, failed_now=True)
+    assert not counts_matter(five, True, True, failed_now=False)  # stays either way
+    assert counts_matter(five, True, True, failed_now=True)
+    assert counts_matter(five, False, True, failed_now=False)
+
+
+# ---------------------------------------------------------------- tolerated failures: properties
+
+tolerances = st.one_of(
+    st.integers(0, 60).map(Tolerance),
+    st.floats(0, 100, allow_nan=False).map(lambda p: Tolerance(percent=p)),
+)
+
+
+@st.composite
+def tolerated_facts(draw):
+    gate = draw(st.integers(0, 1000))
+    next_gate = draw(st.none() | st.integers(gate + 1, gate + 1000))
+    total = draw(st.integers(1, 500))
+    failed = draw(st.integers(1, total))
+    available_here = draw(st.booleans()) and failed < total
+    sealed, manual = draw(st.booleans()), draw(st.booleans())
+    return GateFacts(gate, available_here, True, next_gate, sealed, manual, draw(tolerances), failed, total)
+
+
+@given(tolerated_facts(), st.booleans())
+def test_property_with_a_tolerance_the_partition_fails_exactly_when_it_is_exceeded(f, checkpoint):
+    failed = settle(f, checkpoint=checkpoint).move is Move.FAIL
+    assert failed == f.tolerance.exceeded(f.failed, f.total)
+
+
+@given(tolerated_facts(), st.booleans())
+def test_property_tolerated_failures_decide_as_if_none_had_failed(f, checkpoint):
+    if not f.tolerance.exceeded(f.failed, f.total):
+        none_failed = GateFacts(f.gate, f.available_here, False, f.next_gate, f.sealed, f.manual_checkpoint)
+        assert settle(f, checkpoint=checkpoint) == settle(none_failed, checkpoint=checkpoint)
+
+
+@given(tolerated_facts(), st.booleans())
+def test_property_crossing_fails_at_the_current_gate(f, checkpoint):
+    if f.tolerance.exceeded(f.failed, f.total):
+        assert settle(f, checkpoint=checkpoint) == Decision(Move.FAIL, f.gate)
+
+
+@given(gate_facts(), st.booleans())
+def test_property_no_tolerance_is_the_rule_as_it_always_was(f, checkpoint):
+    """Without a tolerance, the counts change nothing: rule 3 holds exactly as above."""
+    counted = GateFacts(f.gate, f.available_here, f.failed_here, f.next_gate, f.sealed, f.manual_checkpoint, None, 7, 9)
+    assert settle(counted, checkpoint=checkpoint) == settle(f, checkpoint=checkpoint)
