@@ -84,6 +84,26 @@ def test_pages_go_in_id_order_and_give_each_result_once(fanned) -> None:
     assert seen == ids[:6]
 
 
+def test_pages_walk_past_other_partitions_items_between_theirs(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedproc.store import collecting
+
+    monkeypatch.setattr(collecting, "WINDOW", 2)  # windows of 2 ids, doubled while they hold too few
+    store.add_partition("a", [(0, b"{}")], sealed=False)
+    store.add_partition("b", [(0, b"{}")], sealed=False)
+    for n in range(12):  # a's and b's items interleaved, and runs of b's
+        store.add_items("a" if n % 4 == 0 else "b", [(1, b"{}"), (1, b"{}")])
+    ours = [i["id"] for i in store.items("a", gate=1)]
+    set_items(store, ours + [i["id"] for i in store.items("b", gate=1)], status="complete", result=b"1")
+    pid = _pid(store, "a")
+    collection = store.collection(pid, 1)
+    assert collection.count == len(ours) == 6
+    seen, after = [], collection.first - 1
+    while page := store.collected_page(pid, 1, after, collection.last, 4):
+        seen += [r.id for r in page]
+        after = page[-1].id
+    assert seen == ours
+
+
 def test_a_page_of_large_results_stops_near_its_byte_bound_and_reads_them_whole(store: Store) -> None:
     store.add_partition("big", [*[(1, b"{}") for _ in range(7)], (2, b"{}")])
     ids = [i["id"] for i in store.items("big")][:7]
