@@ -38,11 +38,13 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most
 
 
 class ItemIn(BaseModel):
-    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any JSON)."""
+    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any
+    JSON); `collect`, an earlier gate whose items' results it receives when delivered (fan-in)."""
 
     model_config = ConfigDict(extra="forbid")
     gate: GateIn = Field(0, description=GATE_HELP, examples=[0, "ocr"])
     data: Any = None
+    collect: GateIn | None = Field(None, description="an earlier gate whose items' results it receives (fan-in)")
 
 
 class NewPartition(BaseModel):

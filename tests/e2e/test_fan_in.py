@@ -267,3 +267,28 @@ def test_a_claim_carries_what_its_fan_in_item_collects_and_its_token_reads_the_p
         assert refused.status_code == 409 and refused.json()["reason"] == "superseded"
     finally:
         api.close()
+
+
+# ---------------------------------------------------------------- collect as an item field
+
+
+def test_add_and_the_api_take_collect_as_an_item_field(db_url: str, feed: Feed) -> None:
+    rows = '{"gate": 0, "data": {"file": "a"}}\n{"gate": 2, "data": {"join": true}, "collect": 0}\n'
+    added = run_cli(db_url, "add", "from-file", "--items", "-", input=rows)
+    assert added.returncode == 0, added.stderr
+    refused = run_cli(db_url, "add", "wrong", "--items", "-", input='{"gate": 1, "collect": 1}\n')
+    assert refused.returncode == 2 and "collect must name an earlier gate" in refused.stderr
+    api = ApiServer(db_url)
+    try:
+        body = {"key": "from-api", "items": [{"gate": 0}, {"gate": 3, "data": None, "collect": 0}]}
+        assert api.post("/api/v1/partitions", body).status_code == 201
+        bad = api.post("/api/v1/partitions", {"key": "bad", "items": [{"gate": 3, "collect": 4}]})
+        assert bad.status_code == 400 and "collect" in bad.json()["error"]
+    finally:
+        api.close()
+    assert [feed.item(i["id"])["collect"] for key in ("from-file", "from-api") for i in feed.items(key)] == [
+        None,
+        0,
+        None,
+        0,
+    ]
