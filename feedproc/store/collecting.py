@@ -7,17 +7,19 @@ its partition's gate has moved past that gate, and no item may enter a gate belo
 so the collection no longer changes while it is read.
 
 The reads are made for a million results. The counts (and the lowest and highest id) read the
-items' `feedproc_items_by_gate` index alone. A page walks the primary key from the last id seen up
-to that highest id, keeping the partition's items at the gate: in id order, each row read once over
-the whole walk. (That index orders a gate's items by status and due time, not id: paging it by id
-would read the whole gate for every page, a billion index entries for a million results.)
+items' `feedproc_items_by_gate` index alone. A page walks the primary key from the last id seen
+towards that highest id, a window of ids at a time, keeping the partition's items at the gate: in
+id order, each row read once over the whole walk. (That index orders a gate's items by status and
+due time, not id: paging it by id would read the whole gate for every page, a billion index
+entries for a million results.)
 
 A handler reads them over HTTP from `feedproc serve` (`api/collected.py`), authorised by its
 delivery's own token: a claim row (`feedproc_claims`), like a pull worker's or a 202's. A watcher's
 delivery records one in state `collecting` when it hands a handler a `results_url`; it holds while
 the item's version is the claim's (every end of a delivery bumps it: an answer, a retry, a lost
-delivery charged, an operator's action) and its short lease lasts. Such rows count against no limit
-and no expiry settles them (both look at `active` claims only); they go with their partition.
+delivery charged, an operator's action) and its lease lasts (the request's timeout and a grace).
+Such rows count against no limit and no expiry settles them (both look at `active` claims only);
+a 202 turns one into the callback's claim (same token); they go with their partition.
 """
 
 from __future__ import annotations
@@ -149,8 +151,9 @@ class Collecting(Accumulating, Pipelines):
         max_bytes: int = PAGE_BYTES,
     ) -> list[CollectedResult]:
         """The collected items of gate `gate` of partition `partition_id` with ids above `after` and up
-        to `until` (a `Collection`'s `last`), in id order: at most `limit`, and past the first, no
-        more than `max_bytes` of results and errors. The next page starts after the last id."""
+        to `until` (a `Collection`'s `first - 1` and `last` bound the whole), in id order: at most
+        `limit`, and past the first, no more than `max_bytes` of results and errors. The next page
+        starts after the last id; an empty page, or one ending at `until`, was the last."""
         with self.read() as conn:
             return self._page(conn, partition_id, gate, after, until, limit, max_bytes)
 
@@ -192,7 +195,7 @@ class Collecting(Accumulating, Pipelines):
         token = secrets.token_urlsafe(24)
         with self.write() as conn:
             row = conn.execute(
-                select(I.partition_id, I.gate, P.queue, P.weight)
+                select(I.partition_id, I.gate, P.queue)
                 .select_from(items.join(partitions, P.id == I.partition_id))
                 .where(I.id == item_id)
             ).one()

@@ -174,7 +174,19 @@ def _find_ready_mysql(
     ).all()
     return [
         ReadyItem(
-            r[0], r[1], (p := leased[r[2]]).id, p.key, p.queue, p.lease_epoch, *r[3:6], p.weight, r[6], r[7], r[8]
+            r[0],
+            r[1],
+            (p := leased[r[2]]).id,
+            p.key,
+            p.queue,
+            p.lease_epoch,
+            r[3],
+            r[4],
+            r[5],
+            p.weight,
+            r[6],
+            r[7],
+            r[8],
         )
         for r in rows
     ]

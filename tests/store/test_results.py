@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -102,11 +103,16 @@ def test_children_read_from_an_http_answer_carry_collect() -> None:
 
 
 @pytest.mark.parametrize(
-    "row",
-    [{"gate": 2, "collect": 2}, {"gate": 2, "collect": 5}, {"gate": 2, "collect": -1}, {"gate": 2, "collect": "x"}],
+    ("row", "said"),
+    [
+        ({"gate": 2, "collect": 2}, "collect must name an earlier gate than the item's (2), got gate 2"),
+        ({"gate": 2, "collect": 5}, "collect must name an earlier gate than the item's (2), got gate 5"),
+        ({"gate": 2, "collect": -1}, "collect: gate must be an integer >= 0"),
+        ({"gate": 2, "collect": "x"}, "collect: gate 'x' is a name"),
+    ],
 )
-def test_collect_must_name_an_earlier_gate(feed: Feed, row: dict) -> None:
-    with pytest.raises(InvalidInput, match="collect"):
+def test_collect_must_name_an_earlier_gate(feed: Feed, row: dict, said: str) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(said)):
         feed.add_partition("p", [row])
     with pytest.raises(KeyError):
         feed.status("p")  # nothing was written

@@ -375,3 +375,23 @@ def test_items_elsewhere_have_nothing_collected(db_url: str, feed: Feed) -> None
     with watching(db_url, Looks()):
         wait_status(feed, "p", "complete")
     assert seen == [(None, None), (None, None)]
+
+
+def test_a_python_pipelines_gate_collects_by_its_decorator(db_url: str, feed: Feed) -> None:
+    from feedproc import Pipeline
+
+    flow = Pipeline("default")
+
+    @flow.gate("classify", 0)
+    def classify(item: Item) -> Response:
+        return Response(done=True, result=item.json()["file"])
+
+    @flow.gate("rank", 1, collect="classify")
+    async def rank(item: Item) -> Response:
+        assert item.collected.gate_name == "classify"
+        return Response(done=True, result=sorted([r.result.decode() async for r in item.collected]))  # str: as UTF-8
+
+    feed.add_partition("p", [*({"gate": 0, "data": {"file": f}} for f in "cab"), {"gate": 1}])
+    with watching(db_url, flow):
+        wait_status(feed, "p", "complete")
+    assert json.loads(feed.items("p", gate=1)[0]["result"]) == ["a", "b", "c"]
