@@ -20,7 +20,7 @@ from ..core.errors import StaleWrite
 from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, C, F, I, P, event, insert_many_mysql
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .escaping import storable
 from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
@@ -355,8 +355,7 @@ class Answers(GateWriter):
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         """Update the answered items (version-guarded), add their children, record each delivery that
         did not complete its item (the completing one is recorded on the item row) and failures."""
-        rows: list[dict[str, Any]] = []
-        completed, history, records, trimmed = [], [], [], []
+        rows, completed, history, records, trimmed = [], [], [], [], []
         results = False  # whether any answer carries a result (fan-in): written by the statements' twins
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
@@ -425,9 +424,9 @@ class Answers(GateWriter):
             matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows:
             if results:  # every row then has one (None keeps the item's)
-                by_id = {o.item_id: o.result for o in kept}
+                by_id: dict[Any, bytes | None] = {o.item_id: o.result for o in kept}
                 for row in rows:
-                    row["result"] = by_id[int(row["id"])]
+                    row["result"] = by_id[row["id"]]
             update_items = self._twin(_update_items_pg, _update_items_sqlite, mysql=_update_items_mysql)
             matched += update_items(conn, rows, watcher_id)
         if accepted:
@@ -472,7 +471,7 @@ class Answers(GateWriter):
             queue, weight = conn.execute(select(P.queue, P.weight).where(P.id == o.partition_id)).one()
             # A collecting delivery's claim (`collecting.py`) under the same token becomes this one:
             # the handler reads the results it was sent the URL of until it answers.
-            conn.execute(delete(claims).where(C.token == o.token, C.state == "collecting"))
+            conn.execute(delete(claims).where(claims.c.token == o.token, claims.c.state == "collecting"))
             conn.execute(
                 insert(claims).values(
                     token=o.token,

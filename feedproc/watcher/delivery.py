@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..core.errors import Accepted, FeedprocError, RetryLater, TooManyChildren
+from ..core.errors import Accepted, RetryLater, TooManyChildren
 from ..core.models import Item, Response
 from ..core.policy import RetryPolicy, outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
@@ -176,7 +176,7 @@ class Delivering(Leasing, FanIn):
                     if not self._was_cancelled(task):
                         raise  # the watcher is stopping
                     results = [RetryLater(CANCELLED_CALL)] * len(batch)
-                except (RetryLater, FeedprocError) as error:  # its collection could not be given (an outage...)
+                except RetryLater as error:  # what it collects could not be given (see `_fan_in`)
                     results = [error] * len(batch)
                 except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
                     log.exception(

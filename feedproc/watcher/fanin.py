@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from ..core.errors import RetryLater
+from ..core.errors import FeedprocError, RetryLater
 from ..core.fanin import COLLECT_INLINE_BYTES, Collected, CollectedResult, PageReader
 from ..core.models import Item
 from ..core.pipelines import Collects
@@ -37,16 +37,20 @@ class FanIn(Routing):
 
     async def _fan_in(self, route: Route, what: Collects, batch: Sequence[ReadyItem], items: Sequence[Item]) -> None:
         """Give `items` (of one partition, at one gate; `batch` their ReadyItems) what they collect
-        and the accumulator. Raises what fails their delivery, transiently: a collection too large
-        for the request when the watcher has no `--callback-url` to give a results URL on."""
+        and the accumulator. Raises RetryLater, a transient failure of their delivery, when that
+        cannot be done: a collection too large for the request and no `--callback-url` to give a
+        results URL on, or the database failing."""
         processor = route.processor
         http = processor if isinstance(processor, HTTPProcessor) else None
         inline = 0 if http is None or http.request == "raw" else COLLECT_INLINE_BYTES
         urls = None if http is None else http.callback_url
         seconds = (http.timeout if http is not None else 0.0) + URL_GRACE
-        gathered, tokens = await asyncio.to_thread(
-            _gather, self.store, batch, what, inline, http is not None, urls, self.id, seconds
-        )
+        try:
+            gathered, tokens = await asyncio.to_thread(
+                _gather, self.store, batch, what, inline, http is not None, urls, self.id, seconds
+            )
+        except FeedprocError as error:  # the database away, say: a transient failure of the delivery
+            raise RetryLater(f"could not read what item {batch[0].id} collects: {error}") from error
         collection = gathered.collection
         for ready, item in zip(batch, items, strict=True):
             token = tokens.get(ready.id)
