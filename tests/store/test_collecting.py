@@ -195,3 +195,15 @@ def test_a_collecting_delivery_counts_against_no_limit_and_is_never_expired_as_a
     assert store.expire_claims(None, RetryPolicy()) == 0
     assert [r for r in store.running() if r["via"] != "watcher"] == []  # the watcher's delivery alone
     assert store.item(ready.id)["attempts"] == 0
+
+
+def test_results_and_collecting_claims_go_with_their_partition(delivering) -> None:
+    store, _, ready, _ = delivering
+    store.apply(A, [answer(ready, Kind.DONE, result=b'"joined"')])
+    with store.write() as conn:  # finished an hour ago
+        conn.execute(update(partitions).where(partitions.c.key == "p").values(status="complete"))
+        conn.execute(update(partitions).where(partitions.c.key == "p").values(updated_at=seconds_from_now(-3600)))
+    deleted = store.cleanup(60)
+    assert (deleted["partitions"], deleted["items"], deleted["claims"]) == (1, 9, 1)
+    with store.read() as conn:
+        assert conn.execute(claims.select()).all() == []
