@@ -247,19 +247,28 @@ def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
     }
 
 
+def _pretty(raw: bytes) -> str:
+    """Stored bytes pretty-printed as JSON, or as text when they are not JSON."""
+    try:
+        return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+
+
 def _item(feed: Feed, item_id: int) -> dict[str, Any]:
     item = GateNames(feed).item(feed.item(item_id))
     raw: bytes = item["data"]
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        pretty = json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-    except ValueError:
-        pretty = text
+    pretty = _pretty(raw)
+    result: bytes | None = item["result"]  # what it produced (fan-in), kept apart from its data
+    shown_result = _pretty(result) if result is not None else None
     return {
         "i": item,
         "data": pretty[:DATA_SHOWN],
         "data_cut": len(pretty) > DATA_SHOWN,
         "size": len(raw),
+        "result": shown_result[:DATA_SHOWN] if shown_result is not None else None,
+        "result_cut": shown_result is not None and len(shown_result) > DATA_SHOWN,
+        "result_size": len(result) if result is not None else 0,
         "history": list(reversed(item["history"])),
     }
 

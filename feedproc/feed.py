@@ -23,6 +23,7 @@ from .core.errors import (
     TooLarge,
     TooManyChildren,
 )
+from .core.fanin import COLLECT_INLINE_BYTES, PAGE, CollectedResult, result_size
 from .core.models import MAX_CHILDREN, NewItem, Response, check_key
 from .core.naming import naming
 from .core.pipelines import PipelineSpec
@@ -437,7 +438,55 @@ class Feed:
         attempt, data (bytes), token, lease_expires_at. Only items at their partition's current
         gate, in priority order; [] when none is ready. Refused unless the queue is in pull mode."""
         check_claim(worker, max_items, lease_seconds)
-        return self.store.claim(queue, worker, max_items, lease_seconds, self.policy)
+        claimed = self.store.claim(queue, worker, max_items, lease_seconds, self.policy)
+        if any("collects" in entry for entry in claimed):
+            self._fan_in(claimed)
+        return claimed
+
+    def _fan_in(self, claimed: list[dict[str, Any]]) -> None:
+        """Give each claimed fan-in item what it collects: `collected` ({"gate", "count", "failed"}
+        with its `results` inline, or `pages`: {"after", "until"}, the bounds of its results' pages,
+        which the API makes a `results_url`) and `accumulated`. Inline results of one claim come to
+        COLLECT_INLINE_BYTES at most in all: past that, the items' results travel by pages."""
+        budget = COLLECT_INLINE_BYTES
+        for entry in claimed:
+            if "collects" not in entry:
+                continue
+            partition_id, what = entry.pop("collects")
+            gathered = self.store.gather(partition_id, what, inline_bytes=budget)
+            collection = gathered.collection
+            collected: dict[str, Any] = {
+                "gate": what.name or what.gate,
+                "count": collection.count,
+                "failed": collection.failed,
+            }
+            if gathered.results is not None:
+                collected["results"] = [row.to_json() for row in gathered.results]
+                budget -= sum(map(result_size, gathered.results))
+            else:
+                collected["pages"] = {"after": collection.first - 1, "until": collection.last}
+            entry["collected"] = collected
+            entry["accumulated"] = gathered.accumulated
+
+    def collected_page(
+        self, item_id: int, token: str, *, after: int | None = None, until: int | None = None, limit: int = PAGE
+    ) -> tuple[list[CollectedResult], int | None, int]:
+        """A page of the results item `item_id` collects, for the holder of its delivery's `token`
+        (a watcher's collecting delivery, a pull worker's claim, a 202's): the results with ids
+        above `after` up to `until` (the bounds the delivery was given; the whole collection
+        without them), at most `limit`; with the `after` of the next page (None: that was the
+        last) and `until`. NotFound for a token no delivery of the item has; StaleClaim once the
+        delivery ended (the answer was written, it expired, it was cancelled)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE:
+            raise InvalidInput(f"limit must be an integer from 1 to {PAGE}, got {limit!r}")
+        # The bounds come with the URLs a delivery is given: counting (an index range as large as
+        # the collection) only for a request without them.
+        collection = self.store.collected_by(item_id, token, counted=after is None or until is None)
+        start = collection.first - 1 if after is None else after
+        last = collection.last if until is None else until
+        rows = self.store.collected_page(collection.partition_id, collection.gate, start, last, limit)
+        more = bool(rows) and rows[-1].id < last
+        return rows, (rows[-1].id if more else None), last
 
     @retried
     def heartbeat(
@@ -537,14 +586,8 @@ def read_worker_answer(answer: Mapping[str, Any], max_children: int = MAX_CHILDR
     from .processors.answers import answer_from_object
 
     fields = dict(answer)
-    raw = fields.pop("data_base64", None)
-    if raw is not None:
-        if "data" in fields or not isinstance(raw, str):
-            raise InvalidInput("data_base64 must be a base64 string, and not given with data")
-        try:
-            raw = base64.b64decode(raw, validate=True)
-        except ValueError:
-            raise InvalidInput("data_base64 is not valid base64") from None
+    raw = _base64_field(fields, "data")
+    raw_result = _base64_field(fields, "result")  # a result that is not JSON (a Python processor's bytes)
     error = fields.get("error")
     if isinstance(error, str):  # a plain message: a transient failure
         fields["error"] = {"message": error}
@@ -556,4 +599,20 @@ def read_worker_answer(answer: Mapping[str, Any], max_children: int = MAX_CHILDR
         raise InvalidInput(str(invalid)) from None
     if raw is not None:
         response.data = raw  # data that is not JSON, as a handler's request carries it
+    if raw_result is not None:
+        response.result = raw_result
     return response
+
+
+def _base64_field(fields: dict[str, Any], name: str) -> bytes | None:
+    """`fields[name + "_base64"]` taken out and decoded (None when absent); InvalidInput when it is
+    not base64, or comes with `name` itself."""
+    raw = fields.pop(f"{name}_base64", None)
+    if raw is None:
+        return None
+    if name in fields or not isinstance(raw, str):
+        raise InvalidInput(f"{name}_base64 must be a base64 string, and not given with {name}")
+    try:
+        return base64.b64decode(raw, validate=True)
+    except ValueError:
+        raise InvalidInput(f"{name}_base64 is not valid base64") from None

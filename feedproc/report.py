@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from .core.fanin import result_json
 from .gatenames import label
 
 STATUSES = ("available", "complete", "failed", "cancelled")
@@ -134,13 +135,16 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def item_json(item: dict[str, Any]) -> dict[str, Any]:
-    """An item (`Feed.item` / `Feed.items` row) as JSON: data parsed, or `data_base64` when not JSON."""
-    result = {k: v for k, v in item.items() if k != "data"}
+    """An item (`Feed.item` / `Feed.items` row) as JSON: data parsed, or `data_base64` when not JSON;
+    its result likewise (`result`, null when it has none, or `result_base64`)."""
+    result = {k: v for k, v in item.items() if k not in ("data", "result")}
     if "data" in item:
         try:
             result["data"] = json.loads(item["data"])
         except ValueError:
             result["data_base64"] = base64.b64encode(item["data"]).decode()
+    if "result" in item:
+        result.update(result_json(item["result"]))
     return result
 
 
@@ -159,11 +163,12 @@ def print_items(rows: list[dict[str, Any]], *, header: bool) -> None:
             r["attempts"],
             (r["last_error"] or "")[:60],
             _preview(r["data"]),
+            "" if r.get("result") is None else _preview(r["result"], 40),
         ]
         for r in rows
     ]
     if header:
-        _table(["id", "gate", "status", "attempts", "last error", "data"], cells)
+        _table(["id", "gate", "status", "attempts", "last error", "data", "result"], cells)
     else:
         for row in cells:
             typer.echo("  ".join("" if v is None else str(v) for v in row))
@@ -184,6 +189,15 @@ def print_item(item: dict[str, Any]) -> None:
     data = json.dumps(shown["data"], indent=2, ensure_ascii=False) if "data" in shown else shown["data_base64"]
     typer.echo("data:" if "data" in shown else "data (base64):")
     typer.echo(data)
+    if item.get("result") is not None:  # what the item produced (fan-in), kept apart from its data
+        if "result" in shown:
+            typer.echo("result:")
+            typer.echo(json.dumps(shown["result"], indent=2, ensure_ascii=False))
+        else:
+            typer.echo("result (base64):")
+            typer.echo(shown["result_base64"])
+    if item.get("collect") is not None:
+        typer.echo(f"collects the results of gate {item['collect']}")
     if item["history"]:
         typer.echo("deliveries:")
         _table(

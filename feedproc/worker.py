@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from .core.errors import PermanentError, RetryLater
+from .core.fanin import Collected, CollectedResult, PageReader, inline_results
 from .core.models import Item, Response
 from .core.policy import describe
 from .processors import ProcessorLike, call_processor
@@ -73,6 +74,9 @@ class RemoteWorker:
         self.shutdown_grace = shutdown_grace
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=claim_wait + 30)
+        # Collected results' pages, read by processors on their threads (`item.collected`): the URL's
+        # token authorises them, no header.
+        self._pages = httpx.Client(timeout=60)
         self._stopping = asyncio.Event()
         self._freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -101,6 +105,7 @@ class RemoteWorker:
             if close is not None:
                 await close()
             await self._client.aclose()
+            self._pages.close()
 
     async def _claim_loop(self) -> None:
         backoff = 0.5
@@ -177,6 +182,9 @@ class RemoteWorker:
             progress[0] = fraction
 
         item = Item(item_id, entry["partition"], entry["queue"], entry["gate"], entry["attempt"], data, report, stop)
+        if "collected" in entry:  # a fan-in item: what it collects, and the accumulator
+            item.collected = self._collected(entry["collected"])
+            item.accumulated = entry.get("accumulated") or {}
         call = asyncio.ensure_future(call_processor(self.processor, item, self.timeout))
         beat = asyncio.ensure_future(self._heartbeats(item_id, token, progress, call, stop))
         try:
@@ -193,6 +201,24 @@ class RemoteWorker:
             await self._outbox.put({"id": item_id, "token": token, **answer_body(result)})
         finally:
             self._tokens.pop(item_id, None)
+
+    def _collected(self, shown: dict[str, Any]) -> Collected:
+        """A claim's `collected` as the processor's `item.collected`: its results inline, or read a
+        page at a time from its `results_url` (authorised by the claim's token in it)."""
+        gate = shown.get("gate")
+        results = shown.get("results")
+        reader = (
+            inline_results([_collected_result(row) for row in results])
+            if results is not None
+            else _pages(self._pages, str(shown["results_url"]))
+        )
+        return Collected(
+            gate if isinstance(gate, int) else -1,
+            int(shown.get("count", 0)),
+            int(shown.get("failed", 0)),
+            reader,
+            gate_name=gate if isinstance(gate, str) else None,
+        )
 
     async def _send_answers(self) -> None:
         """Send answers as they come, many per request (`POST /api/v1/answers`, one transaction
@@ -296,9 +322,14 @@ def answer_body(result: Response | BaseException) -> dict[str, Any]:
             answer["data"] = json.loads(result.data)
         except ValueError:
             answer["data_base64"] = base64.b64encode(result.data).decode()
+    if result.result is not None:  # what it produced (fan-in), kept apart from its data
+        try:
+            answer["result"] = json.loads(result.result)
+        except ValueError:
+            answer["result_base64"] = base64.b64encode(result.result).decode()
     if result.items:
         try:
-            answer["items"] = [{"gate": c.gate, "data": json.loads(c.data)} for c in result.children]
+            answer["items"] = [_child(c.gate, json.loads(c.data), c.collect) for c in result.children]
         except ValueError:
             return {"error": {"message": "a pull worker's child items need JSON data"}}
     if result.retry_after is not None:
@@ -306,6 +337,37 @@ def answer_body(result: Response | BaseException) -> dict[str, Any]:
     if result.progress is not None:
         answer["progress"] = result.progress
     return answer
+
+
+def _collected_result(row: dict[str, Any]) -> CollectedResult:
+    """One result as the API shows it (`{"id", "result"}`, `result_base64`, or `{"id", "error"}`)."""
+    if "error" in row:
+        return CollectedResult(int(row["id"]), error=row["error"], failed=True)
+    if "result_base64" in row:
+        return CollectedResult(int(row["id"]), base64.b64decode(row["result_base64"]))
+    value = row.get("result")
+    encoded = None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return CollectedResult(int(row["id"]), encoded)
+
+
+def _pages(client: httpx.Client, url: str) -> PageReader:
+    """A page reader of the results served at `url` (`GET /api/v1/items/{id}/collected`)."""
+    first = httpx.URL(url)
+
+    def read_page(after: int | None, limit: int) -> list[CollectedResult]:
+        wanted = first.copy_merge_params({"limit": str(limit)})
+        if after is not None:
+            wanted = wanted.copy_set_param("after", str(after))
+        response = client.get(wanted)
+        if response.status_code != 200:
+            raise RetryLater(f"reading the collected results: HTTP {response.status_code}: {response.text[:300]}")
+        return [_collected_result(row) for row in response.json().get("results", [])]
+
+    return read_page
+
+
+def _child(gate: int, data: Any, collect: int | None) -> dict[str, Any]:
+    return {"gate": gate, "data": data} if collect is None else {"gate": gate, "data": data, "collect": collect}
 
 
 async def _first(*waits: Any) -> None:

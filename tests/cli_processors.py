@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 
 from feedproc import Item, Processor, Response
@@ -117,3 +118,38 @@ def _append(line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+class Joins(Processor):
+    """Fan-in: gate 0 answers its file's label as its result; the item that collects answers every
+    result it iterated (`item.collected`: inline, or a page at a time) and the accumulator."""
+
+    def process(self, item: Item) -> Response:
+        if item.gate == 0:
+            return Response(done=True, result={"label": item.json()["file"].upper()})
+        rows = [[r.id, json.loads(r.result) if r.result else None, r.error] for r in item.collected]
+        return Response(done=True, result={"rows": rows, "accumulated": dict(item.accumulated or {})})
+
+
+class CountsCollected(Processor):
+    """Fan-in at scale: iterates `item.collected` once, counting its results, the ones seen twice
+    (a byte per id since the first) and the sum of their `n`; answers those with the process's
+    peak RSS (MB) as its result."""
+
+    def process(self, item: Item) -> Response:
+        import resource
+
+        seen = bytearray()
+        first = None
+        count = twice = total = 0
+        for row in item.collected:
+            first = row.id if first is None else first
+            offset = row.id - first
+            if offset >= len(seen):
+                seen.extend(bytes(offset - len(seen) + 65536))
+            twice += seen[offset]
+            seen[offset] = 1
+            count += 1
+            total += json.loads(row.result or b"{}").get("n", 0)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return Response(done=True, result={"count": count, "twice": twice, "sum": total, "peak_rss_mb": peak})

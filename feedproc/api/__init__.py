@@ -30,7 +30,7 @@ from ..core.models import MAX_CHILDREN, MAX_ITEMS
 from ..feed import Feed
 from ..health import DatabaseProbe
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
-from . import actions, activity, partitions, queues, workers
+from . import actions, activity, collected, partitions, queues, workers
 from .common import DEFAULT_MAX_BODY, BodyLimit, expensive, expensive_reads
 from .docs import DocsPolicy
 from .errors import install_error_handlers
@@ -64,7 +64,7 @@ answer's children too (`--max-children`, 413).
 DOCS_PAGES = ("/api/v1/docs", "/api/v1/redoc")
 
 #: The route modules in the order their routes are matched and listed in the OpenAPI document.
-ROUTE_MODULES = (partitions, actions, queues, activity, workers)
+ROUTE_MODULES = (partitions, actions, queues, activity, workers, collected)
 
 
 def create_app(

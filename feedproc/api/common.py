@@ -178,13 +178,24 @@ def _status(feed: Feed, key: str) -> dict[str, Any]:
     return GateNames(feed).status(feed.status(key))
 
 
-def _data(raw: bytes) -> dict[str, Any]:
+def _data(raw: bytes, field: str = "data") -> dict[str, Any]:
     """An item's data as JSON, or as `data_base64` when it is not JSON or nests deeper than MAX_DEPTH
-    (stored by older versions or by SQL: the response encoder stops a few hundred levels down)."""
+    (stored by older versions or by SQL: the response encoder stops a few hundred levels down).
+    `field="result"`: its result the same way (`result`, or `result_base64`)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        return {"data_base64": base64.b64encode(raw).decode()}
+        return {f"{field}_base64": base64.b64encode(raw).decode()}
     if json_depth(data) > MAX_DEPTH:
-        return {"data_base64": base64.b64encode(raw).decode()}
-    return {"data": data}
+        return {f"{field}_base64": base64.b64encode(raw).decode()}
+    return {field: data}
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """An item row (`Feed.items` / `Feed.item`) as the API shows it: its data and its result as JSON
+    (`result` null when it has none), or base64 where they are not."""
+    shown = {k: v for k, v in row.items() if k not in ("data", "result")}
+    shown.update(_data(row["data"]))
+    if "result" in row:
+        shown.update({"result": None} if row["result"] is None else _data(row["result"], "result"))
+    return shown

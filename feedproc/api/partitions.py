@@ -19,9 +19,9 @@ from .common import (
     INT64,
     GateIn,
     KeyPath,
-    _data,
     _feed,
     _key,
+    _shown,
     _status,
     expensive,
     within_max_items,
@@ -38,11 +38,13 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most
 
 
 class ItemIn(BaseModel):
-    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any JSON)."""
+    """One item: its gate (default 0; a number, or a name in the queue's pipeline) and its data (any
+    JSON); `collect`, an earlier gate whose items' results it receives when delivered (fan-in)."""
 
     model_config = ConfigDict(extra="forbid")
     gate: GateIn = Field(0, description=GATE_HELP, examples=[0, "ocr"])
     data: Any = None
+    collect: GateIn | None = Field(None, description="an earlier gate whose items' results it receives (fan-in)")
 
 
 class NewPartition(BaseModel):
@@ -173,26 +175,24 @@ def list_items(
     after: Annotated[int, Query(ge=0, le=INT64, description="last item id of the page before")] = 0,
     limit: Limit = 100,
 ) -> dict[str, Any]:
-    """A partition's items in id order (data as JSON, or `data_base64`; `gate_name` beside `gate`
-    when the partition's queue has a pipeline). `gate` filters by a gate's number or name."""
+    """A partition's items in id order (data as JSON, or `data_base64`; the result each produced
+    likewise, `result` null when none; `gate_name` beside `gate` when the partition's queue has a
+    pipeline). `gate` filters by a gate's number or name."""
     feed = _feed(request)
     rows = feed.items(key, gate=gate_filter(feed, key, gate), status=status, after_id=after, limit=limit)
     names = GateNames(feed).of_items(key, rows)
-    return _page(
-        [with_name({**{k: v for k, v in r.items() if k != "data"}, **_data(r["data"])}, names) for r in rows],
-        limit,
-        "id",
-    )
+    return _page([with_name(_shown(r), names) for r in rows], limit, "id")
 
 
 @router.get("/items/{item_id}", dependencies=Reading, tags=["partitions"])
 def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) -> dict[str, Any]:
-    """One item with its data (as JSON, or `data_base64`) and every delivery, oldest first
+    """One item with its data and its result (as JSON, or `data_base64` / `result_base64`), the gate
+    it collects (`collect`, when given as it was added) and every delivery, oldest first
     (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error);
     `gate_name` beside each gate when its queue has a pipeline."""
     feed = _feed(request)
     item = GateNames(feed).item(feed.item(item_id))
-    return {**{k: v for k, v in item.items() if k != "data"}, **_data(item["data"])}
+    return _shown(item)
 
 
 @router.get("/history", dependencies=Reading, tags=["partitions"])

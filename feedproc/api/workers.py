@@ -21,6 +21,7 @@ from ..auth import Grant
 from ..core.errors import FeedprocError, StaleClaim
 from ..core.models import QUEUE_PATTERN
 from ..feed import Feed
+from .collected import results_url
 from .common import INT64, _data, _feed
 from .errors import ApiError
 from .gate import working
@@ -120,8 +121,10 @@ async def claim(queue: QueuePath, body: ClaimRequest, request: Request, grant: W
     """Claim up to `max` ready items of a pull-mode queue, each held for `lease_seconds` unless a
     heartbeat extends it; with `wait`, hold the request up to that many seconds until there is
     work. Items come only from their partition's current gate, in priority order. Each item:
-    id, partition, queue, gate, attempt, data (or data_base64), token, lease_expires_at. 409 when
-    the queue is not in pull mode; 403 when the token may not claim from it."""
+    id, partition, queue, gate, attempt, data (or data_base64), token, lease_expires_at; a fan-in
+    item also `collected` ({"gate", "count", "failed", "results" or "results_url"}, the URL
+    authorised by the claim's token) and `accumulated`. 409 when the queue is not in pull mode; 403
+    when the token may not claim from it."""
     if not grant.may_work_on(queue):
         raise ApiError(403, f"this token may not claim from queue {queue!r}")
     feed: Feed = _feed(request)
@@ -140,6 +143,11 @@ async def claim(queue: QueuePath, body: ClaimRequest, request: Request, grant: W
         if claimed or remaining <= 0:
             break
         await board.wait(remaining)
+    for entry in claimed:  # a fan-in item whose results are too many to send: where to read them
+        pages = entry.get("collected", {}).pop("pages", None)
+        if pages is not None:
+            url = results_url(str(request.base_url), entry["id"], entry["token"], pages["after"], pages["until"])
+            entry["collected"]["results_url"] = url
     # A ready-made JSON body: FastAPI's encoder walks every value in Python (a third of the time of
     # a claim of 100 items).
     return _fast_json({"items": [{**{k: v for k, v in c.items() if k != "data"}, **_data(c["data"])} for c in claimed]})

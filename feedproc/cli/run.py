@@ -142,7 +142,8 @@ def watch(
         typer.Option(
             envvar="FEEDPROC_CALLBACK_URL",
             metavar="URL",
-            help="feedproc serve's URL: requests carry a token and answer_url, and a handler may answer 202 and later.",
+            help="feedproc serve's URL: callbacks (requests carry a token and answer_url; a handler may answer 202 "
+            "and later) and paged results (a fan-in item's results_url).",
         ),
     ] = None,
     request: Annotated[

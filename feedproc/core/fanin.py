@@ -37,6 +37,9 @@ COLLECT_INLINE = 1000
 COLLECT_INLINE_BYTES = 1024 * 1024
 #: Results one page of a paged collection holds at most.
 PAGE = 1000
+#: Bytes of results (and errors) one page holds at most, past its first result: a page of large
+#: results stays a few MB, however large each may be (an answer, and so a result, may be 10 MiB).
+PAGE_BYTES = 1024 * 1024
 
 
 # ---------------------------------------------------------------- tolerated failures
@@ -193,7 +196,11 @@ class Collected:
     """What the items of gate `gate` of the partition produced, handed to the item that collects
     them: `count` complete and `failed` failed (tolerated) items. Iterate it (`for r in
     item.collected`, or `async for` in an `async def` processor) to get each `CollectedResult`
-    once, in item id order, read a page at a time: memory stays flat however many there are."""
+    once, in item id order, read a page at a time: memory stays flat however many there are.
+
+    How a request carries it (`to_json`) is set by whoever delivers it: `inline`, every result when
+    they fit in the request; else `results_url`, which serves them a page at a time to the holder of
+    the delivery's `token` (valid while that delivery is)."""
 
     gate: int
     count: int
@@ -201,25 +208,54 @@ class Collected:
     read_page: PageReader = field(repr=False)
     gate_name: str | None = None
     page: int = PAGE
+    inline: list[CollectedResult] | None = field(default=None, repr=False)
+    results_url: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return self.count + self.failed
 
     def __iter__(self) -> Iterator[CollectedResult]:
-        after: int | None = None
-        while True:
+        # A page may be short of `page` (its bytes are bounded too): the counts say when it is over.
+        seen, after = 0, None
+        while seen < len(self):
             rows = self.read_page(after, self.page)
-            yield from rows
-            if len(rows) < self.page:
+            if not rows:
                 return
-            after = rows[-1].id
+            yield from rows
+            seen, after = seen + len(rows), rows[-1].id
 
     async def __aiter__(self) -> AsyncIterator[CollectedResult]:
-        after: int | None = None
-        while True:
+        seen, after = 0, None
+        while seen < len(self):
             rows = await asyncio.to_thread(self.read_page, after, self.page)  # the read blocks: not on the loop
+            if not rows:
+                return
             for row in rows:
                 yield row
-            if len(rows) < self.page:
-                return
-            after = rows[-1].id
+            seen, after = seen + len(rows), rows[-1].id
+
+    def to_json(self) -> dict[str, Any]:
+        """As a request carries it: `{"gate", "count", "failed"}` (the gate by its name where the
+        pipeline names it) with `"results"` inline, or `"results_url"`."""
+        shown: dict[str, Any] = {"gate": self.gate_name or self.gate, "count": self.count, "failed": self.failed}
+        if self.inline is not None:
+            shown["results"] = [row.to_json() for row in self.inline]
+        elif self.results_url is not None:
+            shown["results_url"] = self.results_url
+        return shown
+
+
+def inline_results(results: list[CollectedResult]) -> PageReader:
+    """A page reader over results already read (a request's inline ones, a claim's)."""
+
+    def read_page(after: int | None, limit: int) -> list[CollectedResult]:
+        start = 0 if after is None else next((n for n, r in enumerate(results) if r.id > after), len(results))
+        return results[start : start + limit]
+
+    return read_page
+
+
+def result_size(row: CollectedResult) -> int:
+    """About how many bytes `row` takes in a request (what the inline and page bounds count)."""
+    return 24 + len(row.result or b"") + len(row.error or "")

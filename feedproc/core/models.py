@@ -122,15 +122,17 @@ def truncate_error(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NewItem:
-    """An item to add: its gate and its data (bytes)."""
+    """An item to add: its gate and its data (bytes); `collect`, an earlier gate whose items'
+    results it receives when delivered (fan-in, for a queue without a pipeline that says so)."""
 
     gate: int
     data: bytes
+    collect: int | None = None
 
     @classmethod
     def coerce(cls, value: NewItem | tuple[int, Any] | dict[str, Any], where: str = "") -> NewItem:
-        """Accept `NewItem`, `(gate, data)` or `{"gate": g, "data": ...}`, data by the rule of
-        `encode_data` (bytes, str, or any JSON value); anything else raises InvalidInput."""
+        """Accept `NewItem`, `(gate, data)` or `{"gate": g, "data": ..., "collect": c}`, data by the
+        rule of `encode_data` (bytes, str, or any JSON value); anything else raises InvalidInput."""
         try:
             return coerce_item(value, where)
         except (TypeError, ValueError) as error:
@@ -143,19 +145,31 @@ def coerce_item(value: Any, where: str = "") -> NewItem:
     out of range or data that is not standard JSON. `where` prefixes the messages ("child 2: ")."""
     gate: Any
     data: Any
+    collect: Any = None
     if isinstance(value, NewItem):
-        gate, data = value.gate, value.data
+        gate, data, collect = value.gate, value.data, value.collect
     elif isinstance(value, tuple) and len(value) == 2:
         gate, data = value
     elif isinstance(value, dict):
-        unknown = set(value) - {"gate", "data"}
+        unknown = set(value) - {"gate", "data", "collect"}
         if unknown:
             raise TypeError(f"{where}unknown item field(s) {', '.join(sorted(map(str, unknown)))}")
-        gate, data = value.get("gate", 0), value.get("data")
+        gate, data, collect = value.get("gate", 0), value.get("data"), value.get("collect")
     else:
         raise TypeError(f"{where}an item is (gate, data) or {{'gate': g, 'data': ...}}, got {shown(value)}")
     gate = gate_number(gate, where)
-    return NewItem(gate, data if type(data) is bytes else encode_data(data, f"{where}data"))
+    if collect is not None:
+        collect = collect_number(collect, gate, where)
+    return NewItem(gate, data if type(data) is bytes else encode_data(data, f"{where}data"), collect)
+
+
+def collect_number(collect: Any, gate: int, where: str = "") -> int:
+    """An item's `collect` as a gate number (a name of the pipeline in scope is resolved) below its
+    own `gate`: the gate whose items' results it receives. TypeError or ValueError naming `where`."""
+    number = gate_number(collect, f"{where}collect: ")
+    if number >= gate:
+        raise ValueError(f"{where}collect must name an earlier gate than the item's ({gate}), got gate {number}")
+    return number
 
 
 def encode_data(value: Any, what: str = "data") -> bytes:
@@ -183,14 +197,22 @@ def strict_json(value: Any, what: str = "data") -> bytes:
 
 
 def item_from_row(row: Any, where: str = "") -> NewItem:
-    """One `{"gate": int, "data": <any JSON>}` object (a JSON Lines row, or an HTTP body's item) as a
-    NewItem; the data is stored as its JSON text. Shared by `feedproc add` and the HTTP API."""
+    """One `{"gate": int, "data": <any JSON>[, "collect": gate]}` object (a JSON Lines row, or an
+    HTTP body's item) as a NewItem; the data is stored as its JSON text. Shared by `feedproc add` and
+    the HTTP API."""
     if not isinstance(row, dict):
         raise InvalidInput(f'{where}expected an object like {{"gate": 0, "data": ...}}')
-    unknown = set(row) - {"gate", "data"}
+    unknown = set(row) - {"gate", "data", "collect"}
     if unknown:
         raise InvalidInput(f"{where}unknown field(s) {', '.join(sorted(unknown))}")
-    return NewItem(check_gate(row.get("gate", 0), where=where), encode_json(row.get("data"), where))
+    gate = check_gate(row.get("gate", 0), where=where)
+    collect = row.get("collect")
+    if collect is not None:
+        try:
+            collect = collect_number(collect, gate, where)
+        except (TypeError, ValueError) as error:
+            raise InvalidInput(str(error)) from None
+    return NewItem(gate, encode_json(row.get("data"), where), collect)
 
 
 #: How deeply item data may nest (arrays and objects): JSON parsers in other languages, and this

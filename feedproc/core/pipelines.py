@@ -47,7 +47,7 @@ from typing import Any, cast
 from ..redact import credentials_conflict, redact_url
 from . import windows as timewindows
 from .errors import InvalidInput
-from .fanin import Tolerance, check_operations
+from .fanin import COLLECT_INLINE, Tolerance, check_operations
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
 from .naming import check_gate_name, naming
 from .policy import RetryPolicy
@@ -237,6 +237,32 @@ class PipelineSpec:
 
     def with_version(self, version: int) -> PipelineSpec:
         return PipelineSpec(self.queue, self.gates, self.schedules, version)
+
+
+@dataclass(frozen=True, slots=True)
+class Collects:
+    """What an item collects (fan-in): the results of `gate` (named `name` in the pipeline, if it
+    is), `inline` of them at most sent inside a request."""
+
+    gate: int
+    name: str | None = None
+    inline: int = COLLECT_INLINE
+
+
+def collects(spec: PipelineSpec | None, gate: int, collect: int | None) -> Collects | None:
+    """What an item at `gate` collects under pipeline `spec`: its gate's `collect` setting, else the
+    item's own (`collect`, given when it was added to a queue without a pipeline saying so); None
+    when it collects nothing (nearly every item: one attribute read)."""
+    settings = spec.gate(gate) if spec is not None else None
+    if settings is not None and settings.collect is not None:
+        collected = spec.gate(settings.collect) if spec is not None else None
+        inline = settings.collect_inline if settings.collect_inline is not None else COLLECT_INLINE
+        return Collects(settings.collect, collected.name if collected is not None else None, inline)
+    if collect is None:
+        return None
+    collected = spec.gate(collect) if spec is not None else None
+    inline = settings.collect_inline if settings is not None and settings.collect_inline is not None else COLLECT_INLINE
+    return Collects(collect, collected.name if collected is not None else None, inline)
 
 
 def parse_toml(text: str, *, source: str = "pipeline") -> PipelineSpec:

@@ -187,11 +187,13 @@ def response_from_json(
     for n, child in enumerate(children_value, start=1):
         if not isinstance(child, dict):
             raise InvalidAnswer(f"child {n} is not an object")
-        children.append(
-            NewItem(
-                _answer_gate(child.get("gate", 0), f"child {n}: "), _answer_data(child.get("data"), f"child {n} data")
-            )
-        )
+        gate = _answer_gate(child.get("gate", 0), f"child {n}: ")
+        collect = child.get("collect")
+        if collect is not None:  # a fan-out creating its own fan-in item (a queue without a pipeline)
+            collect = _answer_gate(collect, f"child {n}: collect: ")
+            if collect >= gate:
+                raise InvalidAnswer(f"child {n}: collect must name an earlier gate than its own ({gate})")
+        children.append(NewItem(gate, _answer_data(child.get("data"), f"child {n} data"), collect))
     result = _answer_data(answer["result"], "result") if answer.get("result") is not None else None
     accumulate = answer.get("accumulate")
     if accumulate is not None:

@@ -125,20 +125,25 @@ class HTTPProcessor(Processor):
             await session.close()
 
     async def process(self, item: Item) -> Response:
-        if self._plain:
+        fan_in = item.collected is not None or item.accumulated is not None  # an item that collects (rare)
+        if self._plain and not fan_in:
             status, headers, content = await self._send(
                 request_body(item), self.max_answer_bytes, self.request_headers()
             )
             return await self._read(read_answer, status, content, headers.get("Retry-After"))
         token = answer_url = None
         if self.callback_url is not None:
-            token = secrets.token_urlsafe(24)
+            # A collecting delivery's token (its results URL's) is its callback token too: after a
+            # 202 the handler goes on reading its results with it until it answers.
+            token = getattr(item.collected, "token", None) or secrets.token_urlsafe(24)
             answer_url = f"{self.callback_url}/api/v1/items/{item.id}/answer"
         if self.request == "raw":  # the body is the handler's own data: everything else goes in headers
             body = item.data
             sent: Mapping[str, str] = {**self.request_headers(), **raw_headers(item, token, answer_url)}
+            if fan_in:
+                sent = {**sent, **fan_in_headers(item)}
         else:
-            body, sent = request_body(item), self.request_headers()
+            body, sent = (await fan_in_body(item)) if fan_in else request_body(item), self.request_headers()
             if token is not None and answer_url is not None:
                 body = body[:-1] + b',"token":"%s","answer_url":%s}' % (token.encode(), _json_string(answer_url))
         status, headers, content = await self._send(body, self.max_answer_bytes, sent)
@@ -153,7 +158,11 @@ class HTTPProcessor(Processor):
         Raw requests (`request="raw"`) have no batch form: ValueError."""
         if self.request == "raw":
             raise ValueError("HTTPProcessor(request='raw') cannot deliver batches: raw requests carry one item each")
-        body = b'{"items":[' + b",".join(request_body(item) for item in items) + b"]}"
+        if any(item.collected is not None or item.accumulated is not None for item in items):
+            bodies = [await fan_in_body(item) for item in items]  # fan-in items: each with what it collects
+        else:
+            bodies = [request_body(item) for item in items]
+        body = b'{"items":[' + b",".join(bodies) + b"]}"
         try:
             status, headers, content = await self._send(
                 body, self.max_answer_bytes * len(items), self.request_headers()
@@ -367,6 +376,35 @@ def request_body(item: Item) -> bytes:
         item.attempt,
         item.data,
     )
+
+
+async def fan_in_body(item: Item) -> bytes:
+    """`request_body` of a fan-in item: with `"collected"` (`core.fanin.Collected.to_json`: its
+    results inline, or their `results_url`) and `"accumulated"`; encoded on a thread when its
+    results travel inline (up to 1 MiB of them)."""
+    collected = item.collected.to_json() if item.collected is not None else None
+    added = {"collected": collected, "accumulated": dict(item.accumulated or {})}
+
+    def encode() -> bytes:
+        return request_body(item)[:-1] + b"," + json.dumps(added, separators=(",", ":")).encode()[1:]
+
+    inline = getattr(item.collected, "inline", None)
+    return await asyncio.to_thread(encode) if inline else encode()
+
+
+def fan_in_headers(item: Item) -> dict[str, str]:
+    """A raw request's headers for what a fan-in item receives: the collected gate, its counts, the
+    URL of its results (`Feedproc-Results-Url`; none when there are none) and the accumulator as
+    compact JSON (ASCII)."""
+    headers = {"Feedproc-Accumulated": json.dumps(dict(item.accumulated or {}), separators=(",", ":"))}
+    collected = item.collected
+    if collected is not None:
+        headers["Feedproc-Collected-Gate"] = str(collected.gate_name or collected.gate)
+        headers["Feedproc-Collected-Count"] = str(collected.count)
+        headers["Feedproc-Collected-Failed"] = str(collected.failed)
+        if collected.results_url is not None:
+            headers["Feedproc-Results-Url"] = collected.results_url
+    return headers
 
 
 def raw_headers(item: Item, token: str | None = None, answer_url: str | None = None) -> dict[str, str]:

@@ -28,7 +28,7 @@ from typing import Any
 from ..core.errors import PermanentError, RetryLater
 from ..core.models import Item, Response
 from ..core.naming import naming
-from ..core.pipelines import GateSpec, PipelineSpec, from_mapping
+from ..core.pipelines import Collects, GateSpec, PipelineSpec, collects, from_mapping
 from ..core.policy import RetryPolicy
 from .calling import ProcessorLike, call_batch, call_processor, load_processor
 from .http import HTTPProcessor
@@ -174,6 +174,12 @@ class GateRouter:
                 processor = fallback
             why = f"gate {gate.number} ({gate.name}) of the pipeline of {self._whose} has no handler or processor"
             self._routes[gate.number] = Route(processor, gate, gate.policy(policy), why)
+        #: Gate number -> what its items collect (fan-in), for the gates of this version that say.
+        self._collecting = {
+            gate.number: what
+            for gate in (spec.gates if spec is not None else ())
+            if (what := collects(spec, gate.number, None)) is not None
+        }
         self._default = Route(
             fallback,
             None,
@@ -200,6 +206,13 @@ class GateRouter:
     def route(self, gate: int) -> Route:
         """The route of `gate`'s items."""
         return self._routes.get(gate, self._default)
+
+    def collects(self, gate: int, collect: int | None) -> Collects | None:
+        """What an item at `gate` collects (its pipeline gate's `collect`, else the item's own
+        `collect`), or None: nearly every item, at the cost of a dict lookup."""
+        if collect is None and not self._collecting:
+            return None
+        return self._collecting.get(gate) or collects(self.spec, gate, collect)
 
     @property
     def processors(self) -> list[ProcessorLike]:

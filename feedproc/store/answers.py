@@ -114,12 +114,14 @@ _OUTCOME_COLUMNS = (
     "started",
     "duration",
 )
-_PG_UPDATE_ITEMS = text(
-    """
+# Answers that carry a `result` (fan-in: what the item produced, kept apart from its data) are
+# written by a twin with one more column: the common batch binds no array of NULLs for it. A result
+# replaces the item's previous one; an answer without one keeps it (as `data`).
+_PG_UPDATE_ITEMS_SQL = """
     UPDATE feedproc_items AS i SET
         status = v.status,
         gate = v.gate,
-        data = COALESCE(v.data, i.data),
+        data = COALESCE(v.data, i.data),{result}
         attempts = v.attempts,
         last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         next_attempt_at = now() + v.delay * interval '1 second',
@@ -136,10 +138,17 @@ _PG_UPDATE_ITEMS = text(
                 CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
                 CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
                 CAST(:progress AS double precision[]), CAST(:started AS bigint[]),
-                CAST(:duration AS bigint[]))
-        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration)
+                CAST(:duration AS bigint[]){result_array})
+        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration{result_name})
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
+_PG_UPDATE_ITEMS = text(_PG_UPDATE_ITEMS_SQL.format(result="", result_array="", result_name=""))
+_PG_UPDATE_ITEMS_WITH_RESULT = text(
+    _PG_UPDATE_ITEMS_SQL.format(
+        result="\n        result = COALESCE(v.result, i.result),",
+        result_array=", CAST(:result AS bytea[])",
+        result_name=", result",
+    )
 )
 # SQLite's twin: one row per execution (SQLite runs executemany in-process).
 _UPDATE_ITEM = (
@@ -167,11 +176,21 @@ _UPDATE_ITEM = (
         updated_at=db_now(),
     )
 )
+_UPDATE_ITEM_WITH_RESULT = _UPDATE_ITEM.values(
+    result=func.coalesce(bindparam("b_result", type_=items.c.result.type), I.result)
+)
+
+
+def _with_results(rows: list[dict[str, Any]]) -> bool:
+    """Whether any of the outcome rows carries a result (then every row has a "result" key)."""
+    return "result" in rows[0]
 
 
 def _update_items_pg(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-    params: dict[str, Any] = {c: [r[c] for r in rows] for c in _OUTCOME_COLUMNS}
-    return int(conn.execute(_PG_UPDATE_ITEMS, {**params, "watcher": watcher_id}).rowcount)
+    columns = (*_OUTCOME_COLUMNS, "result") if _with_results(rows) else _OUTCOME_COLUMNS
+    params: dict[str, Any] = {c: [r[c] for r in rows] for c in columns}
+    statement = _PG_UPDATE_ITEMS_WITH_RESULT if _with_results(rows) else _PG_UPDATE_ITEMS
+    return int(conn.execute(statement, {**params, "watcher": watcher_id}).rowcount)
 
 
 def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
@@ -179,7 +198,8 @@ def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_i
         r["started"] = _from_micros(r["started"])
         r["duration"] = None if r["duration"] is None else r["duration"] / 1e6
     params = [{"b_watcher": watcher_id, **{f"b_{k}": v for k, v in r.items()}} for r in rows]
-    return int(conn.execute(_UPDATE_ITEM, params).rowcount)
+    statement = _UPDATE_ITEM_WITH_RESULT if _with_results(rows) else _UPDATE_ITEM
+    return int(conn.execute(statement, params).rowcount)
 
 
 # MariaDB/MySQL's twin: arrays are PostgreSQL's, and an UPDATE per row is a round trip per answer
@@ -187,11 +207,12 @@ def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_i
 # (UNION ALL), joined to the items in one multi-table UPDATE. Its row count is the rows matched (the
 # dialect connects with CLIENT_FOUND_ROWS), what the version guard compares.
 _MYSQL_OUTCOME_ROW = "SELECT " + ", ".join(f"%s AS {c}" for c in _OUTCOME_COLUMNS)
+_MYSQL_OUTCOME_ROW_WITH_RESULT = _MYSQL_OUTCOME_ROW + ", %s AS result"
 _MYSQL_UPDATE_ITEMS = """
     UPDATE feedproc_items AS i JOIN ({rows}) AS v ON i.id = v.id AND i.version = v.version SET
         i.status = v.status,
         i.gate = v.gate,
-        i.data = COALESCE(v.data, i.data),
+        i.data = COALESCE(v.data, i.data),{result}
         i.attempts = v.attempts,
         i.last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         i.next_attempt_at = TIMESTAMPADD(MICROSECOND, CAST(ROUND(v.delay * 1000000) AS SIGNED), UTC_TIMESTAMP(6)),
@@ -209,9 +230,16 @@ _MYSQL_UPDATE_ITEMS = """
 
 
 def _update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-    derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW] * len(rows))
-    params = [r[c] for r in rows for c in _OUTCOME_COLUMNS]
-    return int(conn.exec_driver_sql(_MYSQL_UPDATE_ITEMS.format(rows=derived), (*params, watcher_id)).rowcount)
+    if _with_results(rows):
+        derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW_WITH_RESULT] * len(rows))
+        params = [r[c] for r in rows for c in (*_OUTCOME_COLUMNS, "result")]
+        result = "\n        i.result = COALESCE(v.result, i.result),"
+        statement = _MYSQL_UPDATE_ITEMS.format(rows=derived, result=result)
+    else:
+        derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW] * len(rows))
+        params = [r[c] for r in rows for c in _OUTCOME_COLUMNS]
+        statement = _MYSQL_UPDATE_ITEMS.format(rows=derived, result="")
+    return int(conn.exec_driver_sql(statement, (*params, watcher_id)).rowcount)
 
 
 # Each answered partition's ready_at, from the earliest available item at its gate (NULL: drained).
@@ -331,6 +359,7 @@ class Answers(GateWriter):
         """Update the answered items (version-guarded), add their children, record each delivery that
         did not complete its item (the completing one is recorded on the item row) and failures."""
         rows, completed, history, records, trimmed = [], [], [], [], []
+        results = False  # whether any answer carries a result (fan-in): written by the statements' twins
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
         if accepted:
@@ -342,7 +371,7 @@ class Answers(GateWriter):
                 raise ValueError(f"outcome for item {o.item_id} would place an item below gate {o.gate}")
             failure = o.kind in (Kind.RETRY, Kind.FAIL)
             error = truncate_error(storable(o.error or "failed")) if failure else None
-            if narrow_done and o.kind == Kind.DONE and o.data is None:
+            if narrow_done and o.kind == Kind.DONE and o.data is None and o.result is None:
                 completed.append(o)
             else:
                 rows.append(
@@ -361,6 +390,7 @@ class Answers(GateWriter):
                         "duration": o.duration_us,
                     }
                 )
+                results = results or o.result is not None
             if o.kind != Kind.DONE:
                 records.append(
                     {
@@ -396,6 +426,10 @@ class Answers(GateWriter):
             }
             matched += _PG_COMPLETE_ITEMS.run(conn, params)
         if rows:
+            if results:  # every row then has one (None keeps the item's)
+                by_id: dict[Any, bytes | None] = {o.item_id: o.result for o in kept}
+                for row in rows:
+                    row["result"] = by_id[row["id"]]
             update_items = self._twin(_update_items_pg, _update_items_sqlite, mysql=_update_items_mysql)
             matched += update_items(conn, rows, watcher_id)
         if accepted:
@@ -438,6 +472,9 @@ class Answers(GateWriter):
                 continue
             matched += 1
             queue, weight = conn.execute(select(P.queue, P.weight).where(P.id == o.partition_id)).one()
+            # A collecting delivery's claim (`collecting.py`) under the same token becomes this one:
+            # the handler reads the results it was sent the URL of until it answers.
+            conn.execute(delete(claims).where(claims.c.token == o.token, claims.c.state == "collecting"))
             conn.execute(
                 insert(claims).values(
                     token=o.token,
@@ -509,7 +546,7 @@ def _child_rows(outcomes: Iterable[Outcome]) -> Iterator[dict[str, Any]]:
     """The item rows of the outcomes' children, made one at a time as they are inserted."""
     for o in outcomes:
         for n, c in enumerate(o.children):
-            yield {
+            row = {
                 "partition_id": o.partition_id,
                 "gate": c.gate,
                 "status": AVAILABLE,
@@ -518,6 +555,9 @@ def _child_rows(outcomes: Iterable[Outcome]) -> Iterator[dict[str, Any]]:
                 "parent_gate": o.gate,
                 "seq": n,
             }
+            if c.collect is not None:  # a fan-out's own fan-in item
+                row["collect"] = c.collect
+            yield row
 
 
 def _record_error(o: Outcome) -> str:

@@ -27,7 +27,7 @@ def claimable(
 ) -> list[Any]:
     """Up to `max_items` claimable items of `queue` in claim order, at gates not in `blocked`,
     locked for this transaction (other claimers skip them): rows of id, version, partition_id, key,
-    queue, gate, attempts, data, weight, deliveries, lost, windows, window_tz."""
+    queue, gate, attempts, data, weight, deliveries, lost, windows, window_tz, collect."""
     if mysql:
         return _claimable_mysql(conn, queue, max_items, blocked)
     if postgres:
@@ -48,7 +48,7 @@ def claimable(
 _PG_CANDIDATES = text(
     """
     SELECT i.id, i.version, i.partition_id, p.key, p.queue, i.gate, i.attempts, i.data, p.weight,
-           i.deliveries, i.lost, p.windows, p.window_tz, p.rank
+           i.deliveries, i.lost, p.windows, p.window_tz, p.rank, i.collect
     FROM (SELECT id, key, queue, gate, weight, windows, window_tz,
                  row_number() OVER (ORDER BY priority DESC, created_at, id) AS rank
           FROM feedproc_partitions
@@ -58,7 +58,7 @@ _PG_CANDIDATES = text(
             AND gate <> ALL(CAST(:blocked AS int[]))
           ORDER BY priority DESC, created_at, id) AS p
     CROSS JOIN LATERAL (
-        SELECT id, version, partition_id, gate, attempts, data, deliveries, lost, next_attempt_at
+        SELECT id, version, partition_id, gate, attempts, data, deliveries, lost, next_attempt_at, collect
         FROM feedproc_items
         WHERE partition_id = p.id AND gate = p.gate AND status = 'available' AND next_attempt_at <= now()
           AND claimed_until IS NULL
@@ -95,6 +95,7 @@ _CANDIDATES = (
         P.windows,
         P.window_tz,
         P.priority,
+        I.collect,
     )
     .select_from(partitions.join(items, (I.partition_id == P.id) & (I.gate == P.gate)))
     .where(
@@ -167,7 +168,7 @@ def _mysql_claimable(parts: Sequence[Any], limit: int, seen: Sequence[int]) -> s
     )
     return (
         'SELECT i.id, i.version, i.partition_id, p."key", p.queue, i.gate, i.attempts, i.data, p.weight,'
-        " i.deliveries, i.lost, p.windows, p.window_tz"
+        " i.deliveries, i.lost, p.windows, p.window_tz, i.collect"
         f" FROM (SELECT u.id, u.n, u.due FROM ({walks}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
         " JOIN feedproc_items AS i ON i.id = t.id JOIN feedproc_partitions AS p ON p.id = i.partition_id"
         " ORDER BY t.n, t.due, t.id"

@@ -43,7 +43,8 @@ InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version
 # the late answer is refused.
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
-# with a few hundred in flight). Its columns are ReadyItem's fields, in order.
+# with a few hundred in flight). Its columns are ReadyItem's fields, in order (`collect` last: the
+# gate whose results an item collects, given when it was added; NULL for nearly all).
 PG_FETCH_READY = DriverStatement(
     """
     WITH RECURSIVE leased AS MATERIALIZED (
@@ -75,7 +76,7 @@ PG_FETCH_READY = DriverStatement(
         WHERE w.taken < :limit AND w.n < o.total
     )
     SELECT i.id, i.version, l.id, l.key, l.queue, l.lease_epoch, i.gate, i.attempts, i.data, l.weight,
-           i.deliveries, i.lost
+           i.deliveries, i.lost, i.collect
     FROM walk AS w
     CROSS JOIN LATERAL unnest(w.ids) WITH ORDINALITY AS t(id, ord)
     JOIN leased AS l ON l.n = w.n
@@ -109,7 +110,7 @@ _LEASED_FOR_DISPATCH = (
 
 
 def _ready_items_of(pid: int, gate: int, excluded: list[int], limit: int) -> Select[Any]:
-    query = select(I.id, I.version, I.gate, I.attempts, I.data, I.deliveries, I.lost).where(
+    query = select(I.id, I.version, I.gate, I.attempts, I.data, I.deliveries, I.lost, I.collect).where(
         I.partition_id == pid,
         I.gate == gate,
         I.status == IS_AVAILABLE,
@@ -141,6 +142,7 @@ def _find_ready_sqlite(
                 p.weight,
                 r.deliveries,
                 r.lost,
+                r.collect,
             )
             for r in conn.execute(_ready_items_of(p.id, p.gate, excluded, limit - len(found)))
         ]
@@ -166,13 +168,25 @@ def _find_ready_mysql(
         for n, p in enumerate(leased)
     )
     rows = conn.exec_driver_sql(
-        "SELECT i.id, i.version, t.n, i.gate, i.attempts, i.data, i.deliveries, i.lost"
+        "SELECT i.id, i.version, t.n, i.gate, i.attempts, i.data, i.deliveries, i.lost, i.collect"
         f" FROM (SELECT u.id, u.n, u.due FROM ({runs}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
         " JOIN feedproc_items AS i ON i.id = t.id ORDER BY t.n, t.due, t.id"
     ).all()
     return [
         ReadyItem(
-            r[0], r[1], (p := leased[r[2]]).id, p.key, p.queue, p.lease_epoch, r[3], r[4], r[5], p.weight, r[6], r[7]
+            r[0],
+            r[1],
+            (p := leased[r[2]]).id,
+            p.key,
+            p.queue,
+            p.lease_epoch,
+            r[3],
+            r[4],
+            r[5],
+            p.weight,
+            r[6],
+            r[7],
+            r[8],
         )
         for r in rows
     ]

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection
 from ..core import windows as timewindows
 from ..core.errors import InvalidAnswer, NotFound, Refused, RetryLater, StaleClaim
 from ..core.models import Response
+from ..core.pipelines import collects
 from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
@@ -94,8 +95,10 @@ class Pulling(Answers, Queues, Pipelines):
     ) -> list[dict[str, Any]]:
         """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each for
         `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, data as bytes, token,
-        lease_expires_at). Claims that expired in the queue are settled first (`expire_claims`).
-        Refused unless the queue is in pull mode; [] when nothing is ready or its window is closed.
+        lease_expires_at; and for an item that collects an earlier gate's results, `collects`: its
+        partition's id and what it collects, `core.pipelines.Collects`). Claims that expired in the
+        queue are settled first (`expire_claims`). Refused unless the queue is in pull mode; [] when
+        nothing is ready or its window is closed.
         Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do,
         and take nothing of a gate that is full or outside its windows."""
         worker = storable(worker, WORKER_LIMIT)  # as every record of its deliveries will name it
@@ -161,7 +164,7 @@ class Pulling(Answers, Queues, Pipelines):
                     for r in chosen
                 ],
             )
-            return [
+            entries: list[dict[str, Any]] = [
                 {
                     "id": r.id,
                     "partition": r.key,
@@ -174,6 +177,11 @@ class Pulling(Answers, Queues, Pipelines):
                 }
                 for r in chosen
             ]
+            for entry, r in zip(entries, chosen, strict=True):
+                what = collects(spec, r.gate, r.collect)
+                if what is not None:  # a fan-in item: `Feed.claim` adds what it collects
+                    entry["collects"] = (r.partition_id, what)
+            return entries
 
     def heartbeat_claim(
         self, item_id: int, token: str, *, progress: float | None = None, lease_seconds: float | None = None

@@ -76,11 +76,12 @@ class Reading(Tolerating, Queues):
     def items(
         self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[dict[str, Any]]:
-        """Items of one partition in id order, a page at a time (keyset: pass the last id as `after_id`)."""
+        """Items of one partition in id order, a page at a time (keyset: pass the last id as `after_id`):
+        id, gate, status, attempts, deliveries, last_error, data and result (bytes; None: none)."""
         limit = max(1, min(limit, 10_000))
         with self.read() as conn:
             pid = _partition_id(conn, key)
-            query = select(I.id, I.gate, I.status, I.attempts, I.deliveries, I.last_error, I.data).where(
+            query = select(I.id, I.gate, I.status, I.attempts, I.deliveries, I.last_error, I.data, I.result).where(
                 I.partition_id == pid, I.id > after_id
             )
             if gate is not None:
@@ -97,12 +98,14 @@ class Reading(Tolerating, Queues):
                     "deliveries": r.deliveries,
                     "last_error": r.last_error,
                     "data": r.data,
+                    "result": r.result,
                 }
                 for r in rows
             ]
 
     def item(self, item_id: int) -> dict[str, Any]:
-        """One item with its data (bytes) and its deliveries, oldest first (`history`); NotFound if unknown.
+        """One item with its data and its result (bytes; None: none), the gate it collects (`collect`,
+        None: none given when it was added) and its deliveries, oldest first (`history`); NotFound if unknown.
 
         Each delivery: `n` (the item's delivery number), `attempt` (as its processor saw it), `gate`,
         `watcher`, `started_at`, `ended_at`, `duration` (seconds), `outcome` (done, moved, not yet,
@@ -123,6 +126,8 @@ class Reading(Tolerating, Queues):
                     I.deliveries,
                     I.last_error,
                     I.data,
+                    I.result,
+                    I.collect,
                     I.parent_id,
                     I.progress,
                     I.started_at,
@@ -183,6 +188,8 @@ class Reading(Tolerating, Queues):
             "created_at": iso(row.created_at),
             "updated_at": iso(row.updated_at),
             "data": row.data,
+            "result": row.result,
+            "collect": row.collect,
             "history": history,
         }
 

@@ -18,13 +18,14 @@ from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
 from ..processors import HTTPProcessor
 from ..processors.pipeline import Route
 from .config import TRACEBACK_KEPT
+from .fanin import FanIn
 from .leases import Leasing
 from .state import CANCELLED_CALL
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Delivering(Leasing):
+class Delivering(Leasing, FanIn):
     """Workers and the isolation loop."""
 
     async def _worker(self) -> None:
@@ -103,6 +104,7 @@ class Delivering(Leasing):
         failure: Exception | None = None
         router = self.router  # the pipeline version this delivery starts under, kept to its end
         route = router.route(ready.gate)
+        collects = router.collects(ready.gate, ready.collect)  # a fan-in item? (None for nearly all)
         timeout = self._timeout_of(lease, route)
         started_us = time.time_ns() // 1000
         started = time.perf_counter_ns()
@@ -116,6 +118,8 @@ class Delivering(Leasing):
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
                 try:
+                    if collects is not None:  # what it collects, and the accumulator, read off the loop
+                        await self._fan_in(route, collects, (ready,), (item,))
                     result = await router.process(route, item, timeout)
                 except asyncio.CancelledError:
                     if not self._was_cancelled(task):
@@ -155,6 +159,7 @@ class Delivering(Leasing):
             self._running[ready.id] = (ready.partition_id, task, tuple(items), started_us, started)
         router = self.router
         route = router.route(batch[0].gate)
+        collects = router.collects(batch[0].gate, batch[0].collect)
         timeout = self._timeout_of(lease, route)
         for ready in batch:
             self._unannounced[ready.id] = ProgressReport(
@@ -164,11 +169,15 @@ class Delivering(Leasing):
         try:
             with tracing.batch_delivery([r.id for r in batch], first.partition, first.queue, first.gate) as span:
                 try:
+                    if collects is not None:  # a batch of fan-in items: one partition, one collection
+                        await self._fan_in(route, collects, batch, items)
                     results = await router.process_batch(route, items, timeout)
                 except asyncio.CancelledError:
                     if not self._was_cancelled(task):
                         raise  # the watcher is stopping
                     results = [RetryLater(CANCELLED_CALL)] * len(batch)
+                except RetryLater as error:  # what it collects could not be given (see `_fan_in`)
+                    results = [error] * len(batch)
                 except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
                     log.exception(
                         "internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id}
