@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import socket
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from ..support import ROOT, WatcherProcesses, feedproc_env
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
+#: The example handler's fake page count of a file, which its ocr step accumulates.
+pages_of = runpy.run_path(str(ROOT / "cmds" / "example_handler.py"))["pages_of"]
 
 
 def blocks(language: str) -> list[str]:
@@ -44,10 +47,12 @@ def sh_block(containing: str) -> str:
     return block
 
 
-def run_session(script: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """A shell session as a reader runs it, with the virtualenv active, in `cwd`; the jobs it
-    started in the background are stopped at its end."""
-    env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+def run_session(
+    script: str, cwd: Path, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A shell session as a reader runs it, with the virtualenv active, in `cwd` (with `env` added);
+    the jobs it started in the background are stopped at its end."""
+    env = {**{k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}, **(env or {})}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # "with the virtualenv active"
     script = "set -e\n" + script + "kill $(jobs -p)\nwait || true\n"
     return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -94,11 +99,36 @@ def test_the_python_api_example_runs_as_two_files_with_a_watcher(tmp_path: Path)
 
 
 def test_the_command_line_session_runs_as_written(tmp_path: Path) -> None:
+    """The folder fans out, each file is classified and its pages accumulated, and rank, collecting
+    the classified files, ranks them without a database."""
     session = sh_block("feedproc add upload-42")
     (tmp_path / "cmds").symlink_to(ROOT / "cmds")
     result = run_session(session + "feedproc wait upload-42 --timeout 60\n", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "complete" in result.stdout
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        [ranked] = feed.items("upload-42", gate=2)
+    ranking = json.loads(ranked["result"])
+    assert ranking["ranked"] == 2 and len(ranking["top"]) == 1
+    assert ranking["pages"] == pages_of("a.pdf") + pages_of("b.pdf")
+
+
+def test_the_fan_in_section_runs_as_written(tmp_path: Path) -> None:
+    """words.py: results collected by the report (text-1), a tolerated failure seen with its error
+    (text-2), and the accumulator in the report and in status."""
+    (tmp_path / "words.py").write_text(python_files()["words.py"])
+    session = "".join(sh_block(marker) for marker in ("add text-1", "add text-2", "status text-1 --json"))
+    result = run_session(session, tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        first, second = (json.loads(feed.items(key, gate=1)[0]["result"]) for key in ("text-1", "text-2"))
+        tolerated = feed.status("text-2")
+    assert first == {"words": ["fan", "in"], "failed": [], "letters": 5, "longest": 3}
+    assert second["words"] == ["join"] and len(second["failed"]) == 1 and "an empty word" in second["failed"][0]
+    assert second["letters"] == 4 and tolerated["status"] == "complete"
+    assert "1 failed, tolerated: 1 allowed" in result.stdout
+    [status] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"key": "text-1"')]
+    assert status["accumulated"] == {"letters": 5, "longest": 3}
 
 
 def test_the_pipeline_runs_as_written_with_three_handler_services(tmp_path: Path) -> None:
@@ -114,14 +144,16 @@ def test_the_pipeline_runs_as_written_with_three_handler_services(tmp_path: Path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pipeline version 1 (gates 0=list, 1=ocr, 2=classify, 3=rank, 1 schedule(s))" in result.stdout
     [ranking] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"id"')]
-    assert ranking["gate"] == 3 and ranking["data"]["ranked"] == 3 and len(ranking["data"]["top"]) == 2
+    pages = sum(pages_of(name) for name in ("a.pdf", "b.pdf", "c.pdf"))  # accumulated by the ocr gate
+    assert ranking["gate"] == 3 and ranking["result"]["ranked"] == 3 and len(ranking["result"]["top"]) == 2
+    assert ranking["result"]["pages"] == pages
     with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
         assert feed.status("scan-7")["status"] == "complete"
         files = [row for row in feed.items("scan-7") if json.loads(row["data"])["kind"] == "file"]
         assert len(files) == 3
         for row in files:  # each file went to the ocr service, then to the classify service
             assert [delivery["gate"] for delivery in feed.item(row["id"])["history"]] == [1, 2]
-            assert {"text", "score"} <= set(json.loads(row["data"]))
+            assert "text" in json.loads(row["data"]) and "score" in json.loads(row["result"])
 
 
 def test_the_demo_runs_the_readmes_pipeline() -> None:
@@ -146,6 +178,8 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
         [ranked] = feed.items("scan-8", gate=3)
         [stored] = feed.pipelines()
     assert final["status"] == "complete", final
-    assert json.loads(ranked["data"])["top"][0]["file"] in {"a.pdf", "b.pdf"}
+    ranking = json.loads(ranked["result"])
+    assert ranking["top"][0]["file"] in {"a.pdf", "b.pdf"}
+    assert ranking["pages"] == len("a.pdf") + len("b.pdf")  # each file's fake page count, summed
     assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
     assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
