@@ -203,8 +203,10 @@ def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it(
     by_option["--db"] = by_option["--db"] or "FEEDPROC_DATABASE_URL"  # read where every command reads it
     missing = sorted(option for option, env in by_option.items() if not env)
     assert missing == [], f"watch options without an environment variable: {missing}"
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    table = readme.split("### `feedproc watch` options", 1)[1].split("With the defaults", 1)[0]
+    from .. import docs_support
+
+    # The options' table, under its heading on whichever page holds it.
+    table = docs_support.text().split("`feedproc watch` options\n", 1)[1].split("With the defaults", 1)[0]
     documented = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(FEEDPROC_[A-Z_]+)`", table, re.M))
     assert {k: v for k, v in by_option.items() if k != "--db"} == documented
 

@@ -1,12 +1,13 @@
-"""The README's examples run as written (issue 18): its Python files (blocks whose first line is
-`# NAME.py`) with a real watcher, its command-line session, and its pipeline (issue 22) as the TOML
-file with three handler services and as a Python `Pipeline`, each in a fresh directory."""
+"""The documentation's examples run as written (issue 18), wherever they are shown: the README and
+the site's pages under docs/ (issue 32; tests/docs_support.py reads them). Its Python files (blocks
+whose first line is `# NAME.py`) with a real watcher, its command-line session, and its pipeline
+(issue 22) as the TOML file with three handler services and as a Python `Pipeline`, each in a fresh
+directory."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import runpy
 import socket
 import subprocess
@@ -18,33 +19,13 @@ import pytest
 from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 
+from ..docs_support import blocks, python_files, sh_block
 from ..support import ROOT, WatcherProcesses, feedproc_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
-README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
 #: The example handler's fake page count of a file, which its ocr step accumulates.
 pages_of = runpy.run_path(str(ROOT / "cmds" / "example_handler.py"))["pages_of"]
-
-
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, re.S | re.M)
-
-
-def python_files() -> dict[str, str]:
-    """The README's Python blocks that are whole files: {"classify.py": source, ...}."""
-    found = {}
-    for block in blocks("python"):
-        first = block.splitlines()[0]
-        if re.fullmatch(r"# [a-z_]+\.py", first):
-            found[first[2:]] = block
-    return found
-
-
-def sh_block(containing: str) -> str:
-    """The README's one shell block that contains `containing`."""
-    [block] = [block for block in blocks("sh") if containing in block]
-    return block
 
 
 def run_session(
@@ -59,7 +40,7 @@ def run_session(
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports free now, for the README's fixed ones (CI may have those taken)."""
+    """Ports free now, for the documentation's fixed ones (CI may have those taken)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
@@ -183,3 +164,13 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
     assert ranking["pages"] == len("a.pdf") + len("b.pdf")  # each file's fake page count, summed
     assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
     assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
+
+
+#: The whole-file examples the tests above run, each by its name.
+RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py"}
+
+
+def test_every_example_file_in_the_documentation_is_run() -> None:
+    """A Python file added to any page (`# name.py` on its first line) needs a test above that runs
+    it; one that left the documentation leaves this list too."""
+    assert set(python_files()) == RUN_HERE

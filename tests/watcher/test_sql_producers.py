@@ -1,13 +1,12 @@
-"""Producing with plain SQL (README, "Producing with SQL"): partitions and items written by a
+"""Producing with plain SQL (the Go Feed guide, "Producing with SQL"): partitions and items written by a
 producer that has no feedproc code, only the database's own driver, dispatch like any other.
 
 The writes here go through `sqlite3`, `psycopg` or `pymysql` directly, never through feedproc; the
-README's SQL is run exactly as printed there.
+documentation's SQL is run exactly as printed there (tests/docs_support.py reads it).
 """
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,14 +19,13 @@ from sqlalchemy import make_url
 
 from feedproc import Feed, Item, Processor, Response
 
-from ..support import ROOT, wait_status, wait_until, watching
-
-README = (ROOT / "README.md").read_text()
+from ..docs_support import blocks
+from ..support import wait_status, wait_until, watching
 
 
 def readme_sql(dialect: str) -> str:
-    """The README's SQL producer example for `dialect` ('PostgreSQL', 'SQLite' or 'MariaDB')."""
-    (block,) = re.findall(rf"^```sql\n(-- {dialect}: .*?)^```", README, re.S | re.M)
+    """The documentation's SQL producer example for `dialect` ('PostgreSQL', 'SQLite' or 'MariaDB')."""
+    (block,) = [block for block in blocks("sql") if block.startswith(f"-- {dialect}: ")]
     return block
 
 
@@ -69,12 +67,12 @@ def run_sql(db_url: str, script: str) -> None:
 
 
 def dialect_of(db_url: str) -> str:
-    """The README's name of the database: the word its SQL example begins with."""
+    """The documentation's name of the database: the word its SQL example begins with."""
     return {"postgresql": "PostgreSQL", "mysql": "MariaDB"}.get(make_url(db_url).get_backend_name(), "SQLite")
 
 
 def now_sql(db_url: str) -> str:
-    """The database clock as the README tells a producer to write it."""
+    """The database clock as the documentation tells a producer to write it."""
     clocks = {"PostgreSQL": "now()", "MariaDB": "UTC_TIMESTAMP(6)"}
     return clocks.get(dialect_of(db_url), "strftime('%Y-%m-%d %H:%M:%f000', 'now')")
 
@@ -90,7 +88,7 @@ def key_sql(db_url: str) -> str:
 
 def insert_item_sql(db_url: str, key: str, gate: int, text: str) -> str:
     now = now_sql(db_url)
-    if dialect_of(db_url) == "MariaDB":  # the partition's id from a variable (README: error 1442)
+    if dialect_of(db_url) == "MariaDB":  # the partition's id from a variable (the documentation: error 1442)
         return (
             f"SELECT id INTO @partition FROM feedproc_partitions WHERE `key` = '{key}';\n"
             "INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at) "
