@@ -7,7 +7,9 @@
   `feedproc serve` publishes (built from `create_app`, on a database that is never opened).
 
 The Python API's page is written by hand as mkdocstrings directives (docs/reference/python.md).
-Nothing is written into docs/: the pages exist only in the build, so they cannot go stale.
+Nothing is written into docs/: the pages exist only in the build, so they cannot go stale; the
+reference pages' files in docs/ are placeholders (for links followed on GitHub) that the build
+replaces.
 `python cmds/docs_reference.py DIR` writes them to DIR, to read them without building the site.
 """
 
@@ -32,6 +34,9 @@ def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for path, content in generated().items():
+        placeholder = files.get_file_from_path(path)
+        if placeholder is not None:  # what GitHub shows in its place: how to read the generated page
+            files.remove(placeholder)
         files.append(File.generated(config, path, content=content))
     return files
 

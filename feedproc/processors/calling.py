@@ -34,6 +34,9 @@ class Processor:
         """Called once when the watcher stops."""
 
     def process(self, item: Item) -> Response | Awaitable[Response]:
+        """Answer one item with a `Response` (async, or a plain `def`, which runs in a thread).
+        Raise `PermanentError` to fail it at once; any other exception is a transient failure,
+        retried with backoff (`RetryLater(after=S)`: not before S seconds)."""
         raise NotImplementedError
 
     async def process_batch(self, items: list[Item]) -> list[Response]:
