@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from ..conftest import _require_pg
+from ..support import run_process
 
 
 def _mariadb_admin_url(request: pytest.FixtureRequest) -> str | None:
@@ -28,7 +29,7 @@ def quick_bench(cwd: Path, *args: str, timeout: float = 360) -> subprocess.Compl
     """`feedproc bench --quick ARGS` in a subprocess (its databases only where --db says): it succeeded."""
     env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
     command = [sys.executable, "-m", "feedproc", "bench", "--quick", *args]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_process(command, cwd=cwd, env=env, timeout=timeout, guard=True)  # its watchers and handler too
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

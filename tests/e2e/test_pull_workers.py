@@ -22,7 +22,7 @@ from feedproc import Feed
 
 from ..api_support import AUTH, ApiServer, ServeProcess
 from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
-from ..support import feedproc_env, wait_until
+from ..support import feedproc_env, spawn, stop_group, wait_until
 
 WORKER_TOKEN = "worker-token-9876543210"
 WORKER_AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -217,23 +217,16 @@ class WorkProcess:
     def __init__(self, api_url: str, log_dir: Path, name: str, *args: str, **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
         out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [sys.executable, "-m", "feedproc", "work", "--api", api_url, "--queue", QUEUE, "--worker", name, *args],
             env=feedproc_env("sqlite:///unused.db", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN, **env),
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         out.close()
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_group(self.process, grace=30)
         return self.process.returncode
 
 

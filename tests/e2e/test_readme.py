@@ -18,7 +18,7 @@ import pytest
 from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 
-from ..support import ROOT, WatcherProcesses, feedproc_env
+from ..support import ROOT, WatcherProcesses, feedproc_env, run_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 README = (ROOT / "README.md").read_text()
@@ -51,11 +51,12 @@ def run_session(
     script: str, cwd: Path, timeout: float = 180, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A shell session as a reader runs it, with the virtualenv active, in `cwd` (with `env` added);
-    the jobs it started in the background are stopped at its end."""
+    the jobs it started in the background are stopped at its end, and killed with its process group
+    when it failed or timed out first (or this pytest was killed: a guard process)."""
     env = {**{k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}, **(env or {})}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # "with the virtualenv active"
     script = "set -e\n" + script + "kill $(jobs -p)\nwait || true\n"
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_process(["bash", "-c", script], cwd=cwd, env=env, timeout=timeout, guard=True)
 
 
 def free_ports(count: int) -> list[int]:
