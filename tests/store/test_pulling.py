@@ -263,6 +263,7 @@ def test_a_released_item_is_ready_again_without_an_attempt(pull: Feed) -> None:
 # ---------------------------------------------------------------- concurrency
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_concurrent_claimers_never_share_an_item(pull: Feed, db_url: str) -> None:
     for p in range(8):
         add(pull, f"p{p}", *[(0, str(i).encode()) for i in range(25)])

@@ -120,6 +120,7 @@ class FanOut(Processor):
             return Response(done=True)
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_fan_out_children_then_fan_in_behind_the_gate_barrier(db_url: str, feed: Feed) -> None:
     feed.add_partition("fan", items=[(0, js({"root": True}))])
     recorder = Recorder()
