@@ -42,6 +42,7 @@ from .insight import Insight
 from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
+from .pending import Pending
 from .pipelines import Pipelines
 from .producing import Producing
 from .pulling import ClaimAnswer, Pulling
@@ -80,6 +81,7 @@ class Store(
     Accumulating,
     Queues,
     Pipelines,
+    Pending,
     Retention,
     StoreBase,
 ):
