@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def three_gates() -> Pipeline:
 
 
 @pytest.fixture
-def scans(tmp_path: Path):
+def scans(tmp_path: Path) -> Iterator[Harness]:
     with Harness(three_gates(), directory=tmp_path) as harness:
         yield harness
 
@@ -89,7 +90,7 @@ def test_retries_with_backoff_are_waited_out_on_the_fake_clock_not_slept() -> No
 
 
 def test_a_retry_is_not_delivered_before_its_backoff_has_passed() -> None:
-    answers = iter([RuntimeError("once"), Response(done=True)])
+    answers: Iterator[Exception | Response] = iter([RuntimeError("once"), Response(done=True)])
 
     def once_then_done(item: Item) -> Response:
         answer = next(answers)
@@ -118,7 +119,9 @@ def test_collected_results_reach_the_fan_in_function() -> None:
     @pipeline.gate("report", 1, collect="measure")
     def report(item: Item) -> Response:
         rows = [row.json() for row in item.collected]
-        return Response(done=True, result={"words": [r["word"] for r in rows], "letters": sum(r["letters"] for r in rows)})
+        return Response(
+            done=True, result={"words": [r["word"] for r in rows], "letters": sum(r["letters"] for r in rows)}
+        )
 
     with Harness(pipeline) as harness:
         words = [{"gate": "measure", "data": {"word": w}} for w in ("fan", "in")]
@@ -185,7 +188,7 @@ def test_a_call_that_hangs_without_a_timeout_fails_the_step_clearly() -> None:
 
     with Harness(hangs, shutdown_grace=0.1) as harness:
         harness.add("doc-7", [(0, b"{}")])
-        with pytest.raises(NotDrained, match="still had items due after 0.2s"):
+        with pytest.raises(NotDrained, match=r"still had items due after 0\.2s"):
             harness.step(timeout=0.2)
 
 
