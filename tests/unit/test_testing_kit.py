@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from feedproc import Item, PermanentError, Pipeline, Processor, Response
+from feedproc.core.pipelines import parse_toml
 from feedproc.testing import Harness, NotDrained
 
 
@@ -106,6 +107,20 @@ def test_a_retry_is_not_delivered_before_its_backoff_has_passed() -> None:
         harness.advance(first.next_due)
         assert harness.step().finished == ("doc-3",)
         harness.assert_complete("doc-3")
+
+
+def test_a_not_yet_answer_is_asked_again_once_its_delay_has_passed_on_the_fake_clock() -> None:
+    asked: list[int] = []
+
+    def not_yet_then_done(item: Item) -> Response:
+        asked.append(item.attempt)
+        return Response(done=True) if len(asked) > 1 else Response(gate=item.gate, retry_after=300)
+
+    with Harness(not_yet_then_done) as harness:
+        harness.add("doc-11", [(0, b"{}")])
+        drained = harness.drain()
+        harness.assert_complete("doc-11")
+    assert asked == [1, 1] and drained.steps == 2 and drained.waited >= 300  # "not yet" is no failed attempt
 
 
 def test_collected_results_reach_the_fan_in_function() -> None:
@@ -247,3 +262,28 @@ def test_the_database_is_kept_in_a_given_directory_and_removed_otherwise(tmp_pat
 def test_a_pipeline_serves_its_own_queue_only() -> None:
     with pytest.raises(ValueError, match="serves queue 'scans', not 'other'"):
         Harness(three_gates(), queue="other")
+
+
+def test_a_stored_pipeline_routes_each_gate_to_its_own_processor() -> None:
+    """A TOML pipeline served as a fleet serves it: each gate by the processor it names."""
+    spec = parse_toml(
+        """
+        queue = "labels"
+
+        [[gate]]
+        name = "label"
+        number = 0
+        processor = "tests.cli_processors:Joins"
+
+        [[gate]]
+        name = "join"
+        number = 1
+        processor = "tests.cli_processors:Joins"
+        collect = "label"
+        """
+    )
+    with Harness(spec) as harness:
+        harness.add("files-1", [{"gate": "label", "data": {"file": "a.pdf"}}, {"gate": "join", "data": {}}])
+        harness.drain()
+        [joined] = harness.results("files-1", "join")
+    assert [row[1] for row in joined["rows"]] == [{"label": "A.PDF"}]
