@@ -285,7 +285,10 @@ class Harness:
         if watcher.fatal is not None:
             return f"the watcher gave up: {watcher.fatal}"
         if due is not None and due <= 0:
-            return f"queue {self.queue!r} still had items due after {timeout:g}s"
+            return (
+                f"queue {self.queue!r} still had items due after {timeout:g}s: a call that does not return"
+                " (an item_timeout bounds it), or a queue paused or outside its windows (judged on the real clock)"
+            )
         return None
 
     # ------------------------------------------------------------ reading
