@@ -62,7 +62,7 @@ from .watcher import Watcher, WatcherConfig
 __all__ = ["Drained", "Harness", "NotDrained", "Step"]
 
 #: Seconds between two looks at whether anything is still due while a step runs (a 0.3 ms read).
-#: With it, 3 gates of 100 items drain in one step of 100-210 ms (median of 10-15; 70-140 ms at best)
+#: With it, 3 gates of 100 items drain in one step of 100-240 ms (medians of 10-15; 70-140 ms at best)
 #: and one item's step takes 14 ms, on 2 cores at a load of 6-7; 0.5 ms or 10 ms made no difference
 #: above that noise.
 QUIET_POLL = 0.002
