@@ -11,6 +11,14 @@ def summary(result: dict[str, Any]) -> str:
     drain = result.get("drain") or {}
     name = result["system"] if result["system"] == "feedproc" else f"{result['system']} {result.get('settings')}"
     text = f"{name} {result['db']} {result['workload']} x{result['watchers']}: {result.get('items', 0)} items"
+    if result["workload"] == "collect":
+        fan_in = result.get("fan_in") or {}
+        text = f"{name} {result['db']} collect N={result['size']:,}"
+        if fan_in:
+            text += (
+                f": barrier → fan-in call {fan_in['barrier_to_call_ms']:,.0f} ms, iterated in "
+                f"{fan_in['iterate_seconds']:.2f}s, peak RSS {_peak(result.get('peak_rss_mb'))} MB"
+            )
     if drain.get("rate"):
         text += f", drain {drain['rate']:,.0f}/s"
     if result.get("problems"):
@@ -52,7 +60,12 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| peak RSS MB | statements / item | transactions / item | server transactions / item | once |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    collect = [run for run in report["runs"] if run["workload"] == "collect"]
+    if len(collect) == len(report["runs"]):
+        lines = lines[:-3]  # collect only: its own table below
     for run in report["runs"]:
+        if run["workload"] == "collect":
+            continue
         drain = run.get("drain") or {}
         paced = run.get("paced") or {}
         lines.append(
@@ -141,7 +154,10 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{PULL_CLAIM}` processes (the no-op processor; claims of up to {PULL_CLAIM} items, answers sent many "
             "per request) through one `feedproc serve`; its drain starts at the first claim.",
         ]
-    lines += ["", *LEGEND]
+    if collect:
+        lines += ["", *collect_table(collect)]
+    if len(collect) < len(report["runs"]) or report["peers"]:
+        lines += ["", *LEGEND]
     problems = [
         f"- {r['system']} {r['db']} {r['workload']} x{r['watchers']}: {p}"
         for r in report["runs"] + report["peers"]
@@ -170,6 +186,54 @@ LEGEND = [
     "pg_stat_database xact_commit + xact_rollback of the throwaway database over the drain, less the bench's own "
     "(PostgreSQL only: MariaDB/MySQL count server-wide);",
     "- once: every item complete, and called exactly once according to the call logs.",
+]
+
+
+def collect_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The collect workload's table and how it is measured."""
+    lines = [
+        "collect: one partition of N items at gate 0 fanning in to one item at gate 1 that collects them, "
+        "one watcher, a Python processor iterating all of `item.collected`:",
+        "",
+        "| db | N | setup s | barrier → fan-in call ms | iterate all s | results/s | barrier → answered s "
+        "| RSS at the call MB | peak RSS MB | read once |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for run in runs:
+        fan_in = run.get("fan_in") or {}
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    run["db"],
+                    _num(run["size"]),
+                    _num((run.get("setup") or {}).get("seconds"), 1),
+                    _num(fan_in.get("barrier_to_call_ms"), 1),
+                    _num(fan_in.get("iterate_seconds"), 2),
+                    _num(fan_in.get("results_per_second")),
+                    _num(fan_in.get("barrier_to_answer_seconds"), 2),
+                    _num(fan_in.get("rss_at_call_mb")),
+                    _peak(run.get("peak_rss_mb")),
+                    _once(run),
+                ]
+            )
+            + " |"
+        )
+    return [*lines, "", *COLLECT_LEGEND]
+
+
+COLLECT_LEGEND = [
+    "How the collect figures are measured:",
+    '- setup: N - 1 complete items with results `{"n": k}` written at gate 0 in one INSERT ... SELECT, then '
+    "VACUUM/ANALYZE; the one item left there is answered by the watcher, and that answer drains gate 0;",
+    "- barrier: the partition's `gate_advanced` event to gate 1, written in that answer's transaction (database "
+    "clock; PostgreSQL's `now()` is the transaction's start, so the figures after it are upper bounds by a few ms);",
+    "- fan-in call: the moment the processor's `process()` was entered for the collecting item (its counting of "
+    "the collection included); iterate all: its loop over `item.collected`, a page of 1,000 at a time, parsing each "
+    "result; answered: the fan-in item's `updated_at`;",
+    "- RSS at the call: the watcher's VmRSS when `process()` was entered; peak RSS: the watcher's highest "
+    "(psutil samples and /proc VmHWM);",
+    "- read once: both items called once, and the processor counted N results, none twice, summing N(N + 1)/2.",
 ]
 
 
