@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http", "http-batch", "pull", "http-fan", "pipeline", "collect")
+WORKLOADS = ("flat", "fan", "http", "http-batch", "pull", "http-fan", "pipeline", "collect", "collect-http")
 DEFAULT_WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
 #: Through the bench handler, with these options. `http-fan` is `fan`'s partitions through one
 #: `--handler`; `pipeline` the same through a stored pipeline, each gate to a handler of its own.
@@ -17,7 +17,10 @@ HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"], "http-fan": [], 
 FAN_WORKLOADS = {"fan", "http-fan", "pipeline"}  # the fan workload's partitions
 PULL_WORKLOADS = {"pull"}  # a pull-mode queue: `feedproc work` processes claim through one `feedproc serve`
 PULL_CLAIM = 100  # a pull worker's concurrency, so its claims ask for up to this many items
-#: The collect workload's sizes (`--sizes`): items fanning in to one collecting item.
+#: N items fanning in to one collecting item, a run per size: read by a Python processor, or by an
+#: HTTP handler (inline, or page by page from `feedproc serve`).
+COLLECT_WORKLOADS = ("collect", "collect-http")
+#: The collect workloads' sizes (`--sizes`).
 COLLECT_SIZES = (1_000, 100_000, 1_000_000)
 QUICK_COLLECT_SIZES = (10,)
 PEERS = ("pgqueuer", "procrastinate")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .options import PULL_CLAIM, PULL_WORKLOADS
+from .options import COLLECT_WORKLOADS, PULL_CLAIM, PULL_WORKLOADS
 
 
 def summary(result: dict[str, Any]) -> str:
     drain = result.get("drain") or {}
     name = result["system"] if result["system"] == "feedproc" else f"{result['system']} {result.get('settings')}"
     text = f"{name} {result['db']} {result['workload']} x{result['watchers']}: {result.get('items', 0)} items"
-    if result["workload"] == "collect":
+    if result["workload"] in COLLECT_WORKLOADS:
         fan_in = result.get("fan_in") or {}
-        text = f"{name} {result['db']} collect N={result['size']:,}"
+        text = f"{name} {result['db']} {result['workload']} N={result['size']:,}"
         if fan_in:
             text += (
                 f": barrier → fan-in call {fan_in['barrier_to_call_ms']:,.0f} ms, iterated in "
@@ -60,11 +60,11 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| peak RSS MB | statements / item | transactions / item | server transactions / item | once |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    collect = [run for run in report["runs"] if run["workload"] == "collect"]
+    collect = [run for run in report["runs"] if run["workload"] in COLLECT_WORKLOADS]
     if len(collect) == len(report["runs"]):
         lines = lines[:-3]  # collect only: its own table below
     for run in report["runs"]:
-        if run["workload"] == "collect":
+        if run["workload"] in COLLECT_WORKLOADS:
             continue
         drain = run.get("drain") or {}
         paced = run.get("paced") or {}
@@ -190,14 +190,15 @@ LEGEND = [
 
 
 def collect_table(runs: list[dict[str, Any]]) -> list[str]:
-    """The collect workload's table and how it is measured."""
+    """The collect workloads' table and how it is measured."""
     lines = [
-        "collect: one partition of N items at gate 0 fanning in to one item at gate 1 that collects them, "
-        "one watcher, a Python processor iterating all of `item.collected`:",
+        "collect: one partition of N items at gate 0 fanning in to one item at gate 1 that collects them, one "
+        "watcher; collect: a Python processor iterating all of `item.collected`; collect-http: an HTTP handler "
+        "reading them inline (up to 1,000) or page by page from its `results_url` on `feedproc serve`:",
         "",
-        "| db | N | setup s | barrier → fan-in call ms | iterate all s | results/s | barrier → answered s "
-        "| RSS at the call MB | peak RSS MB | read once |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| db | workload | N | setup s | barrier → fan-in call ms | read all s | results/s | barrier → answered s "
+        "| watcher RSS at the call MB | watcher peak RSS MB | serve peak RSS MB | read once |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for run in runs:
         fan_in = run.get("fan_in") or {}
@@ -206,6 +207,7 @@ def collect_table(runs: list[dict[str, Any]]) -> list[str]:
             + " | ".join(
                 [
                     run["db"],
+                    run["workload"],
                     _num(run["size"]),
                     _num((run.get("setup") or {}).get("seconds"), 1),
                     _num(fan_in.get("barrier_to_call_ms"), 1),
@@ -214,6 +216,7 @@ def collect_table(runs: list[dict[str, Any]]) -> list[str]:
                     _num(fan_in.get("barrier_to_answer_seconds"), 2),
                     _num(fan_in.get("rss_at_call_mb")),
                     _peak(run.get("peak_rss_mb")),
+                    _num((run.get("server_peak_rss_mb") or {}).get("serve")),
                     _once(run),
                 ]
             )
@@ -228,11 +231,12 @@ COLLECT_LEGEND = [
     "VACUUM/ANALYZE; the one item left there is answered by the watcher, and that answer drains gate 0;",
     "- barrier: the partition's `gate_advanced` event to gate 1, written in that answer's transaction (database "
     "clock; PostgreSQL's `now()` is the transaction's start, so the figures after it are upper bounds by a few ms);",
-    "- fan-in call: the moment the processor's `process()` was entered for the collecting item (its counting of "
-    "the collection included); iterate all: its loop over `item.collected`, a page of 1,000 at a time, parsing each "
-    "result; answered: the fan-in item's `updated_at`;",
-    "- RSS at the call: the watcher's VmRSS when `process()` was entered; peak RSS: the watcher's highest "
-    "(psutil samples and /proc VmHWM);",
+    "- fan-in call: the moment the processor's `process()` was entered for the collecting item, or the handler "
+    "received its request (the watcher's counting of the collection included); read all: the processor's loop over "
+    "`item.collected` (a page of 1,000 at a time), or the handler's over its inline results or its pages (`next` "
+    "followed on one keep-alive connection), parsing each result; answered: the fan-in item's `updated_at`;",
+    "- RSS at the call: the watcher's VmRSS when `process()` was entered; peak RSS: the highest of the watcher, "
+    "and of `feedproc serve` (psutil samples and /proc VmHWM);",
     "- read once: both items called once, and the processor counted N results, none twice, summing N(N + 1)/2.",
 ]
 
