@@ -46,21 +46,25 @@ def to_markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     settings = meta["settings"]
     load = meta["host"].get("load_average_at_start")
+    collect = [run for run in report["runs"] if run["workload"] in COLLECT_WORKLOADS]
+    shape = (
+        f"{settings['partitions']} partitions x {settings['items_per_partition']} items; latencies at half the "
+        f"drain rate for {settings['latency_seconds']:g}s."
+        if len(collect) < len(report["runs"])
+        else "the collect workloads' own shape (below)."
+    )
     lines = [
         f"### feedproc bench, {meta['started_at']}",
         "",
         f"`{meta['command']}`: {meta['host']['cpus']} CPUs, load average {load[0] if load else '?'} at start, "
         f"Python {meta['host']['python']}, {', '.join(meta['databases'])}; "
-        f"watchers `feedproc watch {settings['watch']}`, {settings['partitions']} partitions x "
-        f"{settings['items_per_partition']} items; latencies at half the drain rate "
-        f"for {settings['latency_seconds']:g}s.",
+        f"watchers `feedproc watch {settings['watch']}`, {shape}",
         "",
         "| db | workload | watchers | items | enqueue items/s | drain items/s | ½ load items/s: offered of target "
         "| dispatch p50 / p99 ms (½ load) | gate advance p50 / p99 ms (drain) | gate advance p50 / p99 ms (½ load) "
         "| peak RSS MB | statements / item | transactions / item | server transactions / item | once |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    collect = [run for run in report["runs"] if run["workload"] in COLLECT_WORKLOADS]
     if len(collect) == len(report["runs"]):
         lines = lines[:-3]  # collect only: its own table below
     for run in report["runs"]:
@@ -196,7 +200,7 @@ def collect_table(runs: list[dict[str, Any]]) -> list[str]:
         "watcher; collect: a Python processor iterating all of `item.collected`; collect-http: an HTTP handler "
         "reading them inline (up to 1,000) or page by page from its `results_url` on `feedproc serve`:",
         "",
-        "| db | workload | N | setup s | barrier → fan-in call ms | read all s | results/s | barrier → answered s "
+        "| db | workload | N | setup s | barrier → fan-in call ms | read all s | results/s read | barrier → answered s "
         "| watcher RSS at the call MB | watcher peak RSS MB | serve peak RSS MB | read once |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
@@ -212,7 +216,7 @@ def collect_table(runs: list[dict[str, Any]]) -> list[str]:
                     _num((run.get("setup") or {}).get("seconds"), 1),
                     _num(fan_in.get("barrier_to_call_ms"), 1),
                     _num(fan_in.get("iterate_seconds"), 2),
-                    _num(fan_in.get("results_per_second")),
+                    "inline" if run.get("pages") == 0 else _num(fan_in.get("results_per_second")),
                     _num(fan_in.get("barrier_to_answer_seconds"), 2),
                     _num(fan_in.get("rss_at_call_mb")),
                     _peak(run.get("peak_rss_mb")),
