@@ -45,8 +45,8 @@ def bench(
         typer.Option(
             help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
             "also http-fan (fan's partitions through one --handler), pipeline (the same, each gate to its own "
-            "handler through a stored pipeline) and collect (N items fanning in to one item that collects them; "
-            "see --sizes)."
+            "handler through a stored pipeline), collect and collect-http (N items fanning in to one item that "
+            "collects them, read by a Python processor or an HTTP handler; see --sizes)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[
