@@ -135,3 +135,10 @@ def test_bench_collect_reads_every_result_once_at_the_fan_in(db_url: str, tmp_pa
     table = markdown_file.read_text()
     assert table == done.stdout
     assert f"| {runs[0]['db']} | collect | 1,500 |" in table and "| barrier → fan-in call ms |" in table
+
+
+def test_bench_refuses_collect_sizes_that_are_not_positive_integers(tmp_path: Path) -> None:
+    for sizes in ("0,10", "1k"):
+        command = [sys.executable, "-m", "feedproc", "bench", "--workload", "collect", "--sizes", sizes]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "--sizes" in done.stderr and "positive integers" in done.stderr, sizes
