@@ -192,7 +192,7 @@ def check_http_url(url: str, option: str) -> str:
     """`url` if it is an http(s) URL with a host; InvalidInput naming `option` otherwise."""
     from urllib.parse import urlsplit
 
-    from ..redact import redact_url
+    from ..core.redaction import redact_url
 
     try:
         parts = urlsplit(url)

@@ -15,7 +15,7 @@ import typer
 from .. import logs
 from ..core.errors import InvalidInput, Refused
 from ..core.models import MAX_CHILDREN
-from ..redact import credentials_conflict
+from ..core.redaction import credentials_conflict
 from .app import (
     DbOption,
     LogFormatOption,
@@ -378,8 +378,8 @@ def work(
     Its token comes from FEEDPROC_WORKER_TOKEN (or FEEDPROC_API_TOKEN). On stop it claims nothing
     more, lets in-flight items finish for --shutdown-grace seconds, and hands the rest back.
     """
+    from ..core.redaction import redact_url
     from ..processors import HTTPProcessor, load_processor
-    from ..redact import redact_url
     from ..worker import RemoteWorker
 
     if (handler is None) == (processor is None):

@@ -44,8 +44,9 @@ def bench(
         str,
         typer.Option(
             help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
-            "also http-fan (fan's partitions through one --handler) and pipeline (the same, each gate to its own "
-            "handler through a stored pipeline)."
+            "also http-fan (fan's partitions through one --handler), pipeline (the same, each gate to its own "
+            "handler through a stored pipeline), collect and collect-http (N items fanning in to one item that "
+            "collects them, read by a Python processor or an HTTP handler; see --sizes)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[
@@ -79,6 +80,14 @@ def bench(
     keep: Annotated[
         bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
     ] = False,
+    sizes: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N,...",
+            help="The collect workload's sizes: items fanning in to one collecting item, a run each "
+            "(default 1000,100000,1000000; --quick 10).",
+        ),
+    ] = None,
 ) -> None:
     """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
     from ..bench import parse_options, run_bench
@@ -100,6 +109,7 @@ def bench(
         timeout=timeout,
         keep=keep,
         finished=finished,
+        sizes=sizes,
         json_path=json_file,
         markdown_path=markdown,
         command=" ".join(["feedproc", *sys.argv[1:]]),

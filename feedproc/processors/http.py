@@ -19,7 +19,7 @@ from .. import logs, tracing
 from .._version import __version__
 from ..core.errors import Accepted, InvalidAnswer, RetryLater
 from ..core.models import MAX_CHILDREN, Item, Response
-from ..redact import credentials_conflict, redact_text, redact_url, url_secrets
+from ..core.redaction import credentials_conflict, redact_text, redact_url, url_secrets
 from .answers import read_answer, read_batch_answer
 from .calling import Processor
 

@@ -13,7 +13,9 @@ Callers:
   versions and schedules' rows (`pipelines.py`); schedules' ticks, each fired once whoever calls,
   and their next ticks (`scheduling.py`);
 * pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
-  the claims of silent workers (`pulling.py`).
+  the claims of silent workers (`pulling.py`);
+* tests (`feedproc.testing`): a queue's unfinished partitions, when its next work is due, and its
+  due times brought forward, a fake clock's move (`pending.py`).
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
@@ -42,6 +44,7 @@ from .insight import Insight
 from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
+from .pending import Pending
 from .pipelines import Pipelines
 from .producing import Producing
 from .pulling import ClaimAnswer, Pulling
@@ -80,6 +83,7 @@ class Store(
     Accumulating,
     Queues,
     Pipelines,
+    Pending,
     Retention,
     StoreBase,
 ):

@@ -184,3 +184,22 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
     assert ranking["pages"] == len("a.pdf") + len("b.pdf")  # each file's fake page count, summed
     assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
     assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
+
+
+def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:
+    """test_uploads.py, copied next to uploads_pipeline.py, passes when run with pytest: the
+    pipeline drained in-process by feedproc.testing, its retries waited out on the fake clock."""
+    files = python_files()
+    for name in ("uploads_pipeline.py", "test_uploads.py"):
+        (tmp_path / name).write_text(files[name])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDPROC_", "PYTEST_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_uploads.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
