@@ -73,15 +73,17 @@ def pytest_configure(config: pytest.Config) -> None:
         # An xdist worker outlives a killed controller (it was seen running for minutes, its watchers
         # with it): SIGTERM it when the controller dies, and the kernel then signals its own children.
         die_with_parent(int(workerinput["controller_pid"]))
-    elif config.option.tier is None:  # resolved here, where the command line is known; workers get it
+        config.option.tier = workerinput["tier"]
+    elif config.option.tier is None:  # resolved where the command line is known, and given to the workers
         named = config.args_source == pytest.Config.ArgsSource.ARGS or config.option.keyword or config.option.markexpr
         config.option.tier = "full" if named else "fast"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist, in the controller: tell each worker whose death it must not outlive."""
+    """xdist, in the controller: tell each worker its tier, and whose death it must not outlive."""
     node.workerinput["controller_pid"] = os.getpid()
+    node.workerinput["tier"] = node.config.option.tier
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -14,17 +14,19 @@ SMOKE = {"test_feedproc_migrate_command_is_idempotent", "test_migrated_schema_ma
 
 
 def collected(*args: str) -> list[tuple[str, str]]:
-    """(test file, database) of each test a pytest with these arguments would run."""
+    """(test file, test:database) of each test a pytest with these arguments would run, as its xdist
+    worker collected them (the worker's tier comes from the controller); --setup-plan runs nothing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", *args]
+    command = [sys.executable, "-m", "pytest", "-n", "1", "-v", "--setup-plan", "-p", "no:cacheprovider", *args]
     result = run_process(command, cwd=ROOT, env=env, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode in (0, 5), result.stdout + result.stderr  # 5: "no tests ran", as planned
     tests = []
     for line in result.stdout.splitlines():
-        if "::" in line:
-            path, name = line.split("::")
+        if line.startswith("tests/") and "::" in line:
+            path, name = line.strip().split("::")
             database = name.partition("[")[2].partition("]")[0].split("-")[0] or "-"
             tests.append((path, f"{name.partition('[')[0]}:{database}"))
+    assert f"1 worker [{len(tests)} items]" in result.stdout, result.stdout
     return tests
 
 
