@@ -72,8 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput is not None:
         # An xdist worker outlives a killed controller (it was seen running for minutes, its watchers
         # with it): SIGTERM it when the controller dies, and the kernel then signals its own children.
-        die_with_parent(int(workerinput["controller_pid"]))
-        config.option.tier = workerinput["tier"]
+        if "controller_pid" in workerinput:  # absent if the controller did not load this conftest
+            die_with_parent(int(workerinput["controller_pid"]))
+        config.option.tier = workerinput.get("tier", config.option.tier)
     elif config.option.tier is None:  # resolved where the command line is known, and given to the workers
         named = config.args_source == pytest.Config.ArgsSource.ARGS or config.option.keyword or config.option.markexpr
         config.option.tier = "full" if named else "fast"
