@@ -50,7 +50,11 @@ LogFormatOption = Annotated[
 ]
 ItemsOption = Annotated[
     str | None,
-    typer.Option("--items", metavar="FILE|-", help='JSON Lines: one {"gate": int, "data": ...} per line.'),
+    typer.Option(
+        "--items",
+        metavar="FILE|-",
+        help='JSON Lines: one {"gate": int, "data": ...} per line (a row without "gate" is at gate 0).',
+    ),
 ]
 
 

@@ -53,6 +53,11 @@ def test_create_answers_201_with_the_partitions_status_object(api: ApiServer, fe
     assert [i["data"] for i in feed.items("upload-1")] == [b'{"f":"a.pdf"}', b"[1,2]"]
 
 
+def test_an_item_without_a_gate_is_added_at_gate_0(api: ApiServer, feed: Feed) -> None:
+    assert create(api, "no-gate", [{"data": {"f": "a.pdf"}}]).status_code == 201
+    assert [(i["gate"], i["data"]) for i in feed.items("no-gate")] == [(0, b'{"f":"a.pdf"}')]
+
+
 def test_get_partition_is_the_status_json_of_the_command_line(api: ApiServer, db_url: str) -> None:
     create(api, "a/b:c", [{"gate": 1, "data": None}], queue="ocr")
     cli = run_cli(db_url, "status", "a/b:c", "--json")

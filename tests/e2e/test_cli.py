@@ -159,6 +159,11 @@ def test_add_reads_items_from_a_file(db_url: str, feed: Feed, tmp_path: Path) ->
     assert (status["gate"], status["sealed"], status["status"]) == (0, True, "available")  # lowest gate; sealed
 
 
+def test_add_puts_a_row_without_a_gate_at_gate_0(db_url: str, feed: Feed) -> None:
+    ok(run_cli(db_url, "add", "no-gate", "--items", "-", input='{"data": {"file": "a.pdf"}}\n'))
+    assert [(i["gate"], i["data"]) for i in stored_items(feed, "no-gate")] == [(0, {"file": "a.pdf"})]
+
+
 def test_add_reads_items_from_standard_input(db_url: str, feed: Feed) -> None:
     lines = '{"gate": 2, "data": {"n": 1}}\n{"gate": 3, "data": {"n": 2}}\n'
     ok(run_cli(db_url, "add", "from-stdin", "--items", "-", input=lines))
