@@ -348,7 +348,7 @@ class Feed:
     def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
         """Block until `key` is complete, failed or cancelled and return its status dict (as
         `status`). KeyError if unknown; TimeoutError after `timeout` seconds. PostgreSQL wakes the
-        waiter by LISTEN/NOTIFY; SQLite polls with backoff."""
+        waiter by LISTEN/NOTIFY; SQLite and MariaDB/MySQL poll with backoff."""
         from .wait import wait_final
 
         return wait_final(self.store, key, timeout)

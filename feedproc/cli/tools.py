@@ -80,7 +80,7 @@ def bench(
         bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
     ] = False,
 ) -> None:
-    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
+    """Measure throughput and latency on SQLite, PostgreSQL or MariaDB/MySQL (and of PgQueuer, Procrastinate)."""
     from ..bench import parse_options, run_bench
 
     options = parse_options(

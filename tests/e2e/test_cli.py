@@ -2,7 +2,7 @@
 
 Every command's happy path, malformed input (exit 2) and refusals (exit 1) with exactly one line on
 stderr and nothing written, and end-to-end runs with real watcher subprocesses, real signals and
-both databases. Set-up and "nothing changed" checks read the database in-process through `Feed`;
+every database. Set-up and "nothing changed" checks read the database in-process through `Feed`;
 the command under test always runs as its own process.
 """
 

@@ -1,4 +1,4 @@
-"""Item actions at the doors (both databases): `feedproc item retry|skip|cancel` and
+"""Item actions at the doors (every database): `feedproc item retry|skip|cancel` and
 `POST /api/v1/items/...`, with their refusals (exit codes, JSON errors) and who is recorded."""
 
 from __future__ import annotations
