@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,14 @@ def test_status_without_key_prints_counts(db_url: str, feed: Feed) -> None:
     feed.add_partition("plain-sum", [(0, b"1")])
     out = ok(run_cli(db_url, "status"))
     assert "1 available" in out and "plain-sum" in out
+
+
+def test_queue_show_prints_times_as_status_does_in_utc_with_z(db_url: str, feed: Feed) -> None:
+    later = (datetime.now(UTC) + timedelta(hours=12)).hour  # a one-minute window that is closed now
+    feed.set_queue("q", windows=f"{later:02d}:00-{later:02d}:01", paused=True)
+    shown = ok(run_cli(db_url, "queue", "show", "q"))
+    moment = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    assert re.search(f"closed, opens {moment}\\), paused since {moment} by ", shown), shown
 
 
 def test_status_history_shows_the_last_events(db_url: str, feed: Feed) -> None:
@@ -752,9 +761,7 @@ def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     first = watchers.start(*args, **env)
     wait_until(lambda: log.read_text().strip(), timeout=20, what="the first watcher's first delivery")
     second = watchers.start(*args, **env)
-    wait_until(
-        lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register"
-    )
+    wait_until(lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register")
     hold.unlink()
     wait_until(
         lambda: all(feed.status(k)["status"] == "complete" for k in keys),
