@@ -104,6 +104,35 @@ def test_malformed_items_are_422_and_write_nothing(api: ApiServer, feed: Feed, i
 
 
 @before_any_database_access
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        ({"gate": -1}, "items[1].gate must be an integer >= 0 or a gate name, got -1"),
+        ({"gate": "1"}, 'items[1].gate must be an integer >= 0 or a gate name, got "1"'),
+        ({"gate": True}, "items[1].gate must be an integer >= 0 or a gate name, got true"),
+        ({"gate": 2**31}, "items[1].gate must be at most 2147483647, got 2147483648"),
+        ({"gate": 2, "collect": -1}, "items[1].collect must be an integer >= 0 or a gate name, got -1"),
+    ],
+)
+def test_a_malformed_gate_is_422_in_the_command_lines_words_naming_its_place(
+    api: ApiServer, item: dict[str, Any], says: str
+) -> None:
+    assert error_of(create(api, "p", [{"gate": 0}, item]), 422) == says
+
+
+@before_any_database_access
+def test_a_malformed_gate_of_an_item_action_is_422_in_the_command_lines_words(api: ApiServer) -> None:
+    response = api.post("/api/v1/items/retry", {"partition": "p", "gate": -1})
+    assert error_of(response, 422) == "gate must be an integer >= 0 or a gate name, got -1"
+
+
+@before_any_database_access
+def test_a_tolerance_neither_count_nor_percentage_is_422_in_the_command_lines_words(api: ApiServer) -> None:
+    says = 'tolerate must be a count (an integer >= 0) or a percentage like "5%", got 1.5'
+    assert error_of(create(api, "p", tolerate=1.5), 422) == says
+
+
+@before_any_database_access
 def test_a_body_that_is_not_json_is_400(api: ApiServer) -> None:
     response = api.post("/api/v1/partitions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert "JSON" in error_of(response, 400)
