@@ -242,6 +242,13 @@ def test_status_of_a_key_prints_a_table_of_its_gates(db_url: str, feed: Feed) ->
     assert rows["2"][-1] == "<" and rows["7"][-1] != "<"  # the current gate is marked
 
 
+def test_status_names_every_column_of_the_gate_table(db_url: str, feed: Feed) -> None:
+    feed.add_partition("human-1", [(2, b"1")])
+    header, rule, row = ok(run_cli(db_url, "status", "human-1")).splitlines()[-3:]
+    assert header.split("  ")[-1] == "current" and row.endswith("<")
+    assert len(header.split()) - 1 == len(rule.split())  # "in progress" is one column of two words
+
+
 def test_status_of_a_key_as_json_has_the_documented_shape(db_url: str, feed: Feed) -> None:
     feed.add_partition("json-1", [(0, b"1"), (0, b"2"), (3, b"3")], queue="qj", priority=-2, sealed=False)
     status = status_json(db_url, "json-1")
