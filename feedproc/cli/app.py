@@ -50,15 +50,22 @@ LogFormatOption = Annotated[
 ]
 ItemsOption = Annotated[
     str | None,
-    typer.Option("--items", metavar="FILE|-", help='JSON Lines: one {"gate": int, "data": ...} per line.'),
+    typer.Option(
+        "--items",
+        metavar="FILE|-",
+        help='JSON Lines: one {"gate": int, "data": ...} per line (a row without "gate" is at gate 0).',
+    ),
 ]
 
 
 def database_url(db: str | None) -> str:
     """--db, else $FEEDPROC_DATABASE_URL, else the default SQLite file; with
     $FEEDPROC_REQUIRE_DATABASE_URL set (the container image), no default: one must be given."""
+    from ..feed import Feed
+
     given = db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL")
     if given:
+        Feed.check_url(given)  # malformed: one line and exit 2 before any command does its work
         return given
     if os.environ.get("FEEDPROC_REQUIRE_DATABASE_URL"):
         raise Refused("no database: set FEEDPROC_DATABASE_URL (or give --db)")
@@ -106,6 +113,10 @@ def _main(
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
+    if db is not None:  # before the command parses its own arguments: every command says the same
+        from ..feed import Feed
+
+        Feed.check_url(db)
     _global["db"] = db
     _global["table_prefix"] = check_table_prefix(table_prefix) if table_prefix is not None else None
 

@@ -89,7 +89,7 @@ def bench(
         ),
     ] = None,
 ) -> None:
-    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
+    """Measure throughput and latency on SQLite, PostgreSQL or MariaDB/MySQL (and of PgQueuer, Procrastinate)."""
     from ..bench import parse_options, run_bench
 
     options = parse_options(

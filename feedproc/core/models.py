@@ -198,8 +198,8 @@ def strict_json(value: Any, what: str = "data") -> bytes:
 
 def item_from_row(row: Any, where: str = "") -> NewItem:
     """One `{"gate": int, "data": <any JSON>[, "collect": gate]}` object (a JSON Lines row, or an
-    HTTP body's item) as a NewItem; the data is stored as its JSON text. Shared by `feedproc add` and
-    the HTTP API."""
+    HTTP body's item) as a NewItem; the data is stored as its JSON text. Without "gate", gate 0 (as
+    `Feed`'s items and handlers' children). Shared by `feedproc add` and the HTTP API."""
     if not isinstance(row, dict):
         raise InvalidInput(f'{where}expected an object like {{"gate": 0, "data": ...}}')
     unknown = set(row) - {"gate", "data", "collect"}

@@ -31,6 +31,7 @@ from ..core.errors import (
     SchemaMissing,
 )
 from ..core.models import Status
+from ..core.timestamps import iso  # noqa: F401 - the store's modules import it from here
 from .dialects import WRITE_OPTION, db_minute, db_now, is_mysql, is_postgres, make_engine
 from .names import DEFAULT_PREFIX, prefix_from
 from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
@@ -282,13 +283,6 @@ def event(
         "watcher": watcher,
         "detail": json.dumps(detail) if detail is not None else None,
     }
-
-
-def iso(value: datetime | None) -> str | None:
-    """A timestamp as the operators' reads show it: ISO 8601, milliseconds, `Z`."""
-    if value is None:
-        return None
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def utcnow() -> datetime:

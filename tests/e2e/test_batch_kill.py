@@ -1,6 +1,6 @@
 """A watcher killed (SIGKILL) while its batch request is at the handler: the items of the batch are
 charged one lost delivery each, another watcher delivers them again, and each completes exactly
-once. Real watcher processes, a real handler over loopback, both databases."""
+once. Real watcher processes, a real handler over loopback, every database."""
 
 from __future__ import annotations
 

@@ -36,11 +36,29 @@ def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Completed
 @pytest.mark.sqlite_only
 @pytest.mark.parametrize(
     ("url", "says"),
-    [("mssql://x/y", "unsupported database 'mssql'"), ("feedproc.db", "not a database URL")],
+    [
+        ("mssql://x/y", "unsupported database 'mssql'"),
+        ("feedproc.db", "not a database URL"),
+        ("postgresql://u@[::1/x", "not a database URL"),
+    ],
 )
 def test_an_unusable_database_url_is_one_line_and_exit_2(url: str, says: str, tmp_path: Path) -> None:
     assert_error(cli("--db", url, "status", cwd=tmp_path), 2, says)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("where", ["--db before the command", "--db after it", "FEEDPROC_DATABASE_URL"])
+def test_a_malformed_database_url_is_one_line_without_its_password_wherever_it_is_given(
+    where: str, tmp_path: Path
+) -> None:
+    url = "postgresql://feedproc:s3cret@db.internal:99999/feedproc"
+    if where == "FEEDPROC_DATABASE_URL":
+        result = cli("status", cwd=tmp_path, FEEDPROC_DATABASE_URL=url)
+    else:
+        result = cli(*(["--db", url, "status"] if where == "--db before the command" else ["status", "--db", url]))
+    line = assert_error(result, 2, "port 99999 is out of range")
+    assert "s3cret" not in line
 
 
 @pytest.mark.sqlite_only
