@@ -32,7 +32,7 @@ from .api.gate import Reading
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
 from .feed import Feed
-from .gatenames import GateNames, with_name
+from .gate_labels import GateNames, with_name
 from .report import tolerated_text
 
 HERE = Path(__file__).resolve().parent

@@ -24,8 +24,8 @@ from .core.errors import (
     TooManyChildren,
 )
 from .core.fanin import COLLECT_INLINE_BYTES, PAGE, CollectedResult, result_size
+from .core.gate_names import naming
 from .core.models import MAX_CHILDREN, NewItem, Response, check_key
-from .core.naming import naming
 from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
 from .core.records import QueueSettings

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from .core.fanin import result_json
-from .gatenames import label
+from .gate_labels import label
 
 STATUSES = ("available", "complete", "failed", "cancelled")
 

@@ -16,10 +16,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.errors import InvalidInput
+from ..core.gate_names import GATE_NAME_PATTERN
 from ..core.models import KEY_PATTERN, MAX_DEPTH, check_key, json_depth
-from ..core.naming import GATE_NAME_PATTERN
 from ..feed import Feed
-from ..gatenames import GateNames
+from ..gate_labels import GateNames
 from ..serving import Budget
 from .errors import ApiError, got, said
 

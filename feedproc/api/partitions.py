@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
-from ..gatenames import GateNames, gate_filter, with_name
+from ..gate_labels import GateNames, gate_filter, with_name
 from .common import (
     GATE_HELP,
     GATE_NAME,

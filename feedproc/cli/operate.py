@@ -26,7 +26,7 @@ def status(
     db: DbOption = None,
 ) -> None:
     """Show one partition, or a summary of all."""
-    from ..gatenames import GateNames
+    from ..gate_labels import GateNames
     from ..report import print_partition, print_summary
 
     with _feed(db) as feed:
@@ -59,7 +59,7 @@ def list_items(
 ) -> None:
     """List a partition's items (a finished partition's results are read this way), a page at a time."""
     from ..core.models import STATUSES
-    from ..gatenames import GateNames, gate_filter, with_name
+    from ..gate_labels import GateNames, gate_filter, with_name
     from ..report import item_json, print_items
 
     check_key(key)
@@ -110,7 +110,7 @@ def item_command(
     """Show one item (its data and every delivery), or act on items: retry, skip or cancel.
 
     Retry: due now, attempts reset; skip: complete, unprocessed; by ID, or --partition KEY [--gate G]."""
-    from ..gatenames import GateNames, gate_filter
+    from ..gate_labels import GateNames, gate_filter
     from ..report import item_json, print_item
 
     words = words or []

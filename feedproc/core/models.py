@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, cast
 
 from .errors import InvalidInput
-from .naming import resolve_gate
+from .gate_names import resolve_gate
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,100}$")
@@ -82,7 +82,7 @@ def gate_problem(gate: Any) -> str | None:
 
 def check_gate(gate: Any, where: str = "") -> int:
     """Return `gate` if it is a valid gate (0..MAX_GATE) or the name of one in the pipeline in scope
-    (`naming.naming`), as its number; else raise InvalidInput."""
+    (`gate_names.naming`), as its number; else raise InvalidInput."""
     try:
         return gate_number(gate, where)
     except (TypeError, ValueError) as error:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import PermanentError, RetryLater
+from ..core.gate_names import naming
 from ..core.models import Item, Response
-from ..core.naming import naming
 from ..core.pipelines import Collects, GateSpec, PipelineSpec, collects, from_mapping
 from ..core.policy import RetryPolicy
 from .calling import ProcessorLike, call_batch, call_processor, load_processor

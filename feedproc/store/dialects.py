@@ -32,7 +32,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from ..core.errors import InvalidInput
-from .names import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
+from .prefixes import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: The dialect names of MariaDB and MySQL (SQLAlchemy names a MariaDB reached by `mysql://` "mysql").

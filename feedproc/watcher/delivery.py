@@ -19,13 +19,13 @@ from ..processors import HTTPProcessor
 from ..processors.pipeline import Route
 from .config import TRACEBACK_KEPT
 from .fanin import FanIn
-from .leases import Leasing
+from .leases import LeaseKeeping
 from .state import CANCELLED_CALL
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Delivering(Leasing, FanIn):
+class Delivering(LeaseKeeping, FanIn):
     """Workers and the isolation loop."""
 
     async def _worker(self) -> None:

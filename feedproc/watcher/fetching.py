@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from ..core.errors import DatabaseUnavailable
 from ..core.records import Lease, ReadyItem, SlotClaim
 from .config import COMPACT_AFTER, FAILED_POLLS_FATAL
-from .leases import Leasing
+from .leases import LeaseKeeping
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Fetching(Leasing):
+class Fetching(LeaseKeeping):
     """The poll loop and the fetch that keeps the buffer full."""
 
     async def _poll_loop(self) -> None:

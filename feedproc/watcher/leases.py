@@ -26,7 +26,7 @@ CLAIM_CHECK_EVERY = 1.0
 _FINISHED_EVENTS = {"complete": "partition_completed", "failed": "partition_failed", "cancelled": "partition_cancelled"}
 
 
-class Leasing(Routing):
+class LeaseKeeping(Routing):
     """Leases: what this watcher holds, renewed, reconciled with the database, handed over."""
 
     async def _heartbeat_loop(self) -> None:
