@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .app import _global, app
+from .app import app, global_options
 
 
 @app.command()
@@ -30,6 +30,7 @@ def demo(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     db: Annotated[
         list[str] | None,
         typer.Option(
@@ -94,7 +95,7 @@ def bench(
 
     options = parse_options(
         db=db,
-        fallback_db=_global["db"] or os.environ.get("FEEDPROC_DATABASE_URL"),
+        fallback_db=global_options(ctx).db or os.environ.get("FEEDPROC_DATABASE_URL"),
         workload=workload,
         watchers=watchers,
         partitions=partitions,

@@ -49,7 +49,7 @@ class Delivering(LeaseKeeping, FanIn):
                     await self._run_batch(batch, lease)
                 if last:
                     return
-            if self._buffer.qsize() < self.config.prefetch // 2:
+            if self._buffer.qsize() < self.config.effective_prefetch // 2:
                 self._wake.set()
 
     def _startable(self, item: ReadyItem) -> Lease | None:

@@ -70,7 +70,7 @@ class Fetching(LeaseKeeping):
             return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited or self.router.limits:
             return await self._fill_within_limit()
-        target = self.config.prefetch
+        target = self.config.effective_prefetch
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
             return
         want = target - self._buffer.qsize() - len(self.busy)

@@ -282,7 +282,7 @@ class LeaseKeeping(Routing):
         cfg = self.config
         if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
             return  # a closed queue: lease nothing until its window opens
-        room = cfg.max_partitions - len(self.owned)
+        room = cfg.effective_max_partitions - len(self.owned)
         if room > 0 and (share := await self._fair_share()) is not None:
             # Beside other watchers, lease no more than a fair share: partitions freed by a watcher
             # that left spread over the rest as they poll, instead of going to the first poller and
@@ -310,7 +310,7 @@ class LeaseKeeping(Routing):
                     self.store.request_steals,
                     self.id,
                     cfg.queue,
-                    capacity=cfg.max_partitions,
+                    capacity=cfg.effective_max_partitions,
                     most=cfg.steals_per_cycle,
                 )
                 if marked:

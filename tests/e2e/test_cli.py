@@ -488,9 +488,46 @@ def test_watch_with_a_bad_header_is_malformed_input(db_url: str, header: str) ->
 
 
 @before_any_database_access
-@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "1001"], ["--batch-wait", "-1"], ["--batch", "x"]])
+@pytest.mark.parametrize(
+    "args", [["--batch", "0"], ["--batch", "1001"], ["--batch-wait-ms", "-1"], ["--batch-wait", "-1"], ["--batch", "x"]]
+)
 def test_watch_with_a_bad_batch_setting_is_malformed_input(db_url: str, args: list[str]) -> None:
     assert_error(run_cli(db_url, "watch", "--handler", "http://127.0.0.1:9/", *args, timeout=20), 2, args[0])
+
+
+def batch_answers(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 200, {"answers": [{"done": True} for _ in body["items"]]} if "items" in body else {"done": True}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "deprecated"),
+    [
+        pytest.param(["--batch-wait-ms", "60000"], {}, False, id="batch-wait-ms"),
+        pytest.param([], {"FEEDPROC_BATCH_WAIT_MS": "60000"}, False, id="FEEDPROC_BATCH_WAIT_MS"),
+        pytest.param(["--batch-wait", "60000"], {}, True, id="old-flag"),
+        pytest.param([], {"FEEDPROC_BATCH_WAIT": "60000"}, True, id="old-env"),
+    ],
+)
+def test_a_batch_short_of_its_size_waits_for_more_items_by_batch_wait_ms_or_its_deprecated_spelling(
+    feed: Feed,
+    watchers: WatcherProcesses,
+    handler: HandlerService,
+    args: list[str],
+    env: dict[str, str],
+    deprecated: bool,
+) -> None:
+    handler.behavior = batch_answers
+    feed.add_partition("scans", [(0, b'{"n": 1}')], sealed=False)
+    # One worker: with more, an idle one would take the second item into a batch of its own.
+    watchers.start("--handler", handler.url, "--batch", "2", "--concurrency", "1", *args, *FAST, **env)
+    wait_until(feed.leases, timeout=30, what="the partition leased (its first item fetched with it)")
+    feed.add_items("scans", [(0, b'{"n": 2}')])  # the batch of one waits (up to a minute) for this one
+    wait_until(lambda: feed.status("scans")["items"]["complete"] == 2, timeout=30, what="both items complete")
+    with handler.lock:
+        sent = [len(d.body.get("items", [d.body])) for d in handler.deliveries]
+    assert sent == [2]
+    said = "--batch-wait (FEEDPROC_BATCH_WAIT) is deprecated: use --batch-wait-ms (FEEDPROC_BATCH_WAIT_MS)"
+    assert (said in watchers.logs()) is deprecated
 
 
 # ---------------------------------------------------------------- refusals: exit 1, nothing changed
