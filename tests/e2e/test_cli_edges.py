@@ -216,7 +216,9 @@ def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it(
     from feedproc.cli import app
 
     watch = get_command(app).commands["watch"]  # type: ignore[attr-defined]
-    by_option = {p.opts[0]: p.envvar for p in watch.params if p.opts and p.opts[0].startswith("--")}
+    options = [p for p in watch.params if p.opts and p.opts[0].startswith("--")]
+    by_option = {p.opts[0]: p.envvar for p in options if not p.hidden}
+    deprecated = {p.opts[0]: p.envvar for p in options if p.hidden}  # earlier spellings, kept working
     by_option["--header"] = "FEEDPROC_HEADERS"  # read by watch itself: one header per line
     by_option["--db"] = by_option["--db"] or "FEEDPROC_DATABASE_URL"  # read where every command reads it
     missing = sorted(option for option, env in by_option.items() if not env)
@@ -225,6 +227,7 @@ def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it(
     table = readme.split("### `feedproc watch` options", 1)[1].split("With the defaults", 1)[0]
     documented = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(FEEDPROC_[A-Z_]+)`", table, re.M))
     assert {k: v for k, v in by_option.items() if k != "--db"} == documented
+    assert all(f"`{option}`" in table and f"`{env}`" in table for option, env in deprecated.items())
 
 
 @pytest.mark.slow
