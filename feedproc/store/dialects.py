@@ -267,7 +267,7 @@ def make_engine(
     url: str | URL, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str = DEFAULT_PREFIX
 ) -> Engine:
     """Create an engine configured for feedproc's concurrency model on each database, its
-    statements under `table_prefix` (see `names.py`)."""
+    statements under `table_prefix` (see `prefixes.py`)."""
     parsed = normalize_url(url)
     options = {PREFIX_OPTION: table_prefix}
     if parsed.get_backend_name() == "sqlite":
