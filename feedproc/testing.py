@@ -58,6 +58,7 @@ from .feed import Feed, ItemLike
 from .processors import ProcessorLike
 from .processors.pipeline import Pipeline
 from .watcher import Watcher, WatcherConfig
+from .watcher.config import current_names
 
 __all__ = ["Drained", "Harness", "NotDrained", "Step"]
 
@@ -70,7 +71,7 @@ QUIET_POLL = 0.002
 PREFIX = "feedproc_"
 #: Watcher settings of a harness unless given: every partition leased at once, and a step that
 #: times out gives its calls a second to finish.
-DEFAULTS: dict[str, Any] = {"capacity": 1000, "shutdown_grace": 1.0}
+DEFAULTS: dict[str, Any] = {"max_partitions": 1000, "shutdown_grace": 1.0}
 #: Partitions, and items of each state of a partition, described in a failure message at most.
 DESCRIBED = 10
 
@@ -138,7 +139,7 @@ class Harness:
             queue = spec.queue
         self.queue: str = queue or "default"
         #: The watcher's settings for every step.
-        self.config = WatcherConfig(**{**DEFAULTS, **settings, "queue": self.queue})
+        self.config = WatcherConfig(**{**DEFAULTS, **current_names(settings), "queue": self.queue})
         self._processor = _processor_of(processor)
         self._temporary: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:

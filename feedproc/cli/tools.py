@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .app import _global, app
+from .app import app, global_options
 
 
 @app.command()
@@ -30,6 +30,7 @@ def demo(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     db: Annotated[
         list[str] | None,
         typer.Option(
@@ -89,12 +90,12 @@ def bench(
         ),
     ] = None,
 ) -> None:
-    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
+    """Measure throughput and latency on SQLite, PostgreSQL or MariaDB/MySQL (and of PgQueuer, Procrastinate)."""
     from ..bench import parse_options, run_bench
 
     options = parse_options(
         db=db,
-        fallback_db=_global["db"] or os.environ.get("FEEDPROC_DATABASE_URL"),
+        fallback_db=global_options(ctx).db or os.environ.get("FEEDPROC_DATABASE_URL"),
         workload=workload,
         watchers=watchers,
         partitions=partitions,

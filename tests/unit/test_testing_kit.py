@@ -287,3 +287,10 @@ def test_a_stored_pipeline_routes_each_gate_to_its_own_processor() -> None:
         harness.drain()
         [joined] = harness.results("files-1", "join")
     assert [row[1] for row in joined["rows"]] == [{"label": "A.PDF"}]
+
+
+def test_a_harness_takes_a_watcher_setting_by_its_old_name_with_a_deprecation_warning(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match=r"capacity=.*use max_partitions="):
+        harness = Harness(lambda item: Response(done=True), directory=tmp_path, capacity=5)
+    with harness:
+        assert harness.config.max_partitions == 5
