@@ -133,6 +133,34 @@ def undeclared(accumulate: Mapping[str, float], operations: Mapping[str, str]) -
     return [name for name in accumulate if name not in operations]
 
 
+def refusal(accumulate: Mapping[str, float], operations: Mapping[str, str], gate: str, queue: str) -> str | None:
+    """Why an answer's `accumulate` cannot be merged (its item then fails for good), or None: the
+    first name its gate (`gate`, as shown) of `queue` declares no operation for. A name nobody
+    declared is a typo or a forgotten declaration; dropping it would lose what it counted unseen."""
+    missing = undeclared(accumulate, operations)
+    if not missing:
+        return None
+    name = missing[0]
+    declared = ", ".join(f"{n}={op}" for n, op in sorted(operations.items())) or "nothing"
+    return (
+        f"accumulate: {name!r} has no operation declared at {gate} of queue {queue!r} (declared: {declared});"
+        f' declare it on the gate (accumulate = {{{name} = "sum"}}) or the queue'
+        f" (feedproc queue set {queue} --accumulate {name}=sum)"
+    )
+
+
+def parse_operations(pairs: list[str] | tuple[str, ...], what: str = "--accumulate") -> dict[str, str]:
+    """`["pages=sum", "max_score=max"]` (the CLI's form) as a declaration; ValueError naming `what`
+    and the pair at fault otherwise."""
+    declared: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, operation = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{what}: {shown(pair)} is not NAME=OPERATION (like pages=sum)")
+        declared[name.strip()] = operation.strip()
+    return check_operations(declared, what)
+
+
 def merge(operations: Mapping[str, str], into: dict[str, float], numbers: Mapping[str, float]) -> None:
     """Merge one answer's `numbers` into `into` by each name's operation (names without one are skipped)."""
     for name, number in numbers.items():
@@ -140,14 +168,16 @@ def merge(operations: Mapping[str, str], into: dict[str, float], numbers: Mappin
         if operation is None:
             continue
         step = 1.0 if operation == "count" else number
-        if name not in into:
-            into[name] = step
-        elif operation in ("sum", "count"):
-            into[name] += step
-        elif operation == "min":
-            into[name] = min(into[name], step)
-        else:
-            into[name] = max(into[name], step)
+        into[name] = step if name not in into else combine(operation, into[name], step)
+
+
+def combine(operation: str, merged: float, step: float) -> float:
+    """`merged` and one more answer's `step` by `operation` (a count's step is 1)."""
+    if operation in ("sum", "count"):
+        return merged + step
+    if operation == "min":
+        return min(merged, step)
+    return max(merged, step)
 
 
 def shown_number(value: float) -> int | float:

@@ -20,6 +20,7 @@ from ..core.errors import StaleWrite
 from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
+from .accumulating import Accumulating
 from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .escaping import storable
@@ -282,7 +283,7 @@ _RENEW_LEASES = (
 )
 
 
-class Answers(GateWriter):
+class Answers(GateWriter, Accumulating):
     """The group commit of a watcher's answers."""
 
     def apply(
@@ -356,15 +357,19 @@ class Answers(GateWriter):
             conn.execute(_RENEW_LEASES, params)
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
-        """Update the answered items (version-guarded), add their children, record each delivery that
-        did not complete its item (the completing one is recorded on the item row) and failures."""
+        """Update the answered items (version-guarded), merge their accumulate numbers, add their
+        children, record each delivery that did not complete its item (the completing one is recorded
+        on the item row) and failures."""
         rows, completed, history, records, trimmed = [], [], [], [], []
         results = False  # whether any answer carries a result (fan-in): written by the statements' twins
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
         if accepted:
             kept = [o for o in kept if o.kind != Kind.ACCEPTED]
+        accumulating = []  # answers carrying accumulate numbers (rare beside the rest)
         for o in kept:
+            if o.accumulate is not None:
+                accumulating.append(o)
             if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
                 c.gate < o.gate for c in o.children
             ):
@@ -438,6 +443,8 @@ class Answers(GateWriter):
             raise StaleWrite(
                 f"only {matched} of {len(kept) + len(accepted)} item updates matched their expected version"
             )
+        if accumulating:  # exactly once: the answers this transaction wrote, their versions matched
+            self._accumulate(conn, accumulating)
         if any(o.children for o in kept):
             self._insert_rows(conn, _child_rows(kept))
         if records and self.mysql:

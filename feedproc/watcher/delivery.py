@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..core.errors import Accepted, RetryLater, TooManyChildren
+from ..core.errors import Accepted, PermanentError, RetryLater, TooManyChildren
+from ..core.fanin import refusal
 from ..core.models import Item, Response
 from ..core.policy import RetryPolicy, outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
@@ -216,7 +217,10 @@ class Delivering(Leasing, FanIn):
             try:
                 if len(result.children) > self.config.max_children:
                     raise TooManyChildren(len(result.children), self.config.max_children)
-                return outcome_of(ready, policy, response=result), None
+                outcome = outcome_of(ready, policy, response=result)
+                if outcome.accumulate is not None and (why := self._accumulate_refusal(outcome)):
+                    return outcome_of(ready, policy, error=PermanentError(why)), None
+                return outcome, None
             except Exception as error:
                 result = error
         if isinstance(result, Accepted):  # the handler answers later, through the API
@@ -233,6 +237,20 @@ class Delivering(Leasing, FanIn):
             )
             return outcome, None
         return outcome_of(ready, policy, error=result), result
+
+    def _accumulate_refusal(self, outcome: Outcome) -> str | None:
+        """Why `outcome`'s accumulate numbers cannot be merged (a name its gate, under the pipeline
+        version followed, and its queue declare no operation for), or None; the operations it is
+        merged by are set on it (the store merges by them, in the group commit)."""
+        assert outcome.accumulate is not None
+        gate = self.router.route(outcome.gate).gate
+        queue = self.queue_settings.operations
+        operations = {**queue, **gate.operations} if gate is not None and gate.accumulate else queue
+        label = f"gate {outcome.gate} ({gate.name})" if gate is not None else f"gate {outcome.gate}"
+        why = refusal(outcome.accumulate, operations, label, self.config.queue)
+        if why is None:
+            outcome.operations = operations
+        return why
 
     def _queue_outcome(
         self,
