@@ -43,6 +43,21 @@ class BenchProcessor(Processor):
             self._log = None
 
 
+class AccumulatingBenchProcessor(BenchProcessor):
+    """The no-op processor whose every answer carries accumulate numbers: `pages` (item id mod 7,
+    plus 1: summed) and `max_score` (id mod 1000 / 1000: the greatest kept), as `flat-accumulate`
+    declares them."""
+
+    async def process(self, item: Any) -> Response:
+        await super().process(item)
+        return Response(done=True, accumulate=accumulated_by(item.id))
+
+
+def accumulated_by(item_id: int) -> dict[str, float]:
+    """What item `item_id`'s answer accumulates in `flat-accumulate` (the bench checks the sums)."""
+    return {"pages": item_id % 7 + 1, "max_score": item_id % 1000 / 1000}
+
+
 def watch_main() -> None:
     """`feedproc ARGS` (ARGS: `watch ...`), with statements, transactions and pool checkouts counted
     (when FEEDPROC_BENCH_STATS is set) and written to FEEDPROC_BENCH_DIR/stats-<pid>.json at exit."""

@@ -45,7 +45,8 @@ def bench(
         typer.Option(
             help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
             "also http-fan (fan's partitions through one --handler) and pipeline (the same, each gate to its own "
-            "handler through a stored pipeline)."
+            "handler through a stored pipeline), and flat-accumulate (flat, every answer carrying accumulate "
+            "numbers: pages summed, max_score kept greatest; each partition's accumulator checked)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[
