@@ -112,8 +112,28 @@ def check_operations(value: Any, what: str = "accumulate") -> dict[str, str]:
     return checked
 
 
+#: Names that passed the check already (a gate's answers repeat a few names): a name found here is
+#: not matched again. Bounded: past it, names are checked every time.
+_NAMES_SEEN: set[str] = set()
+_NAMES_SEEN_MAX = 1024
+_EXACT = 2**53  # integers below this become floats exactly (and never overflow)
+
+
 def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
     """An answer's `accumulate` checked: an object of at most MAX_NAMES names to finite numbers."""
+    # Every answer of flat-accumulate carries one: the full check (a regular expression per name,
+    # the overflow guard) cost 5 us an answer, 7% of a watcher's time per item at 15,000 items/s.
+    if type(value) is dict and len(value) <= MAX_NAMES:
+        fast: dict[str, float] = {}
+        for name, number in value.items():
+            kind = type(number)
+            if name not in _NAMES_SEEN or not (
+                (kind is float and math.isfinite(number)) or (kind is int and -_EXACT < number < _EXACT)
+            ):
+                break
+            fast[name] = float(number)
+        else:
+            return fast
     checked: dict[str, float] = {}
     for name, number in _named(value, what, 'an object of names to numbers, like {"pages": 12}', "carries"):
         if isinstance(number, bool) or not isinstance(number, int | float):
@@ -125,6 +145,8 @@ def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
         if not math.isfinite(as_float):
             raise ValueError(f"{what}: {name} must be a finite number, got {shown(number)}")
         checked[name] = as_float
+    if len(_NAMES_SEEN) < _NAMES_SEEN_MAX:
+        _NAMES_SEEN.update(checked)
     return checked
 
 

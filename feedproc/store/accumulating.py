@@ -8,8 +8,8 @@ workers' and callbacks' answers). An answer that is not written (a lost lease, a
 since it was delivered, a second answer of a claim) merges nothing; a transaction that fails
 merges nothing either, and its retry writes only what still matches.
 
-No hot row: a batch is merged in Python first, then written as one upsert per (partition, name)
-and operation, under the partition's lock the answers already hold; a 100,000-item gate answering
+No hot row: a batch is merged in Python first, then written as one upsert of a row per
+(partition, name), under the partition's lock the answers already hold; a 100,000-item gate answering
 at full speed writes each partition's accumulator once per group commit, not once per answer.
 """
 
@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from ..core.fanin import combine, refusal
 from ..core.records import Kind, Outcome
 from .base import Q
-from .dialects import merging_upsert
+from .dialects import DriverStatement, merging_upsert, pg_bigint_array
 from .pipelines import PIPELINE_READ_SECONDS, cached_pipeline
 from .queues import stored_operations
 from .schema import accumulators
@@ -80,9 +80,10 @@ class Accumulating(Tolerating):
 
     def _accumulate(self, conn: Connection, outcomes: Sequence[Outcome]) -> None:
         """Merge the written `outcomes`' accumulate numbers into their partitions' accumulators: the
-        batch merged here first, then one upsert per combination (add, min, max) of one row per
-        partition and name. Names without an operation (`Outcome.operations`) are not merged."""
-        merged: dict[str, dict[tuple[int, str], float]] = {}
+        batch merged here first, then written as one upsert of one row per partition and name.
+        Names without an operation (`Outcome.operations`) are not merged."""
+        merged: dict[tuple[int, str], tuple[str, float]] = {}  # (partition, name) -> (combination, value)
+        others: list[tuple[int, str, str, float]] = []  # a name merged two ways in one batch (two gates' declarations)
         for o in outcomes:
             if o.accumulate is None or o.operations is None or o.kind not in _ANSWERED:
                 continue
@@ -90,11 +91,60 @@ class Accumulating(Tolerating):
                 operation = o.operations.get(name)
                 if operation is None:
                     continue
-                rows = merged.setdefault(_COMBINATION[operation], {})
-                step = 1.0 if operation == "count" else float(number)
+                combination, step = _COMBINATION[operation], 1.0 if operation == "count" else float(number)
                 key = (o.partition_id, name)
-                rows[key] = step if key not in rows else combine(operation, rows[key], step)
-        for combination, rows in sorted(merged.items()):
-            statement = merging_upsert(conn, accumulators, "value", combination)
-            values = [{"partition_id": pid, "name": name, "value": v} for (pid, name), v in sorted(rows.items())]
-            conn.execute(statement, values)
+                seen = merged.get(key)
+                if seen is None:
+                    merged[key] = (combination, step)
+                elif seen[0] == combination:
+                    merged[key] = (combination, combine(operation, seen[1], step))
+                else:
+                    others.append((o.partition_id, name, combination, step))
+        rows = [(pid, name, how, value) for (pid, name), (how, value) in sorted(merged.items())]
+        upsert = self._twin(_upsert_pg, _upsert)
+        if rows:
+            upsert(conn, rows)
+        for row in others:  # rare: each on its own (a statement may not update one row twice)
+            upsert(conn, [row])
+
+
+# PostgreSQL: the batch's rows in one statement on the driver's cursor (one round trip), each
+# merged by its own combination. SQLAlchemy's INSERT ... ON CONFLICT, one per combination, cost
+# 0.36-0.41 ms of CPU per group commit of 200 answers with two names (sum and max), this 0.20-0.26
+# (most of it the merge in Python).
+_PG_UPSERT = DriverStatement(
+    """
+    WITH v AS (
+        SELECT * FROM unnest(CAST(:pids AS bigint[]), CAST(:names AS varchar[]),
+                             CAST(:vals AS double precision[]), CAST(:hows AS varchar[]))
+            AS v(partition_id, name, value, how)
+    )
+    INSERT INTO feedproc_accumulators AS a (partition_id, name, value)
+    SELECT partition_id, name, value FROM v
+    ON CONFLICT (partition_id, name) DO UPDATE SET value = CASE (
+        SELECT v.how FROM v WHERE v.partition_id = excluded.partition_id AND v.name = excluded.name)
+        WHEN 'min' THEN LEAST(a.value, excluded.value)
+        WHEN 'max' THEN GREATEST(a.value, excluded.value)
+        ELSE a.value + excluded.value
+    END
+    """
+)
+
+
+def _upsert_pg(conn: Connection, rows: list[tuple[int, str, str, float]]) -> None:
+    params = {
+        "pids": pg_bigint_array(r[0] for r in rows),
+        "names": [r[1] for r in rows],
+        "vals": [r[3] for r in rows],
+        "hows": [r[2] for r in rows],
+    }
+    _PG_UPSERT.run(conn, params)
+
+
+def _upsert(conn: Connection, rows: list[tuple[int, str, str, float]]) -> None:
+    """SQLite and MariaDB/MySQL: one upsert per combination (`dialects.merging_upsert`)."""
+    by_combination: dict[str, list[dict[str, object]]] = {}
+    for pid, name, how, value in rows:
+        by_combination.setdefault(how, []).append({"partition_id": pid, "name": name, "value": value})
+    for how, values in sorted(by_combination.items()):
+        conn.execute(merging_upsert(conn, accumulators, "value", how), values)

@@ -65,6 +65,21 @@ def test_names_without_an_operation_are_not_merged(store: Store) -> None:
     assert accumulated(store, "p") == {"pages": 2}
 
 
+def test_a_name_two_gates_merge_differently_is_merged_each_way_in_one_batch(store: Store) -> None:
+    register(store, A)
+    store.add_partition("p", [(0, b"{}"), (0, b"{}"), (0, b"{}")])
+    first, second, third = lease_and_fetch(store)
+    store.apply(
+        A,
+        [
+            answer(first, Kind.DONE, accumulate={"x": 3}, operations={"x": "sum"}),
+            answer(second, Kind.DONE, accumulate={"x": 5}, operations={"x": "max"}),
+            answer(third, Kind.DONE, accumulate={"x": 1}, operations={"x": "sum"}),
+        ],
+    )
+    assert accumulated(store, "p") == {"x": 5}  # 3 + 1, then the greater of that and 5
+
+
 def test_a_stale_owners_group_commit_adds_nothing(store: Store) -> None:
     """A partition taken over (a steal, an expired lease): the old owner's late batch is fenced out
     by the lease epoch, its numbers with it."""
