@@ -7,12 +7,29 @@ HTTP over loopback."""
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
+
+import httpx
+import pytest
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
 from feedproc.core.pipelines import parse_toml
 
-from ..support import HandlerService, wait_status, watching
+from ..api_support import ApiServer
+from ..support import HandlerService, wait_status, wait_until, watching
+
+WORKER_TOKEN = "accumulate-worker-token-42"
+AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[ApiServer]:
+    server = ApiServer(db_url, worker_token=WORKER_TOKEN)
+    yield server
+    server.close()
+
 
 PIPELINE = """
 queue = "default"
@@ -102,3 +119,28 @@ def test_an_undeclared_name_fails_the_item_for_good_saying_which(
         " (declared: best=max, pages=sum, scans=count)"
     )
     assert final["accumulated"] == {}
+
+
+def test_a_callbacks_answer_accumulates_once(db_url: str, feed: Feed, api: ApiServer, handler: HandlerService) -> None:
+    """A handler answers 202, then its answer through the worker API carries the numbers: merged in
+    that answer's transaction; the same answer sent again is refused and adds nothing."""
+    accepted: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def accept(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with lock:
+            accepted.append(body)
+        return 202, {"accepted": True, "lease_seconds": 60}
+
+    handler.behavior = accept
+    feed.set_queue("default", accumulate={"pages": "sum"})
+    feed.add_partition("p", [(0, b"{}"), (0, b"{}")])
+    with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url)):
+        wait_until(lambda: len(accepted) == 2, what="both items accepted")
+        for n, body in enumerate(accepted):
+            answer = {"token": body["token"], "done": True, "accumulate": {"pages": 10 + n}}
+            assert httpx.post(body["answer_url"], json=answer, headers=AUTH).status_code == 200
+        again = httpx.post(accepted[0]["answer_url"], json=answer | {"token": accepted[0]["token"]}, headers=AUTH)
+        assert again.status_code == 409, again.text
+        final = wait_status(feed, "p", "complete")
+    assert final["accumulated"] == {"pages": 21}
