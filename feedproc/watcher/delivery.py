@@ -243,14 +243,20 @@ class Delivering(Leasing, FanIn):
         version followed, and its queue declare no operation for), or None; the operations it is
         merged by are set on it (the store merges by them, in the group commit)."""
         assert outcome.accumulate is not None
-        gate = self.router.route(outcome.gate).gate
-        queue = self.queue_settings.operations
-        operations = {**queue, **gate.operations} if gate is not None and gate.accumulate else queue
-        label = f"gate {outcome.gate} ({gate.name})" if gate is not None else f"gate {outcome.gate}"
-        why = refusal(outcome.accumulate, operations, label, self.config.queue)
-        if why is None:
+        router, queue = self.router, self.queue_settings
+        if self._operations is None or self._operations[0] is not router or self._operations[1] is not queue:
+            self._operations = (router, queue, {})
+        known = self._operations[2]
+        operations = known.get(outcome.gate)
+        gate = router.route(outcome.gate).gate if operations is None or outcome.accumulate.keys() - operations else None
+        if operations is None:
+            declared = queue.operations
+            operations = known[outcome.gate] = {**declared, **gate.operations} if gate and gate.accumulate else declared
+        if outcome.accumulate.keys() <= operations.keys():  # every answer of a well-declared gate
             outcome.operations = operations
-        return why
+            return None
+        label = f"gate {outcome.gate} ({gate.name})" if gate is not None else f"gate {outcome.gate}"
+        return refusal(outcome.accumulate, operations, label, self.config.queue)
 
     def _queue_outcome(
         self,
