@@ -109,3 +109,16 @@ def test_bench_runs_the_fan_through_one_handler_and_through_a_pipeline(tmp_path:
         deliveries = run["deliveries"]
         assert deliveries["items"] >= run["items"] > 0  # the backlog, plus the paced phase's items
         assert deliveries["calls"] == deliveries["items"] and deliveries["redelivered"] == 0
+
+
+@pytest.mark.slow
+def test_bench_runs_flat_accumulate_beside_flat_and_checks_the_accumulators(tmp_path: Path) -> None:
+    report_file, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ("--db", "sqlite", "--workload", "flat,flat-accumulate", "--json", str(report_file))
+    quick_bench(tmp_path, *args, "--markdown", str(markdown), timeout=300)
+    runs = json.loads(report_file.read_text())["runs"]
+    assert [r["workload"] for r in runs] == ["flat", "flat-accumulate"]
+    for run in runs:
+        assert run["problems"] == [] and run["complete"] and run["exactly_once"], run["workload"]
+    assert runs[1]["accumulated_exact"] is True  # every partition's pages and max_score, as its items answered
+    assert "| sqlite | 1 |" in markdown.read_text().split("flat-accumulate ÷ flat")[1]
