@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """An example feedproc handler service: folder -> OCR -> classify -> rank (standard library only).
 
-    python cmds/example_handler.py --port 8080 --db sqlite:///feedproc.db        # one service, no pipeline
-    python cmds/example_handler.py --serve list,rank --port 8081 --db sqlite:///feedproc.db
-    python cmds/example_handler.py --serve ocr --port 8082                        # the pipeline's services
+    python cmds/example_handler.py --port 8080                      # one service, no pipeline
+    python cmds/example_handler.py --serve list,rank --port 8081    # the pipeline's services
+    python cmds/example_handler.py --serve ocr --port 8082
     python cmds/example_handler.py --serve classify --port 8083
 
 It answers each item by its data's ``kind`` (the HTTP handler contract, see README), so the same
@@ -13,30 +13,35 @@ code serves a queue without a pipeline (gates by number) and the README's ``uplo
 * list, ``{"kind": "folder", "files": ["a.pdf", ...]}`` (or ``"path": "/some/dir"``: its files):
   fans out one child ``{"kind": "file", "name": "a.pdf"}`` per file, to gate ``ocr`` (by name)
   with ``--serve``, to gate 1 without, and answers ``{"done": true, "items": [...]}``.
-* ocr, a file without ``text``: a fake OCR; adds ``"text"`` and moves the item to gate
-  ``classify`` (``{"gate": "classify", "data": ...}``).
-* classify, a file: a score derived from its name and a label; answers done with them.
+* ocr, a file without ``text``: a fake OCR; adds ``"text"`` and ``"pages"`` to the file's data,
+  moves it to gate ``classify`` (``{"gate": "classify", "data": ...}``) and accumulates its pages
+  (``"accumulate": {"pages": 7}``: the gate declares ``pages`` a sum, the folder's total).
+* classify, a file: a score derived from its name and a label, answered as the file's ``result``
+  (its data stays as it was).
 * rank, ``{"kind": "rank", "top": 3}``: runs only after every file is classified (the fan-in
-  barrier). Reads the scores through the feedproc Python API (``--db``) and answers done with the
-  top N.
+  barrier), at a gate that collects ``classify``: the request carries the files' results (inline,
+  or past the inline bound a ``results_url`` to page) and the folder's ``accumulated`` pages. It
+  answers done with the top N as its result. No database: everything arrives in the request.
 
 ``--serve`` names the steps this process answers (comma-separated); an item of another step gets
 a 422. Without it the process is the whole example without a pipeline and without the OCR step:
-folder at gate 0, files classified at gate 1, rank at gate 2. ``--delay`` makes each file's first
-step (OCR; without ``--serve``, classification) take that many seconds, to watch the progress;
-``--fail`` names a file whose first step fails permanently (HTTP 422), to try ``feedproc retry``.
+folder at gate 0, files classified (and their pages accumulated) at gate 1, rank at gate 2
+(added with ``"collect": 1``; the queue declares ``pages`` with ``feedproc queue set QUEUE
+--accumulate pages=sum``). ``--delay`` makes each file's first step (OCR; without ``--serve``,
+classification) take that many seconds, to watch the progress; ``--fail`` names a file whose first
+step fails permanently (HTTP 422), to try ``feedproc retry``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import sys
-import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,33 +57,35 @@ def label_of(score: float) -> str:
     return "invoice" if score >= 0.5 else "letter"
 
 
+def pages_of(name: str) -> int:
+    """A stable pseudo page count, 1 to 20, for a file name."""
+    return 1 + int(score_of("pages of " + name) * 20)
+
+
+def collected_results(collected: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every result a fan-in request collected: inline, or page after page from its results_url
+    (each page's "next" until it is null)."""
+    if "results" in collected:
+        yield from collected["results"]
+        return
+    url = collected.get("results_url")
+    while url:
+        with urllib.request.urlopen(url, timeout=30) as page:
+            body = json.load(page)
+        yield from body["results"]
+        url = body.get("next")
+
+
 class Handler:
     """The business logic, separate from HTTP so it reads as the contract.
 
     `serve`: the steps answered (a subset of STEPS, gates named as in the pipeline), or None for
     the example without a pipeline (gates by number, no OCR step)."""
 
-    def __init__(
-        self, db_url: str | None, delay: float = 0.0, fail: str | None = None, serve: set[str] | None = None
-    ) -> None:
-        self.db_url = db_url
+    def __init__(self, delay: float = 0.0, fail: str | None = None, serve: set[str] | None = None) -> None:
         self.delay = delay
         self.fail = fail
         self.serve = serve
-        self._feed: Any = None
-        self._lock = threading.Lock()
-
-    def feed(self) -> Any:
-        with self._lock:
-            if self._feed is None:
-                from feedproc import Feed
-
-                self._feed = Feed(self.db_url)
-            return self._feed
-
-    def warm_up(self) -> None:
-        with contextlib.suppress(Exception):  # reported by the first rank that needs it
-            self.feed()
 
     def step_of(self, data: dict[str, Any]) -> str | None:
         """Which step an item's data asks for."""
@@ -119,36 +126,38 @@ class Handler:
             time.sleep(self.delay)
         if data.get("name") == self.fail:
             return 422, {"error": f"cannot read {data['name']}"}
-        return 200, {"gate": "classify", "data": {**data, "text": f"the text of {data['name']}"}}
+        pages = pages_of(data["name"])
+        return 200, {
+            "gate": "classify",
+            "data": {**data, "text": f"the text of {data['name']}", "pages": pages},
+            "accumulate": {"pages": pages},
+        }
 
     def classify(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if self.serve is None:  # the first step of a file without a pipeline
+        answer: dict[str, Any] = {"done": True}
+        if self.serve is None:  # the first step of a file without a pipeline: its pages too
             if self.delay:
                 time.sleep(self.delay)
             if data.get("name") == self.fail:
                 return 422, {"error": f"cannot read {data['name']}"}
+            answer["accumulate"] = {"pages": pages_of(data["name"])}
         score = round(score_of(data["name"]), 4)
-        return 200, {"done": True, "data": {**data, "score": score, "label": label_of(score)}}
+        answer["result"] = {"name": data["name"], "score": score, "label": label_of(score)}
+        return 200, answer
 
     def rank(self, item: dict[str, Any], data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if self.db_url is None:
-            return 422, {"error": "rank needs --db to read the scores"}
-        scores = []
-        after = 0
-        while page := self.feed().items(item["partition"], after_id=after, limit=1000):
-            for row in page:
-                try:
-                    child = json.loads(row["data"])
-                except ValueError:
-                    continue
-                if isinstance(child, dict) and child.get("kind") == "file" and "score" in child:
-                    scores.append((child["score"], child["name"]))
-            after = page[-1]["id"]
+        collected = item.get("collected")
+        if collected is None:
+            return 422, {"error": "rank needs its gate to collect the classified files (collect)"}
+        scores = [
+            (row["result"]["score"], row["result"]["name"])
+            for row in collected_results(collected)
+            if isinstance(row.get("result"), dict) and "score" in row["result"]
+        ]
         top = sorted(scores, reverse=True)[: int(data.get("top", 3))]
-        return 200, {
-            "done": True,
-            "data": {**data, "ranked": len(scores), "top": [{"name": n, "score": s} for s, n in top]},
-        }
+        pages = (item.get("accumulated") or {}).get("pages", 0)
+        result = {"ranked": len(scores), "pages": pages, "top": [{"name": n, "score": s} for s, n in top]}
+        return 200, {"done": True, "result": result}
 
 
 class Server(ThreadingHTTPServer):
@@ -213,18 +222,15 @@ def main(argv: list[str] | None = None) -> None:
         help="the pipeline steps to answer, comma-separated: list, ocr, classify, rank (or all); "
         "omitted: the example without a pipeline (gates 0, 1, 2 by number, no OCR)",
     )
-    parser.add_argument("--db", default=None, help="feedproc database URL (for the rank step)")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds each file's OCR (or classification) takes")
     parser.add_argument("--fail", default=None, help="a file name whose OCR (or classification) fails")
     args = parser.parse_args(argv)
     # One thread per keep-alive connection: with the default 5 ms GIL switch interval, a thread
     # woken by a request waits behind the others; a short interval keeps answers prompt.
     sys.setswitchinterval(0.0002)
-    handler = Handler(args.db, args.delay, args.fail, args.serve)
+    handler = Handler(args.delay, args.fail, args.serve)
     server = serve(handler, args.host, args.port)
     print(f"listening on http://{args.host}:{server.server_address[1]}/", flush=True)
-    if args.db is not None and (args.serve is None or "rank" in args.serve):
-        threading.Thread(target=handler.warm_up, daemon=True).start()  # import feedproc before the first rank
     try:
         server.serve_forever()
     except KeyboardInterrupt:

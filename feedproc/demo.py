@@ -47,6 +47,7 @@ number = 1
 handler = "{ocr}"
 limit = 8
 timeout = 120
+accumulate = {{pages = "sum"}}
 
 [[gate]]
 name = "classify"
@@ -57,6 +58,7 @@ handler = "{classify}"
 name = "rank"
 number = 3
 handler = "{list}"
+collect = "classify"
 """
 
 #: The example handler's services: what each answers (its --serve), and its log's name.
@@ -116,8 +118,6 @@ def run_demo(
         urls = {}
         for role, steps in SERVICES.items():
             args = [sys.executable, str(example_handler_path()), "--serve", steps, "--port", "0"]
-            if "rank" in steps:
-                args += ["--db", db_url]
             if role == "ocr":
                 args += ["--delay", str(delay)]
             log = workdir / f"handler-{role}.log"
@@ -217,7 +217,8 @@ def _show_progress(
                 progress.update(tasks[key], total=items["total"], completed=done, state=state)
                 if status["status"] != "available":
                     ranked = feed.items(key, gate=spec.names["rank"], limit=1)
-                    status["rank_top"] = json.loads(ranked[0]["data"]).get("top", []) if ranked else []
+                    result = ranked[0]["result"] if ranked else None
+                    status["rank"] = json.loads(result) if result else {}
                     final[key] = status
             time.sleep(0.1)
     return final
@@ -225,12 +226,13 @@ def _show_progress(
 
 def _summary(final: dict[str, Any], elapsed: float, console: Console) -> None:
     table = Table(title="summary")
-    for column in ("partition", "status", "items", "top files by score"):
+    for column in ("partition", "status", "items", "pages", "top files by score"):
         table.add_column(column)
     total = 0
     for key, status in final.items():
         total += status["items"]["complete"]
-        top = ", ".join(f"{t['name']} ({t['score']:.2f})" for t in status.get("rank_top", [])) or "-"
-        table.add_row(key, status["status"], str(status["items"]["total"]), top)
+        rank = status.get("rank", {})
+        top = ", ".join(f"{t['name']} ({t['score']:.2f})" for t in rank.get("top", [])) or "-"
+        table.add_row(key, status["status"], str(status["items"]["total"]), str(rank.get("pages", "-")), top)
     console.print(table)
     console.print(f"{total} items completed in {elapsed:.1f}s ({total / max(elapsed, 1e-9):.0f} items/s)")

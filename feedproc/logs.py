@@ -43,8 +43,8 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 from urllib.parse import unquote
 
-from .redact import redact_text, url_secrets
-from .redact import redact_url as redact_url  # shown URLs: one implementation, in redact.py
+from .core.redaction import redact_text, url_secrets
+from .core.redaction import redact_url as redact_url  # shown URLs: one implementation, in core/redaction.py
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from .core.fanin import result_json
-from .gatenames import label
+from .gate_labels import label
 
 STATUSES = ("available", "complete", "failed", "cancelled")
 
@@ -91,7 +91,7 @@ def print_partition(status: dict[str, Any]) -> None:
             rows.append(
                 [label(gate, names.get(gate)), *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker]
             )
-        _table(["gate", *STATUSES, "done", "in progress", ""], rows)
+        _table(["gate", *STATUSES, "done", "in progress", "current"], rows)
         for gate, entry in sorted((status.get("tolerated") or {}).items(), key=lambda kv: int(kv[0])):
             typer.echo(f"gate {label(gate, names.get(gate))}: {tolerated_text(entry)}")
     if status["failed_items"]:

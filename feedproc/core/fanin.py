@@ -219,6 +219,10 @@ class CollectedResult:
     error: str | None = None
     failed: bool = False
 
+    def json(self) -> Any:
+        """The result parsed as JSON (None for a failed item, or one that produced no result)."""
+        return None if self.result is None else json.loads(self.result)
+
     def to_json(self) -> dict[str, Any]:
         """As a request carries it: `{"id", "result"}` (JSON, or `result_base64` for other bytes), or
         `{"id", "error"}` for a failed item."""

@@ -44,13 +44,13 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, cast
 
-from ..redact import credentials_conflict, redact_url
 from . import windows as timewindows
 from .errors import InvalidInput
 from .fanin import COLLECT_INLINE, Tolerance, check_operations
+from .gate_names import check_gate_name, naming
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
-from .naming import check_gate_name, naming
 from .policy import RetryPolicy
+from .redaction import credentials_conflict, redact_url
 
 #: Items a batch delivery holds at most (the watcher's `--batch` bound too).
 MAX_BATCH = 1000

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import windows as timewindows
 from .models import NewItem
+from .timestamps import iso
 
 RECORD_OUTCOMES = {
     "done": "done",
@@ -205,14 +206,14 @@ class QueueSettings:
             "name": self.name,
             "mode": self.mode,
             "paused": self.paused,
-            "paused_at": self.paused_at.isoformat() if self.paused_at else None,
+            "paused_at": iso(self.paused_at),
             "paused_by": self.paused_by,
             "limit": self.limit if self.limited else None,
             "slots_in_use": in_use,
             "windows": self.windows,
             "timezone": self.window_tz or "UTC",
             "window_open": opens == now,
-            "next_window_opens_at": None if opens == now else opens.isoformat(),
+            "next_window_opens_at": None if opens == now else iso(opens),
             "accumulate": self.operations,
         }
 

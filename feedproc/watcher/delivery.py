@@ -20,13 +20,13 @@ from ..processors import HTTPProcessor
 from ..processors.pipeline import Route
 from .config import TRACEBACK_KEPT
 from .fanin import FanIn
-from .leases import Leasing
+from .leases import LeaseKeeping
 from .state import CANCELLED_CALL
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Delivering(Leasing, FanIn):
+class Delivering(LeaseKeeping, FanIn):
     """Workers and the isolation loop."""
 
     async def _worker(self) -> None:
@@ -50,7 +50,7 @@ class Delivering(Leasing, FanIn):
                     await self._run_batch(batch, lease)
                 if last:
                     return
-            if self._buffer.qsize() < self.config.prefetch // 2:
+            if self._buffer.qsize() < self.config.effective_prefetch // 2:
                 self._wake.set()
 
     def _startable(self, item: ReadyItem) -> Lease | None:

@@ -14,7 +14,7 @@ from .. import tracing
 from ..core.errors import DatabaseUnavailable, StaleWrite
 from ..core.policy import outcome_of
 from ..core.records import GIVEN_BACK, Applied, Kind, Outcome, ReadyItem, tally_outcomes
-from ..redact import redact_url
+from ..core.redaction import redact_url
 from .config import FAILED_WRITES_FATAL
 from .state import WatcherState
 

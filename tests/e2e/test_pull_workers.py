@@ -1,4 +1,4 @@
-"""Pull workers over the API (both databases): the worker API of `feedproc serve` through real HTTP,
+"""Pull workers over the API (every database): the worker API of `feedproc serve` through real HTTP,
 and `feedproc work` processes claiming from `feedproc serve` processes, killed with real signals.
 """
 

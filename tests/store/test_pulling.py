@@ -1,4 +1,4 @@
-"""Pull workers' claims (both databases): what may be claimed, in what order, by whom; what a token
+"""Pull workers' claims (every database): what may be claimed, in what order, by whom; what a token
 may still do; what an expired claim costs. Through `Feed`, the API's and the worker's front door.
 """
 

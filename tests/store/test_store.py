@@ -1,4 +1,4 @@
-"""The Store directly, on SQLite and PostgreSQL: producer operations, the gate rules as the database
+"""The Store directly, on SQLite, PostgreSQL and MariaDB: producer operations, the gate rules as the database
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
 import contextlib

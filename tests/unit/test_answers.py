@@ -23,6 +23,7 @@ from feedproc.core.errors import InvalidAnswer, InvalidInput, PermanentError, Re
 from feedproc.core.models import MAX_CHILDREN, MAX_GATE, NewItem, check_gate
 from feedproc.core.policy import MAX_DELAY, RetryPolicy, outcome_of, validate
 from feedproc.core.records import Kind
+from feedproc.core.redaction import redact_text, redact_url, url_secrets
 from feedproc.processors import (
     AnswerTooLarge,
     UndecodableAnswer,
@@ -34,7 +35,6 @@ from feedproc.processors import (
     read_body,
     request_body,
 )
-from feedproc.redact import redact_text, redact_url, url_secrets
 
 from ..support import ready
 

@@ -112,3 +112,8 @@ def test_a_collected_result_is_json_or_base64_and_a_failure_its_error() -> None:
     assert CollectedResult(1, b'{"score": 1}').to_json() == {"id": 1, "result": {"score": 1}}
     assert CollectedResult(2, b"\xff").to_json() == {"id": 2, "result_base64": "/w=="}
     assert CollectedResult(3, error="bad scan", failed=True).to_json() == {"id": 3, "error": "bad scan"}
+
+
+def test_a_collected_result_parses_as_json_and_a_failed_one_is_none() -> None:
+    assert CollectedResult(7, b'{"word": "fan"}').json() == {"word": "fan"}
+    assert CollectedResult(8, None, "an empty word", failed=True).json() is None
