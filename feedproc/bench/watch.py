@@ -49,7 +49,8 @@ class AccumulatingBenchProcessor(BenchProcessor):
     declares them."""
 
     async def process(self, item: Any) -> Response:
-        await super().process(item)
+        if self._log is not None:  # as BenchProcessor's, without a coroutine more per call
+            self._log.write(f"{item.id} {item.gate} {item.attempt} {time.time():.6f}\n")
         return Response(done=True, accumulate=accumulated_by(item.id))
 
 
