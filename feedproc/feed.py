@@ -319,13 +319,16 @@ class Feed:
         clear_windows: bool = False,
         mode: str | None = None,
         paused: bool | None = None,
+        accumulate: Mapping[str, str] | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
         and workers; < 1 means none), its windows of the day and/or its mode ("push": watchers
         deliver its items; "pull": workers claim them) and/or whether it is `paused` (nothing new is
-        dispatched or claimed, fleet-wide; in-flight items finish); arguments left None keep their
-        value. `by` is recorded with a pause."""
+        dispatched or claimed, fleet-wide; in-flight items finish) and/or how answers' `accumulate`
+        numbers merge in its partitions ({"pages": "sum"}: sum, min, max or count; a pipeline gate's
+        own declaration wins for its answers; {} removes it); arguments left None keep their
+        value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
             limit=limit,
@@ -334,6 +337,7 @@ class Feed:
             clear_windows=clear_windows,
             mode=mode,
             paused=paused,
+            accumulate=accumulate,
             by=by,
         )
 

@@ -33,6 +33,11 @@ def tolerated_text(entry: dict[str, Any]) -> str:
     return text
 
 
+def accumulated_text(accumulated: dict[str, Any]) -> str:
+    """A partition's accumulator in words: "max_score 0.97, pages 12"."""
+    return ", ".join(f"{name} {value}" for name, value in sorted(accumulated.items()))
+
+
 def print_partition(status: dict[str, Any]) -> None:
     flags = [name for name in ("sealed", "manual_checkpoint") if status.get(name)]
     if status.get("tolerate"):
@@ -70,6 +75,8 @@ def print_partition(status: dict[str, Any]) -> None:
             typer.echo(", ".join(parts))
     totals = status["items"]
     typer.echo(f"items: {totals['total']} total, " + ", ".join(f"{totals[s]} {s}" for s in STATUSES))
+    if status.get("accumulated"):
+        typer.echo(f"accumulated: {accumulated_text(status['accumulated'])}")
     if status["gates"]:
         names = status.get("gate_names") or {}  # gate names (their queue has a pipeline)
         rows = []

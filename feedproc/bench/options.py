@@ -9,12 +9,25 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http", "http-batch", "pull", "http-fan", "pipeline", "collect", "collect-http")
+WORKLOADS = (
+    "flat",
+    "fan",
+    "http",
+    "http-batch",
+    "pull",
+    "http-fan",
+    "pipeline",
+    "collect",
+    "collect-http",
+    "flat-accumulate",
+)
 DEFAULT_WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
 #: Through the bench handler, with these options. `http-fan` is `fan`'s partitions through one
 #: `--handler`; `pipeline` the same through a stored pipeline, each gate to a handler of its own.
 HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"], "http-fan": [], "pipeline": []}
 FAN_WORKLOADS = {"fan", "http-fan", "pipeline"}  # the fan workload's partitions
+#: flat, with every answer carrying accumulate numbers merged by these operations (the queue's).
+ACCUMULATE_WORKLOADS = {"flat-accumulate": {"pages": "sum", "max_score": "max"}}
 PULL_WORKLOADS = {"pull"}  # a pull-mode queue: `feedproc work` processes claim through one `feedproc serve`
 PULL_CLAIM = 100  # a pull worker's concurrency, so its claims ask for up to this many items
 #: N items fanning in to one collecting item, a run per size: read by a Python processor, or by an

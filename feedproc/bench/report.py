@@ -135,6 +135,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                     )
                     + " |"
                 )
+    lines += _accumulate_lines(report["runs"])
     ceilings = [r for r in report["runs"] if r.get("ceiling") and (r.get("drain") or {}).get("rate")]
     if ceilings:
         lines += [
@@ -191,6 +192,31 @@ LEGEND = [
     "(PostgreSQL only: MariaDB/MySQL count server-wide);",
     "- once: every item complete, and called exactly once according to the call logs.",
 ]
+
+
+def _accumulate_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """flat-accumulate's drain beside flat's, per database and watcher count (each the mean of its
+    runs: repeat the pair to interleave them): the price of merging accumulators in the group commit."""
+    rates: dict[tuple[str, int, str], list[float]] = {}
+    for run in runs:
+        rate = (run.get("drain") or {}).get("rate")
+        if rate and run["workload"] in ("flat", "flat-accumulate"):
+            rates.setdefault((run["db"], run["watchers"], run["workload"]), []).append(rate)
+    pairs = sorted({(db, w) for db, w, _ in rates if (db, w, "flat") in rates and (db, w, "flat-accumulate") in rates})
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "Accumulate: every answer carries {pages, max_score}, merged in the group commit (drain items/s):",
+        "",
+        "| db | watchers | flat | flat-accumulate | flat-accumulate ÷ flat |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for db, watchers in pairs:
+        flat = sum(rates[(db, watchers, "flat")]) / len(rates[(db, watchers, "flat")])
+        acc = sum(rates[(db, watchers, "flat-accumulate")]) / len(rates[(db, watchers, "flat-accumulate")])
+        lines.append(f"| {db} | {watchers} | {_num(flat)} | {_num(acc)} | {acc / flat:.0%} |")
+    return lines
 
 
 def collect_table(runs: list[dict[str, Any]]) -> list[str]:

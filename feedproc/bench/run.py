@@ -30,6 +30,7 @@ from .collect import KEY as COLLECT_KEY
 from .collect import analyse_collect, collect_partition, fill_collected
 from .measure import analyse, drain_window, fill_finished, read_db, read_statement_counts
 from .options import (
+    ACCUMULATE_WORKLOADS,
     COLLECT_WORKLOADS,
     DIR_ENV,
     FAN_GATES,
@@ -56,6 +57,7 @@ _LISTENING = "LISTEN feedproc_ready"
 # The watcher processes' entry: `feedproc watch` with the statement counters installed.
 _WATCH = "feedproc.bench.watch"
 _PROCESSOR = "feedproc.bench.watch:BenchProcessor"
+_ACCUMULATING = "feedproc.bench.watch:AccumulatingBenchProcessor"
 _COLLECTOR = "feedproc.bench.watch:CollectProcessor"
 
 
@@ -109,6 +111,23 @@ def _commits_sent() -> Iterator[list[float]]:
         event.remove(Engine, "commit", stamp)
 
 
+def _check_accumulated(url: str, partitions: int, workload: str) -> bool:
+    """Whether each drained partition's accumulator is what its items' answers add up to, once
+    each (`watch.accumulated_by`); BenchFailed naming the first that is not."""
+    from .watch import accumulated_by
+
+    with Feed(url) as feed:
+        for n in range(partitions):
+            key = f"{workload}-{n}"
+            ids = [item["id"] for item in feed.items(key, limit=10_000)]
+            numbers = [accumulated_by(item_id) for item_id in ids]
+            expected = {"max_score": max(x["max_score"] for x in numbers), "pages": sum(x["pages"] for x in numbers)}
+            got = feed.status(key)["accumulated"]
+            if got != expected:
+                raise BenchFailed(f"partition {key} accumulated {got}, expected {expected}")
+    return True
+
+
 class Bench:
     """The runs of one `feedproc bench`, each in a throwaway database; logs in a temporary folder."""
 
@@ -151,6 +170,8 @@ class Bench:
             with Feed(url) as feed:
                 if workload in PULL_WORKLOADS:
                     feed.set_queue("default", mode="pull")
+                if workload in ACCUMULATE_WORKLOADS:
+                    feed.set_queue("default", accumulate=ACCUMULATE_WORKLOADS[workload])
                 shapes = partition_shapes(workload, opts.partitions, opts.items)
                 started = time.perf_counter()
                 for n, shape in enumerate(shapes):
@@ -161,7 +182,7 @@ class Bench:
             result["enqueue"] = {"items": total, "seconds": round(seconds, 4), "rate": round(total / seconds, 1)}
 
             committed: dict[str, float] = {}  # paced partition key -> time its add_partition returned
-            target: list[str] = ["--processor", _PROCESSOR]
+            target = ["--processor", _ACCUMULATING if workload in ACCUMULATE_WORKLOADS else _PROCESSOR]
             if workload in HTTP_WORKLOADS:
                 handler = Processes(folder)
                 handler_log = folder / "handler"
@@ -177,6 +198,8 @@ class Bench:
             pull = workload in PULL_WORKLOADS
             drain = self._drain(url, place, folder / "drain", target, watchers, total, pull=pull)
             result["drain"] = drain
+            if workload in ACCUMULATE_WORKLOADS:
+                result["accumulated_exact"] = _check_accumulated(url, len(shapes), workload)
             window = drain_window(read_db(url, self.after), total)
             if opts.latency_seconds > 0 and window is not None and not pull:  # pull: the drain only
                 rate = total / (window[1] - window[0])

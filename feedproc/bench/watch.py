@@ -43,6 +43,22 @@ class BenchProcessor(Processor):
             self._log = None
 
 
+class AccumulatingBenchProcessor(BenchProcessor):
+    """The no-op processor whose every answer carries accumulate numbers: `pages` (item id mod 7,
+    plus 1: summed) and `max_score` (id mod 1000 / 1000: the greatest kept), as `flat-accumulate`
+    declares them."""
+
+    async def process(self, item: Any) -> Response:
+        if self._log is not None:  # as BenchProcessor's, without a coroutine more per call
+            self._log.write(f"{item.id} {item.gate} {item.attempt} {time.time():.6f}\n")
+        return Response(done=True, accumulate=accumulated_by(item.id))
+
+
+def accumulated_by(item_id: int) -> dict[str, float]:
+    """What item `item_id`'s answer accumulates in `flat-accumulate` (the bench checks the sums)."""
+    return {"pages": item_id % 7 + 1, "max_score": item_id % 1000 / 1000}
+
+
 class CollectProcessor(Processor):
     """The collect workload's processor (see `collect.py`), logging its calls as BenchProcessor does.
     At gate 0 (the item whose answer drains the gate): its data as its result. At the fan-in: notes

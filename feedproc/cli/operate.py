@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..core.errors import InvalidInput
+from ..core.fanin import parse_operations
 from ..core.models import check_key
 from .app import (
     ITEMS_PAGE,
@@ -174,18 +175,48 @@ def queue_set(
         str | None,
         typer.Option(metavar="push|pull", help="push: watchers deliver its items; pull: workers claim them."),
     ] = None,
+    accumulate: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=OP",
+            help="How answers' accumulate numbers merge: NAME=sum|min|max|count"
+            " (repeatable; replaces the declaration).",
+        ),
+    ] = None,
+    no_accumulate: Annotated[
+        bool, typer.Option("--no-accumulate", help="Remove the queue's accumulate declaration.")
+    ] = False,
     db: DbOption = None,
 ) -> None:
-    """Store queue NAME's concurrency limit, windows and/or mode (options not given keep their value)."""
+    """Store queue NAME's concurrency limit, windows, mode and/or accumulate declaration (options
+    not given keep their value)."""
     if mode is not None and mode not in ("push", "pull"):
         raise typer.BadParameter(f"must be push or pull, got {mode!r}", param_hint="--mode")
+    if accumulate and no_accumulate:
+        raise InvalidInput("--accumulate and --no-accumulate: give one")
+    declared = None
+    if accumulate:
+        try:
+            declared = parse_operations(accumulate)  # before touching the database
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
+    elif no_accumulate:
+        declared = {}
     with _feed(db) as feed:
         settings = feed.set_queue(
-            name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows, mode=mode
+            name,
+            limit=limit,
+            windows=window,
+            window_tz=timezone,
+            clear_windows=no_windows,
+            mode=mode,
+            accumulate=declared,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
-    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}")
+    said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
+    accumulate_text = f", accumulate {said}" if said else ""
+    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}")
 
 
 @queue_app.command("pause")
@@ -226,7 +257,9 @@ def queue_show(
         else:
             windows_text = "no windows"
         paused = f", paused since {q['paused_at']} by {q['paused_by']}" if q["paused"] else ""
-        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{paused}")
+        declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
+        accumulate = f", accumulate {declared}" if declared else ""
+        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{paused}")
 
 
 @app.command()

@@ -47,7 +47,9 @@ def bench(
             help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
             "also http-fan (fan's partitions through one --handler), pipeline (the same, each gate to its own "
             "handler through a stored pipeline), collect and collect-http (N items fanning in to one item that "
-            "collects them, read by a Python processor or an HTTP handler; see --sizes)."
+            "collects them, read by a Python processor or an HTTP handler; see --sizes), and flat-accumulate "
+            "(flat, every answer carrying accumulate numbers: pages summed, max_score kept greatest; each "
+            "partition's accumulator checked)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[

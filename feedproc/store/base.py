@@ -74,6 +74,8 @@ class StoreBase:
         self.mysql = is_mysql(self.engine)
         #: queue -> (when read, its pipeline or None), for pull claims and settles (`pipelines.cached_pipeline`)
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
+        #: queue -> (when read, its accumulate declaration), for pull answers (`accumulating.py`)
+        self._operations_read: dict[str, tuple[float, dict[str, str]]] = {}
 
     def close(self) -> None:
         self.engine.dispose()

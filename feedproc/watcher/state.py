@@ -151,6 +151,9 @@ class WatcherState:
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
         self._settings_read_at = -math.inf
+        # Answers' accumulate operations per gate, under the router and queue settings they were
+        # made from (`Delivering._accumulate_refusal`): rebuilt when either is replaced.
+        self._operations: tuple[Any, QueueSettings, dict[int, dict[str, str]]] | None = None
         self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
         # Deliveries started since the last heartbeat and still running at it: the heartbeat writes
         # their start (the dashboard's running view), so an item that finishes sooner costs nothing.

@@ -113,6 +113,19 @@ def test_bench_runs_the_fan_through_one_handler_and_through_a_pipeline(tmp_path:
 
 
 @pytest.mark.slow
+def test_bench_runs_flat_accumulate_beside_flat_and_checks_the_accumulators(tmp_path: Path) -> None:
+    report_file, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ("--db", "sqlite", "--workload", "flat,flat-accumulate", "--json", str(report_file))
+    quick_bench(tmp_path, *args, "--markdown", str(markdown), timeout=300)
+    runs = json.loads(report_file.read_text())["runs"]
+    assert [r["workload"] for r in runs] == ["flat", "flat-accumulate"]
+    for run in runs:
+        assert run["problems"] == [] and run["complete"] and run["exactly_once"], run["workload"]
+    assert runs[1]["accumulated_exact"] is True  # every partition's pages and max_score, as its items answered
+    assert "| sqlite | 1 |" in markdown.read_text().split("flat-accumulate ÷ flat")[1]
+
+
+@pytest.mark.slow
 def test_bench_collect_reads_every_result_once_at_the_fan_in(db_url: str, tmp_path: Path) -> None:
     report_file = tmp_path / "bench.json"
     markdown_file = tmp_path / "bench.md"

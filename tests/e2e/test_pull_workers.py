@@ -390,3 +390,21 @@ def test_work_refuses_malformed_arguments(tmp_path: Path) -> None:
         )
         assert result.returncode == code, (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_work_processs_answers_accumulate_and_its_fan_in_item_receives_the_sum(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull", accumulate={"n": "sum"})
+    rows = [*({"gate": 0, "data": {"n": n}} for n in range(6)), {"gate": 1, "data": {}, "collect": 0}]
+    feed.add_partition("scans", rows, queue=QUEUE)
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKENS=WORKER_TOKEN)
+    env = {LOG_VARIABLE: str(tmp_path / "deliveries.log"), DELAY_VARIABLE: "0"}
+    worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:Accumulates", **env)
+    try:
+        wait_until(lambda: feed.status("scans")["status"] == "complete", timeout=60, what="the partition done")
+        assert feed.status("scans")["accumulated"] == {"n": 6}
+        assert json.loads(feed.items("scans")[-1]["result"]) == {"accumulated": {"n": 6}}
+    finally:
+        worker.stop()
+        server.stop()
+        feed.close()
