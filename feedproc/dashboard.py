@@ -32,7 +32,7 @@ from .api.gate import Reading
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
 from .feed import Feed
-from .gatenames import GateNames, with_name
+from .gate_labels import GateNames, with_name
 from .report import tolerated_text
 
 HERE = Path(__file__).resolve().parent
@@ -130,10 +130,16 @@ def gate_bars(
     return bars
 
 
-def overall(items: dict[str, int]) -> int:
-    """Percent of a partition's items that are finished (complete, failed or cancelled)."""
+def overall(items: dict[str, int], status: str) -> int:
+    """A partition's progress in percent, as its gate bars count: items done (complete, or cancelled:
+    they need no work) out of all, failed ones apart. A complete partition is 100%; a failed or
+    cancelled one shows how far it got, its complete items (counting its failed and cancelled ones
+    as finished made a failed partition with nothing complete read 66%)."""
     total = items["total"]
-    return 100 * (total - items["available"]) // total if total else 100
+    if status == "complete" or not total:
+        return 100
+    done = items["complete"] + (items["cancelled"] if status == "available" else 0)
+    return 100 * done // total
 
 
 def _render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
@@ -198,7 +204,7 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
     names = GateNames(feed)
     for p in partitions:
         p["bars"] = gate_bars(p["gates"], p["gate"], names.of(p["queue"]), p.get("tolerated"))
-        p["percent"] = overall(p["items"])
+        p["percent"] = overall(p["items"], p["status"])
     leases: dict[str, list[dict[str, Any]]] = {}
     for lease in feed.leases(limit=500):
         leases.setdefault(lease["owner"], []).append(lease)
@@ -235,7 +241,7 @@ def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
     return {
         "p": named.status(status),
         "gate_rows": gate_bars(status["gates"], status["gate"], names, status.get("tolerated")),
-        "percent": overall(status["items"]),
+        "percent": overall(status["items"], status["status"]),
         "timings": timings["gates"],
         "current": with_name(timings["current"], names) if timings["current"] else None,
         "items": [

@@ -24,8 +24,8 @@ from .core.errors import (
     TooManyChildren,
 )
 from .core.fanin import COLLECT_INLINE_BYTES, PAGE, CollectedResult, result_size
+from .core.gate_names import naming
 from .core.models import MAX_CHILDREN, NewItem, Response, check_key
-from .core.naming import naming
 from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
 from .core.records import QueueSettings
@@ -85,6 +85,14 @@ class Feed:
         self.store = Store(url, pool_size=pool_size, table_prefix=table_prefix)
         self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
         self._twins: list[Feed] = []
+
+    @staticmethod
+    def check_url(url: str) -> None:
+        """Raise InvalidInput, one line naming the problem (its password hidden), unless `url` is a
+        database URL feedproc can use: `sqlite:///PATH`, `postgresql://...` or `mysql://...`."""
+        from .store.dialects import normalize_url
+
+        normalize_url(url)
 
     def check_schema(self) -> None:
         """Raise SchemaMissing unless the database holds this version's schema."""
@@ -311,13 +319,16 @@ class Feed:
         clear_windows: bool = False,
         mode: str | None = None,
         paused: bool | None = None,
+        accumulate: Mapping[str, str] | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
         and workers; < 1 means none), its windows of the day and/or its mode ("push": watchers
         deliver its items; "pull": workers claim them) and/or whether it is `paused` (nothing new is
-        dispatched or claimed, fleet-wide; in-flight items finish); arguments left None keep their
-        value. `by` is recorded with a pause."""
+        dispatched or claimed, fleet-wide; in-flight items finish) and/or how answers' `accumulate`
+        numbers merge in its partitions ({"pages": "sum"}: sum, min, max or count; a pipeline gate's
+        own declaration wins for its answers; {} removes it); arguments left None keep their
+        value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
             limit=limit,
@@ -326,6 +337,7 @@ class Feed:
             clear_windows=clear_windows,
             mode=mode,
             paused=paused,
+            accumulate=accumulate,
             by=by,
         )
 
@@ -340,7 +352,7 @@ class Feed:
     def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
         """Block until `key` is complete, failed or cancelled and return its status dict (as
         `status`). KeyError if unknown; TimeoutError after `timeout` seconds. PostgreSQL wakes the
-        waiter by LISTEN/NOTIFY; SQLite polls with backoff."""
+        waiter by LISTEN/NOTIFY; SQLite and MariaDB/MySQL poll with backoff."""
         from .wait import wait_final
 
         return wait_final(self.store, key, timeout)

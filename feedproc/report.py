@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from .core.fanin import result_json
-from .gatenames import label
+from .gate_labels import label
 
 STATUSES = ("available", "complete", "failed", "cancelled")
 
@@ -31,6 +31,11 @@ def tolerated_text(entry: dict[str, Any]) -> str:
     if "items" in entry:
         text += f" (at most {entry['limit']} of {entry['items']})"
     return text
+
+
+def accumulated_text(accumulated: dict[str, Any]) -> str:
+    """A partition's accumulator in words: "max_score 0.97, pages 12"."""
+    return ", ".join(f"{name} {value}" for name, value in sorted(accumulated.items()))
 
 
 def print_partition(status: dict[str, Any]) -> None:
@@ -70,6 +75,8 @@ def print_partition(status: dict[str, Any]) -> None:
             typer.echo(", ".join(parts))
     totals = status["items"]
     typer.echo(f"items: {totals['total']} total, " + ", ".join(f"{totals[s]} {s}" for s in STATUSES))
+    if status.get("accumulated"):
+        typer.echo(f"accumulated: {accumulated_text(status['accumulated'])}")
     if status["gates"]:
         names = status.get("gate_names") or {}  # gate names (their queue has a pipeline)
         rows = []
@@ -84,7 +91,7 @@ def print_partition(status: dict[str, Any]) -> None:
             rows.append(
                 [label(gate, names.get(gate)), *(counts[s] for s in STATUSES), f"{done}/{total}", in_flight, marker]
             )
-        _table(["gate", *STATUSES, "done", "in progress", ""], rows)
+        _table(["gate", *STATUSES, "done", "in progress", "current"], rows)
         for gate, entry in sorted((status.get("tolerated") or {}).items(), key=lambda kv: int(kv[0])):
             typer.echo(f"gate {label(gate, names.get(gate))}: {tolerated_text(entry)}")
     if status["failed_items"]:

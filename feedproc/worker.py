@@ -332,6 +332,8 @@ def answer_body(result: Response | BaseException) -> dict[str, Any]:
             answer["items"] = [_child(c.gate, json.loads(c.data), c.collect) for c in result.children]
         except ValueError:
             return {"error": {"message": "a pull worker's child items need JSON data"}}
+    if result.accumulate is not None:  # numbers for the partition's accumulator
+        answer["accumulate"] = dict(result.accumulate)
     if result.retry_after is not None:
         answer["retry_after"] = result.retry_after
     if result.progress is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from .support import feedproc_env, wait_until
+from .support import feedproc_env, spawn, stop_group, wait_until
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -91,13 +90,12 @@ class ServeProcess:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [sys.executable, "-m", "feedproc", "serve", "--port", "0", *args],
             env=feedproc_env(db_url, **env),
             preexec_fn=limit,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         log.close()
         port = wait_until(self._port, timeout=60, what="feedproc serve to print its address")
@@ -120,13 +118,7 @@ class ServeProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_group(self.process)
 
 
 class Slowloris:

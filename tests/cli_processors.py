@@ -50,6 +50,17 @@ class LoggedSlow(Processor):
         return Response(done=True)
 
 
+class Accumulates(LoggedSlow):
+    """LoggedSlow whose answers each accumulate {"n": 1}; an item that collects answers with the
+    accumulator it received (`item.accumulated`) as its result."""
+
+    async def process(self, item: Item) -> Response:
+        if item.accumulated is not None:
+            return Response(done=True, result={"accumulated": dict(item.accumulated)})
+        await super().process(item)
+        return Response(done=True, accumulate={"n": 1})
+
+
 class ReportsFrozenObjects(Processor):
     """Writes how many objects the process keeps out of the garbage collector (gc.freeze) to
     $FEEDPROC_TEST_DELIVERY_LOG, then completes."""

@@ -10,6 +10,12 @@ MariaDB (or MySQL) comes from FEEDPROC_TEST_MARIADB_URL, else a server on 127.0.
 password). It has no template databases: each test's database is created from the DDL of one
 migrated at the start of the run (`SHOW CREATE TABLE`, 40 ms against 300 for the migrations).
 FEEDPROC_REQUIRE_MARIADB=1 (CI) fails the run when there is none.
+
+Tiers (README, Development): a bare `pytest` runs the fast tier, the unit, store and watcher tests
+on SQLite without the `slow` ones, and the `smoke` tests on PostgreSQL and MariaDB too;
+`pytest --tier full` runs every test on every database (CI). A path, `-k` or `-m` given on the
+command line selects exactly what it names, on every database. The `faults` and `multihost` tests
+run only when `-m` names them (alone: they restart servers, or build network namespaces).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import NullPool, create_engine, make_url, text
@@ -29,7 +36,7 @@ from sqlalchemy import NullPool, create_engine, make_url, text
 from feedproc import Feed
 from feedproc.store import Store
 
-from .support import HandlerService, WatcherProcesses
+from .support import ROOT, HandlerService, WatcherProcesses, die_with_parent
 
 RUN_ID = uuid.uuid4().hex[:8]
 LOCAL_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -38,12 +45,55 @@ LOCAL_MARIADB = "mysql+pymysql://root@127.0.0.1:3306/test"
 DATABASES = ["sqlite", "postgresql", "mariadb"]
 
 
+#: The fast tier: these folders, on SQLite, without the `slow` tests (plus every `smoke` test).
+FAST_FOLDERS = ("unit", "store", "watcher")
+#: Markers whose tests run only when `-m` names them.
+ALONE = ("faults", "multihost")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--tier",
+        choices=("fast", "full"),
+        default=None,
+        help="fast: unit, store and watcher tests on SQLite, and the smoke tests on PostgreSQL and MariaDB "
+        "(a bare `pytest`); full: every test on every database (CI; the default when a path, -k or -m is given)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs only on SQLite")
     config.addinivalue_line("markers", "postgres_only: runs only on PostgreSQL")
     config.addinivalue_line("markers", "mariadb_only: runs only on MariaDB")
     config.addinivalue_line("markers", "servers_only: runs on PostgreSQL and MariaDB, not SQLite")
     config.addinivalue_line("markers", "faults: fault injection with real processes and signals (run alone: -m faults)")
+    config.addinivalue_line("markers", "smoke: in the fast tier on PostgreSQL and MariaDB too (the database smoke)")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        # An xdist worker outlives a killed controller (it was seen running for minutes, its watchers
+        # with it): SIGTERM it when the controller dies, and the kernel then signals its own children.
+        if "controller_pid" in workerinput:  # absent if the controller did not load this conftest
+            die_with_parent(int(workerinput["controller_pid"]))
+        config.option.tier = workerinput.get("tier", config.option.tier)
+    elif config.option.tier is None:  # resolved where the command line is known, and given to the workers
+        named = config.args_source == pytest.Config.ArgsSource.ARGS or config.option.keyword or config.option.markexpr
+        config.option.tier = "full" if named else "fast"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: tell each worker its tier, and whose death it must not outlive."""
+    node.workerinput["controller_pid"] = os.getpid()
+    node.workerinput["tier"] = node.config.option.tier
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.option.tier == "fast":
+        return (
+            "tier fast: unit, store and watcher tests on SQLite, and the smoke tests on PostgreSQL and MariaDB "
+            "(every test on every database: pytest --tier full)"
+        )
+    return "tier full: every test selected, on every database"
 
 
 def _database_of(nodeid: str) -> str | None:
@@ -62,21 +112,32 @@ ONLY = {
 }
 
 
+def _kept(item: pytest.Item, *, fast: bool, markexpr: str) -> bool:
+    database = _database_of(item.nodeid)
+    if any(item.get_closest_marker(marker) and marker not in markexpr for marker in ALONE):
+        return False
+    if database is not None and any(item.get_closest_marker(m) and database not in kept for m, kept in ONLY.items()):
+        return False
+    return not fast or _in_fast_tier(item, database)
+
+
+def _in_fast_tier(item: pytest.Item, database: str | None) -> bool:
+    if item.get_closest_marker("smoke"):
+        return True
+    folder = item.path.relative_to(ROOT / "tests").parts[0] if item.path.is_relative_to(ROOT / "tests") else ""
+    return folder in FAST_FOLDERS and database in (None, "sqlite") and not item.get_closest_marker("slow")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Drop the other databases' variants of single-database tests at collection, so that no
-    server test is ever reported as skipped (CI treats a skipped database test as a failure)."""
-    dropped = []
-    for item in items:
-        database = _database_of(item.nodeid)
-        if database is None:
-            continue
-        for marker, kept in ONLY.items():
-            if item.get_closest_marker(marker) and database not in kept:
-                dropped.append(item)
-                break
+    server test is ever reported as skipped (CI treats a skipped database test as a failure); and
+    what the tier leaves out, and the tests that run alone unless `-m` names them."""
+    fast, markexpr = config.option.tier == "fast", config.option.markexpr or ""
+    dropped = [item for item in items if not _kept(item, fast=fast, markexpr=markexpr)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item not in dropped]
+        gone = {id(item) for item in dropped}
+        items[:] = [item for item in items if id(item) not in gone]
 
 
 def _answers(host: str, port: int) -> bool:

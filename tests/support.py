@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
+import locale
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -125,6 +128,153 @@ class HandlerService:
         self.server.server_close()
 
 
+# ---------------------------------------------------------------- processes that die with the test run
+
+#: prctl(2)'s option that makes the kernel signal a process when the thread that started it ends.
+PR_SET_PDEATHSIG = 1
+_prctl: Any = None
+if sys.platform == "linux":  # elsewhere, process groups alone (a killed pytest can leave processes)
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel for `sig` when our parent (pid `parent`) dies; exit at once if it already
+    has (between the fork and now, when no signal would ever come). Safe in a preexec_fn: no
+    imports, no locks. xdist workers call it on themselves (conftest)."""
+    if _prctl is None:
+        return
+    _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+#: A guard process: waits for the end of its standard input (the test process closed it, or died),
+#: then kills the process group named on its first line. Not itself killed by the test's death.
+GUARD = """
+import os, signal, sys
+line = sys.stdin.readline()
+sys.stdin.read()
+if line.strip():
+    try:
+        os.killpg(int(line), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def spawn(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    preexec_fn: Callable[[], None] | None = None,
+    guard: bool = False,
+    **popen: Any,
+) -> subprocess.Popen[Any]:
+    """Start a subprocess that no killed pytest leaves behind: in a process group (and session) of
+    its own, so that `stop_group` kills it with whatever it started, and with SIGTERM from the kernel
+    when this process dies (PR_SET_PDEATHSIG: the child shuts down as on any SIGTERM).
+
+    The signal comes when the *thread* that started the child ends: start processes that outlive a
+    call from pytest's main thread (tests run there, also under xdist). `guard`: for a child that
+    starts processes of its own (a shell with background jobs, the benchmark), a guard process kills
+    the whole group when this process dies; `stop_group` ends the guard too."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("start long-lived test processes from the main thread (PR_SET_PDEATHSIG is per thread)")
+    return _spawn(args, preexec_fn=preexec_fn, guard=guard, **popen)
+
+
+def _spawn(
+    args: Sequence[str | os.PathLike[str]], *, preexec_fn: Callable[[], None] | None, guard: bool, **popen: Any
+) -> subprocess.Popen[Any]:
+    parent = os.getpid()
+
+    def prepare() -> None:
+        die_with_parent(parent)
+        if preexec_fn is not None:
+            preexec_fn()
+
+    guarding = None
+    if guard:  # started first, so that it is waiting before the group exists
+        guarding = subprocess.Popen(
+            [sys.executable, "-S", "-c", GUARD], stdin=subprocess.PIPE, start_new_session=True, text=True
+        )
+    try:
+        process = subprocess.Popen(args, start_new_session=True, preexec_fn=prepare, **popen)
+    except BaseException:
+        if guarding is not None:
+            _end_guard(guarding)
+        raise
+    if guarding is not None:
+        assert guarding.stdin is not None
+        guarding.stdin.write(f"{process.pid}\n")
+        guarding.stdin.flush()
+        _GUARDS[process.pid] = guarding
+    return process
+
+
+#: Guard processes by the process group they watch.
+_GUARDS: dict[int, subprocess.Popen[str]] = {}
+
+
+def _end_guard(guarding: subprocess.Popen[str]) -> None:
+    guarding.kill()
+    guarding.wait()
+    if guarding.stdin is not None:
+        guarding.stdin.close()
+
+
+def stop_group(process: subprocess.Popen[Any], *, grace: float = 20.0) -> None:
+    """SIGTERM `process` (a `spawn`ed group leader) and wait up to `grace` seconds; then SIGKILL its
+    whole process group, which also ends whatever it started in the background."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    guarding = _GUARDS.pop(process.pid, None)
+    if guarding is not None:
+        _end_guard(guarding)
+
+
+def run_process(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    input: str | None = None,
+    guard: bool = False,
+    **popen: Any,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(args, capture_output=True, text=True, timeout=timeout)` for a `spawn`ed
+    child, whose process group is killed when it exits or times out: a shell's background jobs end
+    with the shell. Output goes through files, not pipes, so a job still holding them does not keep
+    the call waiting. Any thread may call it (the calling thread outlives the child)."""
+    with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        if input is not None:
+            given.write(input.encode(locale.getpreferredencoding(False)))
+            given.seek(0)
+        stdin = given if input is not None else subprocess.DEVNULL
+        process = _spawn(args, preexec_fn=None, guard=guard, stdin=stdin, stdout=out, stderr=err, **popen)
+        timed_out = False
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            stop_group(process, grace=0)
+        stdout, stderr = _text(out), _text(err)
+    if timed_out:
+        raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _text(file: Any) -> str:
+    """A captured output as `text=True` gives it: the locale's encoding, universal newlines."""
+    file.seek(0)
+    return file.read().decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
 # ---------------------------------------------------------------- feedproc processes
 
 
@@ -144,12 +294,10 @@ def run_cli(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m feedproc ARGS` against `db_url` (with `env` added to the environment)."""
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-m", "feedproc", *args],
         env=feedproc_env(db_url, **(env or {})),
         input=input,
-        capture_output=True,
-        text=True,
         timeout=timeout,
         cwd=cwd,
     )
@@ -165,12 +313,11 @@ class WatcherProcesses:
 
     def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"watch-{len(self.processes)}.log", "ab")  # noqa: SIM115 - owned by the child
-        process = subprocess.Popen(
+        process = spawn(
             [sys.executable, "-m", "feedproc", "watch", *args],
             env=feedproc_env(self.db_url, **env),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         log.close()
         self.processes.append(process)

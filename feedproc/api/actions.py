@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..gatenames import gate_filter
+from ..gate_labels import gate_filter
 from .common import GATE_HELP, INT64, GateIn, KeyPath, _feed, _key, _status
 from .errors import ApiError
 from .gate import Operating

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import QUEUE_PATTERN
-from ..gatenames import GateNames
+from ..gate_labels import GateNames
 from .common import _feed, _key
 from .gate import Operating, Reading
 

@@ -16,12 +16,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.errors import InvalidInput
+from ..core.gate_names import GATE_NAME_PATTERN
 from ..core.models import KEY_PATTERN, MAX_DEPTH, check_key, json_depth
-from ..core.naming import GATE_NAME_PATTERN
 from ..feed import Feed
-from ..gatenames import GateNames
+from ..gate_labels import GateNames
 from ..serving import Budget
-from .errors import ApiError
+from .errors import ApiError, got, said
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 #: Request-body bytes being read and handled at once, per server (at least the largest body allowed).
@@ -39,9 +39,20 @@ GATE_NAME = f"^{GATE_NAME_PATTERN.pattern}$"
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 
+
+def gate_must_be(value: Any) -> str:
+    """What a gate in a request must be, as the command line says it (`gate must be an integer >= 0`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > INT32:
+        return f"must be at most {INT32}, got {got(value)}"
+    return f"must be an integer >= 0 or a gate name, got {got(value)}"
+
+
 #: A gate: its number, or its name in the queue's pipeline (a name never starts with a digit: "1" is
 #: neither, as before names). A well-formed name the pipeline lacks is a 400 naming it.
-GateIn = Annotated[int, Field(ge=0, le=INT32, strict=True)] | Annotated[str, Field(pattern=GATE_NAME)]
+GateIn = Annotated[
+    Annotated[int, Field(ge=0, le=INT32, strict=True)] | Annotated[str, Field(pattern=GATE_NAME)],
+    said(gate_must_be),
+]
 GATE_HELP = "a gate number, or the name of a gate in the pipeline of the partition's queue"
 
 KeyPath = Annotated[str, Path(pattern=KEY_PATTERN.pattern, description="a partition key; may contain '/'")]

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
-from ..gatenames import GateNames, gate_filter, with_name
+from ..gate_labels import GateNames, gate_filter, with_name
 from .common import (
     GATE_HELP,
     GATE_NAME,
@@ -26,7 +26,7 @@ from .common import (
     expensive,
     within_max_items,
 )
-from .errors import ApiError
+from .errors import ApiError, got, said
 from .gate import Operating, Reading
 
 router = APIRouter()
@@ -35,6 +35,13 @@ AddingItems = [*Operating, Depends(within_max_items)]
 
 StatusName = Literal["available", "complete", "failed", "cancelled"]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
+
+
+#: Failed items a gate lets pass: a count, or a percentage ("5%"); checked by `Feed` (400).
+Tolerance = Annotated[
+    StrictInt | StrictStr,
+    said(lambda value: f'must be a count (an integer >= 0) or a percentage like "5%", got {got(value)}'),
+]
 
 
 class ItemIn(BaseModel):
@@ -62,7 +69,7 @@ class NewPartition(BaseModel):
     item_timeout: float | None = Field(None, gt=0, le=86400 * 7, description="seconds a processor call may take")
     windows: list[str] | None = Field(None, max_length=24, description='windows of the day, e.g. ["22:00-06:00"]')
     timezone: str | None = Field(None, max_length=64, description="the windows' time zone (default UTC)")
-    tolerate: StrictInt | StrictStr | None = Field(
+    tolerate: Tolerance | None = Field(
         None, description='failed items each gate lets pass: a count, or a percentage of its items ("5%")'
     )
 

@@ -26,6 +26,11 @@ class QueueChange(BaseModel):
     timezone: str | None = Field(None, max_length=64)
     mode: Literal["push", "pull"] | None = None
     paused: bool | None = Field(None, strict=True)
+    accumulate: dict[str, Any] | None = Field(
+        None,
+        description='how answers\' accumulate numbers merge: {"pages": "sum", "max_score": "max"}'
+        " (sum, min, max or count); {} removes the declaration",
+    )
 
 
 @router.get("/queues", dependencies=Reading, tags=["queues"])
@@ -44,8 +49,9 @@ def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request
 def change_queue(
     name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
 ) -> dict[str, Any]:
-    """Change a queue's limit, windows, time zone, mode or pause (`feedproc queue set|pause|resume`);
-    an admin token (pause and resume alone: operate)."""
+    """Change a queue's limit, windows, time zone, mode, pause or accumulate declaration (`feedproc
+    queue set|pause|resume`); an admin token (pause and resume alone: operate). 400 naming a bad
+    declaration: nothing is changed then."""
     feed = _feed(request)
     feed.set_queue(
         name,
@@ -55,6 +61,7 @@ def change_queue(
         clear_windows=body.windows == [],
         mode=body.mode,
         paused=body.paused,
+        accumulate=body.accumulate,
         by="api",
     )
     return feed.queue(name)

@@ -25,6 +25,10 @@ log: the call times for the latencies and the deliveries for the exactly-once ch
 timestamps (`now()` on PostgreSQL, `UTC_TIMESTAMP(6)` on MariaDB/MySQL, the process clock on
 SQLite) and the processes' `time.time()` come from the same host clock here.
 
+The fan-in's workloads, `collect` (a Python processor) and `collect-http` (an HTTP handler and a
+`feedproc serve` for its results URL), run differently: per size of `--sizes`, one partition of N
+items fanning in to one item that collects them, one watcher; see `collect.py`.
+
 `--against pgqueuer,procrastinate` runs the equivalent flat no-op drain with each peer (through
 `cmds/bench_peers.py`, in subprocesses; feedproc never imports them) on the same PostgreSQL
 server, with the same number of processes, and tabulates the ratios.
@@ -34,6 +38,7 @@ CLI's `bench` command, lazily. It enqueues through the public `Feed`, runs watch
 watch` subprocesses, and reads its measurements with SQL of its own on connections of its own.
 
 Modules: `options` (the validated options, shared constants), `run` (the runs and `run_bench`),
+`collect` (the collect workloads' setup and reading),
 `watch` (inside the watcher processes), `places` (throwaway databases, the bench's connections),
 `processes` (subprocesses), `measure` (reading and computing the results), `peers`, `report`.
 """

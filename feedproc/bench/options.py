@@ -9,14 +9,33 @@ from pathlib import Path
 
 from .. import FeedprocError, InvalidInput
 
-WORKLOADS = ("flat", "fan", "http", "http-batch", "pull", "http-fan", "pipeline")
+WORKLOADS = (
+    "flat",
+    "fan",
+    "http",
+    "http-batch",
+    "pull",
+    "http-fan",
+    "pipeline",
+    "collect",
+    "collect-http",
+    "flat-accumulate",
+)
 DEFAULT_WORKLOADS = ("flat", "fan", "http", "http-batch", "pull")
 #: Through the bench handler, with these options. `http-fan` is `fan`'s partitions through one
 #: `--handler`; `pipeline` the same through a stored pipeline, each gate to a handler of its own.
 HTTP_WORKLOADS = {"http": [], "http-batch": ["--batch", "100"], "http-fan": [], "pipeline": []}
 FAN_WORKLOADS = {"fan", "http-fan", "pipeline"}  # the fan workload's partitions
+#: flat, with every answer carrying accumulate numbers merged by these operations (the queue's).
+ACCUMULATE_WORKLOADS = {"flat-accumulate": {"pages": "sum", "max_score": "max"}}
 PULL_WORKLOADS = {"pull"}  # a pull-mode queue: `feedproc work` processes claim through one `feedproc serve`
 PULL_CLAIM = 100  # a pull worker's concurrency, so its claims ask for up to this many items
+#: N items fanning in to one collecting item, a run per size: read by a Python processor, or by an
+#: HTTP handler (inline, or page by page from `feedproc serve`).
+COLLECT_WORKLOADS = ("collect", "collect-http")
+#: The collect workloads' sizes (`--sizes`).
+COLLECT_SIZES = (1_000, 100_000, 1_000_000)
+QUICK_COLLECT_SIZES = (10,)
 PEERS = ("pgqueuer", "procrastinate")
 DIR_ENV = "FEEDPROC_BENCH_DIR"  # where a bench watcher writes its call log and statement counts
 STATS_ENV = "FEEDPROC_BENCH_STATS"  # set: watch_main counts SQLAlchemy statements
@@ -46,6 +65,7 @@ class BenchOptions:
     procrastinate_jobs: int = 5000
     procrastinate_concurrency: int = 10
     finished: int = 0  # finished items put in the tables before each feedproc run
+    sizes: list[int] = field(default_factory=lambda: list(COLLECT_SIZES))  # the collect workload's N
     timeout: float = 900.0
     keep: bool = False
     json_path: Path | None = None
@@ -78,6 +98,7 @@ def parse_options(
     timeout: float,
     keep: bool,
     finished: int = 0,
+    sizes: str | None = None,
     json_path: Path | None,
     markdown_path: Path | None,
     command: str,
@@ -123,6 +144,10 @@ def parse_options(
         pgqueuer_batches=[_positive_int(v, "--pgqueuer-batches") for v in _csv(pgqueuer_batches, "--pgqueuer-batches")],
         procrastinate_jobs=procrastinate_jobs,
         finished=finished,
+        sizes=[
+            _positive_int(v, "--sizes")
+            for v in _csv(sizes or ",".join(map(str, QUICK_COLLECT_SIZES if quick else COLLECT_SIZES)), "--sizes")
+        ],
         timeout=timeout,
         keep=keep,
         json_path=json_path,

@@ -26,8 +26,12 @@ from typing import Any
 
 from .. import Feed
 from . import peers
+from .collect import KEY as COLLECT_KEY
+from .collect import analyse_collect, collect_partition, fill_collected
 from .measure import analyse, drain_window, fill_finished, read_db, read_statement_counts
 from .options import (
+    ACCUMULATE_WORKLOADS,
+    COLLECT_WORKLOADS,
     DIR_ENV,
     FAN_GATES,
     FAN_WORKLOADS,
@@ -53,6 +57,8 @@ _LISTENING = "LISTEN feedproc_ready"
 # The watcher processes' entry: `feedproc watch` with the statement counters installed.
 _WATCH = "feedproc.bench.watch"
 _PROCESSOR = "feedproc.bench.watch:BenchProcessor"
+_ACCUMULATING = "feedproc.bench.watch:AccumulatingBenchProcessor"
+_COLLECTOR = "feedproc.bench.watch:CollectProcessor"
 
 
 def partition_shapes(workload: str, partitions: int, items: int) -> list[list[tuple[int, bytes]]]:
@@ -105,6 +111,23 @@ def _commits_sent() -> Iterator[list[float]]:
         event.remove(Engine, "commit", stamp)
 
 
+def _check_accumulated(url: str, partitions: int, workload: str) -> bool:
+    """Whether each drained partition's accumulator is what its items' answers add up to, once
+    each (`watch.accumulated_by`); BenchFailed naming the first that is not."""
+    from .watch import accumulated_by
+
+    with Feed(url) as feed:
+        for n in range(partitions):
+            key = f"{workload}-{n}"
+            ids = [item["id"] for item in feed.items(key, limit=10_000)]
+            numbers = [accumulated_by(item_id) for item_id in ids]
+            expected = {"max_score": max(x["max_score"] for x in numbers), "pages": sum(x["pages"] for x in numbers)}
+            got = feed.status(key)["accumulated"]
+            if got != expected:
+                raise BenchFailed(f"partition {key} accumulated {got}, expected {expected}")
+    return True
+
+
 class Bench:
     """The runs of one `feedproc bench`, each in a throwaway database; logs in a temporary folder."""
 
@@ -147,6 +170,8 @@ class Bench:
             with Feed(url) as feed:
                 if workload in PULL_WORKLOADS:
                     feed.set_queue("default", mode="pull")
+                if workload in ACCUMULATE_WORKLOADS:
+                    feed.set_queue("default", accumulate=ACCUMULATE_WORKLOADS[workload])
                 shapes = partition_shapes(workload, opts.partitions, opts.items)
                 started = time.perf_counter()
                 for n, shape in enumerate(shapes):
@@ -157,7 +182,7 @@ class Bench:
             result["enqueue"] = {"items": total, "seconds": round(seconds, 4), "rate": round(total / seconds, 1)}
 
             committed: dict[str, float] = {}  # paced partition key -> time its add_partition returned
-            target: list[str] = ["--processor", _PROCESSOR]
+            target = ["--processor", _ACCUMULATING if workload in ACCUMULATE_WORKLOADS else _PROCESSOR]
             if workload in HTTP_WORKLOADS:
                 handler = Processes(folder)
                 handler_log = folder / "handler"
@@ -173,6 +198,8 @@ class Bench:
             pull = workload in PULL_WORKLOADS
             drain = self._drain(url, place, folder / "drain", target, watchers, total, pull=pull)
             result["drain"] = drain
+            if workload in ACCUMULATE_WORKLOADS:
+                result["accumulated_exact"] = _check_accumulated(url, len(shapes), workload)
             window = drain_window(read_db(url, self.after), total)
             if opts.latency_seconds > 0 and window is not None and not pull:  # pull: the drain only
                 rate = total / (window[1] - window[0])
@@ -193,6 +220,67 @@ class Bench:
             if handler is not None:
                 handler.stop()
             place.keep_or_drop(url, folder, result, keep=opts.keep)
+        return result
+
+    def run_collect(self, place: Place, workload: str, size: int) -> dict[str, Any]:
+        """A collect workload at `size` (see `collect.py`): one partition, one watcher; collect-http
+        with the bench's collecting handler and a `feedproc serve` for its results URL."""
+        seq = next(self.sequence)
+        folder = self.work / f"{seq:02d}-{place.name}-{workload}-{size}"
+        logs = folder / "drain"
+        logs.mkdir(parents=True)
+        url = place.create(f"bench_{self.run_id}_{seq}")
+        result: dict[str, Any] = {
+            "system": "feedproc",
+            "db": place.name,
+            "workload": workload,
+            "watchers": 1,
+            "size": size,
+            "problems": [],
+        }
+        servers = Processes(logs)  # collect-http: feedproc serve and the handler
+        try:
+            with Feed(url) as feed:
+                feed.migrate()
+                feed.add_partition(COLLECT_KEY, collect_partition(size))
+            started = time.perf_counter()
+            fill_collected(url, COLLECT_KEY, size - 1)
+            result["setup"] = {"rows": size - 1, "seconds": round(time.perf_counter() - started, 2)}
+            result.update(partitions=1, items=size + 1)
+            poller = Poller(url)
+            # --item-timeout, --timeout: reading a million results takes seconds to tens of seconds,
+            # more than a default call may; one phase's own timeout bounds the run anyway.
+            timeout = f"{self.options.timeout:g}"
+            target = ["--processor", _COLLECTOR, "--item-timeout", timeout]
+            if workload == "collect-http":
+                env = dict(os.environ, FEEDPROC_DATABASE_URL=url)
+                serve = servers.start(
+                    [sys.executable, "-m", "feedproc", "serve", "--port", "0", "--log-level", "WARNING"], env, "serve"
+                )
+                api = self._served_url(logs / "serve.out", serve)
+                command = [sys.executable, str(helper("bench_collect_handler.py")), "--port", "0", "--dir", str(logs)]
+                handler = servers.start(command, dict(os.environ), "handler")
+                handler_url = self._handler_url(logs / "handler.out", handler)
+                target = ["--handler", handler_url, "--callback-url", api, "--timeout", timeout]
+            procs = self._watchers(url, logs, target, 1)
+            try:
+                self._wait(poller, procs, _UNFINISHED, "fan-in")
+            finally:
+                procs.stop()
+                poller.close()
+                servers.stop()
+            result["peak_rss_mb"] = procs.peak_mb()
+            if workload == "collect-http":
+                result["server_peak_rss_mb"] = dict(zip(("serve", "handler"), servers.peak_mb(), strict=False))
+            analyse_collect(url, logs, result)
+        except BenchFailed as error:
+            result["problems"].append(str(error))
+        except Exception as error:  # a database error, say: report it, go on with the next run
+            first = (str(error).strip().splitlines() or [""])[0]
+            result["problems"].append(f"{type(error).__name__}: {first}")
+        finally:
+            servers.stop()
+            place.keep_or_drop(url, folder, result, keep=self.options.keep)
         return result
 
     def _ceiling(self, folder: Path, requests: int, data: bytes) -> dict[str, Any]:
@@ -432,6 +520,7 @@ class Bench:
                 "pgqueuer_consumers_per_process": PGQUEUER_CONSUMERS,
                 "procrastinate_jobs": opts.procrastinate_jobs,
                 "procrastinate_concurrency": opts.procrastinate_concurrency,
+                "collect_sizes": opts.sizes,
             },
         }
         runs: list[dict[str, Any]] = []
@@ -440,13 +529,23 @@ class Bench:
         try:
             for place in places:
                 meta["databases"].append(place.version())
-            plan = [(place, workload, w) for place in places for workload in opts.workloads for w in opts.watchers]
-            for n, (place, workload, watchers) in enumerate(plan, start=1):
-                result = self.run_feedproc(place, workload, watchers)
+            # collect(-http): a run per size (`--sizes`), one watcher: its one fan-in item leaves a second nothing.
+            plan = [
+                (place, workload, n)
+                for place in places
+                for workload in opts.workloads
+                for n in (list(dict.fromkeys(opts.sizes)) if workload in COLLECT_WORKLOADS else opts.watchers)
+            ]
+            peers_after = next((w for w in opts.workloads if w not in COLLECT_WORKLOADS), None)  # the peers' turn
+            for step, (place, workload, n) in enumerate(plan, start=1):
+                if workload in COLLECT_WORKLOADS:
+                    result = self.run_collect(place, workload, n)
+                else:
+                    result = self.run_feedproc(place, workload, n)
                 runs.append(result)
-                self.log(f"[{n}/{len(plan)}] {summary(result)}")
-                if place is peer_place and workload == opts.workloads[0]:
-                    peers += self._run_peers(peer_place, watchers)
+                self.log(f"[{step}/{len(plan)}] {summary(result)}")
+                if place is peer_place and workload == peers_after:
+                    peers += self._run_peers(peer_place, n)
             if peer_place is not None and not any(r["db"] == "postgresql" and r["workload"] == "flat" for r in runs):
                 for watchers in opts.watchers:  # flat was not asked for: the peers still run
                     peers += self._run_peers(peer_place, watchers)

@@ -43,6 +43,81 @@ class BenchProcessor(Processor):
             self._log = None
 
 
+class AccumulatingBenchProcessor(BenchProcessor):
+    """The no-op processor whose every answer carries accumulate numbers: `pages` (item id mod 7,
+    plus 1: summed) and `max_score` (id mod 1000 / 1000: the greatest kept), as `flat-accumulate`
+    declares them."""
+
+    async def process(self, item: Any) -> Response:
+        if self._log is not None:  # as BenchProcessor's, without a coroutine more per call
+            self._log.write(f"{item.id} {item.gate} {item.attempt} {time.time():.6f}\n")
+        return Response(done=True, accumulate=accumulated_by(item.id))
+
+
+def accumulated_by(item_id: int) -> dict[str, float]:
+    """What item `item_id`'s answer accumulates in `flat-accumulate` (the bench checks the sums)."""
+    return {"pages": item_id % 7 + 1, "max_score": item_id % 1000 / 1000}
+
+
+class CollectProcessor(Processor):
+    """The collect workload's processor (see `collect.py`), logging its calls as BenchProcessor does.
+    At gate 0 (the item whose answer drains the gate): its data as its result. At the fan-in: notes
+    when it was entered, iterates every collected result (a plain `def`: the pages are read on its
+    worker thread) counting them, the ids seen twice (a byte per id since the first) and the sum of
+    their `n`, and writes that with its times and RSS to FEEDPROC_BENCH_DIR/collect-<pid>.jsonl."""
+
+    def __init__(self) -> None:
+        folder = os.environ.get(DIR_ENV)
+        self._folder = Path(folder) if folder else None
+
+    def process(self, item: Any) -> Response:
+        entered = time.time()
+        if self._folder is not None:
+            with open(self._folder / f"calls-{os.getpid()}.log", "a") as log:
+                log.write(f"{item.id} {item.gate} {item.attempt} {entered:.6f}\n")
+        if item.collected is None:
+            return Response(done=True, result=item.data)
+        rss_at_call = _status_mb("VmRSS")
+        started = time.perf_counter()
+        seen = bytearray()
+        first: int | None = None
+        count = twice = total = 0
+        for row in item.collected:
+            first = row.id if first is None else first
+            offset = row.id - first
+            if offset >= len(seen):
+                seen.extend(bytes(offset - len(seen) + 65536))
+            twice += seen[offset]
+            seen[offset] = 1
+            count += 1
+            total += json.loads(row.result or b"{}").get("n", 0)
+        iterated = time.perf_counter() - started
+        record = {
+            "id": item.id,
+            "entered": entered,
+            "iterate_seconds": iterated,
+            "count": count,
+            "len": len(item.collected),
+            "twice": twice,
+            "sum": total,
+            "rss_at_call_mb": rss_at_call,
+            "hwm_mb": _status_mb("VmHWM"),
+        }
+        if self._folder is not None:
+            with open(self._folder / f"collect-{os.getpid()}.jsonl", "a") as out:
+                out.write(json.dumps(record) + "\n")
+        return Response(done=True, result={"count": count, "twice": twice, "sum": total})
+
+
+def _status_mb(field: str) -> float | None:
+    """A /proc/self/status figure (VmRSS, VmHWM: the kernel's high-water mark) in MB; None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            return round(next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024, 1)
+    except (OSError, StopIteration):
+        return None
+
+
 def watch_main() -> None:
     """`feedproc ARGS` (ARGS: `watch ...`), with statements, transactions and pool checkouts counted
     (when FEEDPROC_BENCH_STATS is set) and written to FEEDPROC_BENCH_DIR/stats-<pid>.json at exit."""

@@ -49,7 +49,8 @@ def _tidy_help(command: Any) -> None:
             many = param.nargs != 1 and param.metavar is None
             if param.metavar is None:
                 param.metavar = (param.name or "").upper()
-            usage = (param.metavar if param.required else f"[{param.metavar}]") + ("..." if many else "")
+            shown_as_is = param.required or param.metavar.startswith("[")  # it brackets what is optional itself
+            usage = (param.metavar if shown_as_is else f"[{param.metavar}]") + ("..." if many else "")
             param._usage_display_name = lambda usage=usage: usage
         elif getattr(param, "is_flag", False):
             param.display_type_rich = lambda ctx: None

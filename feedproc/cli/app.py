@@ -9,9 +9,10 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, cast
 
 import typer
 
@@ -31,7 +32,32 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Partitioned fan-out/fan-in workflows on SQLite, PostgreSQL or MariaDB/MySQL.",
 )
-_global: dict[str, str | None] = {"db": None, "table_prefix": None}
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalOptions:
+    """The options given before the command (`feedproc --db URL --table-prefix P COMMAND`): the
+    app's callback puts them on typer's context (`ctx.obj`), where every command finds them."""
+
+    db: str | None = None
+    table_prefix: str | None = None
+
+
+def global_options(ctx: typer.Context | None = None) -> GlobalOptions:
+    """The global options of `ctx` (by default the command running now); the defaults outside one."""
+    current = ctx if ctx is not None else _current_context()
+    found = current.find_object(GlobalOptions) if current is not None else None
+    return found if isinstance(found, GlobalOptions) else GlobalOptions()
+
+
+def _current_context() -> typer.Context | None:
+    """The running command's context, for the helpers every command calls without passing theirs
+    (`database_url`, `_feed`). Typer 0.29 runs on a copy of click of its own, whose context stack is
+    not click's."""
+    from typer._click.globals import get_current_context
+
+    return cast("typer.Context | None", get_current_context(silent=True))
+
 
 DbOption = Annotated[
     str | None,
@@ -50,15 +76,22 @@ LogFormatOption = Annotated[
 ]
 ItemsOption = Annotated[
     str | None,
-    typer.Option("--items", metavar="FILE|-", help='JSON Lines: one {"gate": int, "data": ...} per line.'),
+    typer.Option(
+        "--items",
+        metavar="FILE|-",
+        help='JSON Lines: one {"gate": int, "data": ...} per line (a row without "gate" is at gate 0).',
+    ),
 ]
 
 
 def database_url(db: str | None) -> str:
     """--db, else $FEEDPROC_DATABASE_URL, else the default SQLite file; with
     $FEEDPROC_REQUIRE_DATABASE_URL set (the container image), no default: one must be given."""
-    given = db or _global["db"] or os.environ.get("FEEDPROC_DATABASE_URL")
+    from ..feed import Feed
+
+    given = db or global_options().db or os.environ.get("FEEDPROC_DATABASE_URL")
     if given:
+        Feed.check_url(given)  # malformed: one line and exit 2 before any command does its work
         return given
     if os.environ.get("FEEDPROC_REQUIRE_DATABASE_URL"):
         raise Refused("no database: set FEEDPROC_DATABASE_URL (or give --db)")
@@ -74,7 +107,7 @@ def _feed(db: str | None, *, create: bool = False) -> Any:
     path = sqlite_path(url)
     if path is not None and not create and not Path(path).exists():
         raise Refused(f"no database at {path}: create it with feedproc migrate (or give --db)")
-    return Feed(url, table_prefix=_global["table_prefix"])
+    return Feed(url, table_prefix=global_options().table_prefix)
 
 
 def sqlite_path(url: str) -> str | None:
@@ -93,6 +126,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     db: DbOption = None,
     table_prefix: Annotated[
         str | None,
@@ -106,8 +140,11 @@ def _main(
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    _global["db"] = db
-    _global["table_prefix"] = check_table_prefix(table_prefix) if table_prefix is not None else None
+    if db is not None:  # before the command parses its own arguments: every command says the same
+        from ..feed import Feed
+
+        Feed.check_url(db)
+    ctx.obj = GlobalOptions(db, check_table_prefix(table_prefix) if table_prefix is not None else None)
 
 
 # ---------------------------------------------------------------- input

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..core.errors import InvalidInput
+from ..core.fanin import parse_operations
 from ..core.models import check_key
 from .app import (
     ITEMS_PAGE,
@@ -26,7 +27,7 @@ def status(
     db: DbOption = None,
 ) -> None:
     """Show one partition, or a summary of all."""
-    from ..gatenames import GateNames
+    from ..gate_labels import GateNames
     from ..report import print_partition, print_summary
 
     with _feed(db) as feed:
@@ -59,7 +60,7 @@ def list_items(
 ) -> None:
     """List a partition's items (a finished partition's results are read this way), a page at a time."""
     from ..core.models import STATUSES
-    from ..gatenames import GateNames, gate_filter, with_name
+    from ..gate_labels import GateNames, gate_filter, with_name
     from ..report import item_json, print_items
 
     check_key(key)
@@ -85,12 +86,18 @@ def list_items(
             after = rows[-1]["id"]
 
 
+#: What `feedproc item` takes, said when it is given something else (nothing at all, say).
+ITEM_USAGE = (
+    "usage: feedproc item ID (show one item), or feedproc item retry|skip|cancel ID... | --partition KEY [--gate G]"
+)
+
+
 @app.command("item")
 def item_command(
     words: Annotated[
-        list[str],
-        typer.Argument(metavar="[retry|skip|cancel] ID...", help="An item to show, or an action and its items."),
-    ],
+        list[str] | None,
+        typer.Argument(metavar="[retry|skip|cancel] [ID]...", help="An item to show, or an action and its items."),
+    ] = None,
     partition: Annotated[
         str | None, typer.Option(metavar="KEY", help="An action on every failed or available item of KEY.")
     ] = None,
@@ -101,16 +108,18 @@ def item_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Show one item (its data and every delivery), or act on items: retry (due now, attempts
-    reset), skip (complete it without processing) or cancel, by id or with --partition KEY [--gate G]."""
-    from ..gatenames import GateNames, gate_filter
+    """Show one item (its data and every delivery), or act on items: retry, skip or cancel.
+
+    Retry: due now, attempts reset; skip: complete, unprocessed; by ID, or --partition KEY [--gate G]."""
+    from ..gate_labels import GateNames, gate_filter
     from ..report import item_json, print_item
 
+    words = words or []
     action = words[0] if words and words[0] in ("retry", "skip", "cancel") else None
     ids = [_item_id(word) for word in (words[1:] if action else words)]
     if action is None:
         if len(ids) != 1 or partition is not None or gate is not None:
-            raise InvalidInput("show one item: feedproc item ID (or act: feedproc item retry|skip|cancel ID...)")
+            raise InvalidInput(ITEM_USAGE)
         with _feed(db) as feed:
             item = GateNames(feed).item(feed.item(ids[0]))
         if as_json:
@@ -118,7 +127,9 @@ def item_command(
         else:
             print_item(item)
         return
-    if (partition is None) == (not ids):
+    if partition is None and not ids:
+        raise InvalidInput(f"{action}: name the items (IDs) or --partition KEY")
+    if partition is not None and ids:
         raise InvalidInput(f"{action}: name the items (IDs) or --partition KEY, not both")
     if gate is not None and partition is None:
         raise InvalidInput("--gate goes with --partition")
@@ -164,18 +175,48 @@ def queue_set(
         str | None,
         typer.Option(metavar="push|pull", help="push: watchers deliver its items; pull: workers claim them."),
     ] = None,
+    accumulate: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=OP",
+            help="How answers' accumulate numbers merge: NAME=sum|min|max|count"
+            " (repeatable; replaces the declaration).",
+        ),
+    ] = None,
+    no_accumulate: Annotated[
+        bool, typer.Option("--no-accumulate", help="Remove the queue's accumulate declaration.")
+    ] = False,
     db: DbOption = None,
 ) -> None:
-    """Store queue NAME's concurrency limit, windows and/or mode (options not given keep their value)."""
+    """Store queue NAME's concurrency limit, windows, mode and/or accumulate declaration (options
+    not given keep their value)."""
     if mode is not None and mode not in ("push", "pull"):
         raise typer.BadParameter(f"must be push or pull, got {mode!r}", param_hint="--mode")
+    if accumulate and no_accumulate:
+        raise InvalidInput("--accumulate and --no-accumulate: give one")
+    declared = None
+    if accumulate:
+        try:
+            declared = parse_operations(accumulate)  # before touching the database
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
+    elif no_accumulate:
+        declared = {}
     with _feed(db) as feed:
         settings = feed.set_queue(
-            name, limit=limit, windows=window, window_tz=timezone, clear_windows=no_windows, mode=mode
+            name,
+            limit=limit,
+            windows=window,
+            window_tz=timezone,
+            clear_windows=no_windows,
+            mode=mode,
+            accumulate=declared,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
-    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}")
+    said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
+    accumulate_text = f", accumulate {said}" if said else ""
+    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}")
 
 
 @queue_app.command("pause")
@@ -216,7 +257,9 @@ def queue_show(
         else:
             windows_text = "no windows"
         paused = f", paused since {q['paused_at']} by {q['paused_by']}" if q["paused"] else ""
-        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{paused}")
+        declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
+        accumulate = f", accumulate {declared}" if declared else ""
+        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{paused}")
 
 
 @app.command()

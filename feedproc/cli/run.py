@@ -20,10 +20,10 @@ from .app import (
     DbOption,
     LogFormatOption,
     LogLevelOption,
-    _global,
     app,
     check_http_url,
     database_url,
+    global_options,
     parse_duration,
     parse_headers,
 )
@@ -31,6 +31,7 @@ from .app import (
 
 @app.command()
 def watch(
+    ctx: typer.Context,
     queue: Annotated[
         str | None,
         typer.Option(envvar="FEEDPROC_QUEUE", help="Queue to serve (default: default, or a Pipeline's own queue)."),
@@ -118,15 +119,18 @@ def watch(
             help="Deliver up to N items of one partition and gate in one call.",
         ),
     ] = 1,
-    batch_wait: Annotated[
+    batch_wait_ms: Annotated[
         float,
         typer.Option(
-            envvar="FEEDPROC_BATCH_WAIT",
+            envvar="FEEDPROC_BATCH_WAIT_MS",
             min=0.0,
             metavar="MS",
             help="Milliseconds a batch short of N waits for more items.",
         ),
     ] = 0.0,
+    batch_wait: Annotated[  # the old spelling of --batch-wait-ms (also milliseconds): deprecated
+        float | None, typer.Option(envvar="FEEDPROC_BATCH_WAIT", min=0.0, metavar="MS", hidden=True)
+    ] = None,
     prefetch: Annotated[
         int | None,
         typer.Option(
@@ -197,7 +201,7 @@ def watch(
     db: DbOption = None,
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
-    from ..processors import HTTPProcessor, load_processor
+    from ..processors import HTTPOptions, load_processor
     from ..watcher import Watcher, WatcherConfig
 
     if handler is not None and processor is not None:
@@ -216,7 +220,7 @@ def watch(
         config = WatcherConfig(
             queue=queue,
             concurrency=concurrency,
-            capacity=max_partitions,
+            max_partitions=max_partitions,
             lease_seconds=lease_seconds,
             poll_interval=poll_interval,
             max_attempts=max_attempts,
@@ -226,43 +230,36 @@ def watch(
             retention=parse_duration(retention, "--retention", unit_required=True) if retention else None,
             item_timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
             batch=batch,
-            batch_wait=batch_wait / 1000,
-            fetch_ahead=prefetch,
+            batch_wait=_batch_wait_ms(ctx, batch_wait_ms, batch_wait) / 1000,
+            prefetch=prefetch,
             max_children=max_children,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
-    http_options: dict[str, Any] = {
-        "timeout": timeout,
-        "headers": headers,
-        "max_connections": max(concurrency, 10),
-        "max_answer_bytes": max_answer_bytes,
-        "callback_url": callback_url,
-        "max_children": max_children,
-    }
+    http_options = HTTPOptions(
+        timeout=timeout,
+        headers=headers,
+        max_connections=max(concurrency, 10),
+        max_answer_bytes=max_answer_bytes,
+        callback_url=callback_url,
+        max_children=max_children,
+    )
     if handler is not None:
         check_http_url(handler, "--handler")
         if conflict := credentials_conflict(handler, headers):
             raise InvalidInput(conflict)
         if callback_url is not None:
             check_http_url(callback_url, "--callback-url")
-        target = HTTPProcessor(
-            handler,
-            timeout=timeout,
-            headers=headers,
-            max_connections=max(concurrency, 10),
-            max_answer_bytes=max_answer_bytes,
-            callback_url=callback_url,
-            request=request_format,
-            max_children=max_children,
-        )
+        target = http_options.processor(handler, request=request_format)
     logs.configure(log_level, log_format)
+    if batch_wait is not None:
+        logging.getLogger("feedproc").warning(DEPRECATED_BATCH_WAIT)
     for value in headers.values():
         logs.add_secret(value)
     logs.add_url_secrets(handler)
     logs.add_url_secrets(database_url(db))
     watcher = Watcher.connect(
-        database_url(db), target, config, table_prefix=_global["table_prefix"], http_options=http_options
+        database_url(db), target, config, table_prefix=global_options(ctx).table_prefix, http_options=http_options
     )
     try:
         if target is None and watcher.store.pipeline_version(queue) == 0:
@@ -285,6 +282,21 @@ def watch(
     fatal = getattr(watcher, "fatal", None)
     if fatal:  # the write loop gave up: the watcher released its leases; a supervisor restarts it
         raise Refused(f"watcher stopped: {fatal}")
+
+
+DEPRECATED_BATCH_WAIT = (
+    "--batch-wait (FEEDPROC_BATCH_WAIT) is deprecated: use --batch-wait-ms (FEEDPROC_BATCH_WAIT_MS), "
+    "the same milliseconds"
+)
+
+
+def _batch_wait_ms(ctx: typer.Context, batch_wait_ms: float, old: float | None) -> float:
+    """--batch-wait-ms when given (on the command line or in the environment), else the old
+    spelling --batch-wait (the same milliseconds), else --batch-wait-ms's default."""
+    source = ctx.get_parameter_source("batch_wait_ms")
+    if old is not None and (source is None or source.name == "DEFAULT"):
+        return old
+    return batch_wait_ms
 
 
 def _served_queue(queue: str | None, processor: Any) -> str:

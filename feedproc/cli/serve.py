@@ -13,12 +13,13 @@ import typer
 from .. import logs
 from ..core.errors import Refused
 from ..core.models import MAX_CHILDREN, MAX_ITEMS
-from .app import DbOption, LogFormatOption, LogLevelOption, _global, app, database_url
+from .app import DbOption, LogFormatOption, LogLevelOption, app, database_url, global_options
 from .run import _check_log_options
 
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     host: Annotated[
         str, typer.Option(help="Address to listen on; other than loopback only with a read token (or --public-read).")
     ] = "127.0.0.1",
@@ -92,7 +93,7 @@ def serve(
     from ..core.policy import RetryPolicy
 
     policy = RetryPolicy(max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay)
-    feed = Feed(database_url(db), policy=policy, table_prefix=_global["table_prefix"])
+    feed = Feed(database_url(db), policy=policy, table_prefix=global_options(ctx).table_prefix)
     try:
         feed.check_schema()
         try:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .app import _global, app
+from .app import app, global_options
 
 
 @app.command()
@@ -30,6 +30,7 @@ def demo(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     db: Annotated[
         list[str] | None,
         typer.Option(
@@ -44,8 +45,11 @@ def bench(
         str,
         typer.Option(
             help="Comma-separated: flat, fan, http, http-batch (--batch 100), pull (feedproc work through serve); "
-            "also http-fan (fan's partitions through one --handler) and pipeline (the same, each gate to its own "
-            "handler through a stored pipeline)."
+            "also http-fan (fan's partitions through one --handler), pipeline (the same, each gate to its own "
+            "handler through a stored pipeline), collect and collect-http (N items fanning in to one item that "
+            "collects them, read by a Python processor or an HTTP handler; see --sizes), and flat-accumulate "
+            "(flat, every answer carrying accumulate numbers: pages summed, max_score kept greatest; each "
+            "partition's accumulator checked)."
         ),
     ] = "flat,fan,http,http-batch,pull",
     watchers: Annotated[
@@ -79,13 +83,21 @@ def bench(
     keep: Annotated[
         bool, typer.Option(help="Keep the throwaway databases and logs (their paths go in the JSON).")
     ] = False,
+    sizes: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N,...",
+            help="The collect workload's sizes: items fanning in to one collecting item, a run each "
+            "(default 1000,100000,1000000; --quick 10).",
+        ),
+    ] = None,
 ) -> None:
-    """Measure throughput and latency on SQLite and PostgreSQL, optionally beside PgQueuer and Procrastinate."""
+    """Measure throughput and latency on SQLite, PostgreSQL or MariaDB/MySQL (and of PgQueuer, Procrastinate)."""
     from ..bench import parse_options, run_bench
 
     options = parse_options(
         db=db,
-        fallback_db=_global["db"] or os.environ.get("FEEDPROC_DATABASE_URL"),
+        fallback_db=global_options(ctx).db or os.environ.get("FEEDPROC_DATABASE_URL"),
         workload=workload,
         watchers=watchers,
         partitions=partitions,
@@ -100,6 +112,7 @@ def bench(
         timeout=timeout,
         keep=keep,
         finished=finished,
+        sizes=sizes,
         json_path=json_file,
         markdown_path=markdown,
         command=" ".join(["feedproc", *sys.argv[1:]]),

@@ -112,8 +112,28 @@ def check_operations(value: Any, what: str = "accumulate") -> dict[str, str]:
     return checked
 
 
+#: Names that passed the check already (a gate's answers repeat a few names): a name found here is
+#: not matched again. Bounded: past it, names are checked every time.
+_NAMES_SEEN: set[str] = set()
+_NAMES_SEEN_MAX = 1024
+_EXACT = 2**53  # integers below this become floats exactly (and never overflow)
+
+
 def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
     """An answer's `accumulate` checked: an object of at most MAX_NAMES names to finite numbers."""
+    # Every answer of flat-accumulate carries one: the full check (a regular expression per name,
+    # the overflow guard) cost 5 us an answer, 7% of a watcher's time per item at 15,000 items/s.
+    if type(value) is dict and len(value) <= MAX_NAMES:
+        fast: dict[str, float] = {}
+        for name, number in value.items():
+            kind = type(number)
+            if name not in _NAMES_SEEN or not (
+                (kind is float and math.isfinite(number)) or (kind is int and -_EXACT < number < _EXACT)
+            ):
+                break
+            fast[name] = float(number)
+        else:
+            return fast
     checked: dict[str, float] = {}
     for name, number in _named(value, what, 'an object of names to numbers, like {"pages": 12}', "carries"):
         if isinstance(number, bool) or not isinstance(number, int | float):
@@ -125,12 +145,42 @@ def check_accumulate(value: Any, what: str = "accumulate") -> dict[str, float]:
         if not math.isfinite(as_float):
             raise ValueError(f"{what}: {name} must be a finite number, got {shown(number)}")
         checked[name] = as_float
+    if len(_NAMES_SEEN) < _NAMES_SEEN_MAX:
+        _NAMES_SEEN.update(checked)
     return checked
 
 
 def undeclared(accumulate: Mapping[str, float], operations: Mapping[str, str]) -> list[str]:
     """The names of `accumulate` that `operations` declares no operation for."""
     return [name for name in accumulate if name not in operations]
+
+
+def refusal(accumulate: Mapping[str, float], operations: Mapping[str, str], gate: str, queue: str) -> str | None:
+    """Why an answer's `accumulate` cannot be merged (its item then fails for good), or None: the
+    first name its gate (`gate`, as shown) of `queue` declares no operation for. A name nobody
+    declared is a typo or a forgotten declaration; dropping it would lose what it counted unseen."""
+    missing = undeclared(accumulate, operations)
+    if not missing:
+        return None
+    name = missing[0]
+    declared = ", ".join(f"{n}={op}" for n, op in sorted(operations.items())) or "nothing"
+    return (
+        f"accumulate: {name!r} has no operation declared at {gate} of queue {queue!r} (declared: {declared});"
+        f' declare it on the gate (accumulate = {{{name} = "sum"}}) or the queue'
+        f" (feedproc queue set {queue} --accumulate {name}=sum)"
+    )
+
+
+def parse_operations(pairs: list[str] | tuple[str, ...], what: str = "--accumulate") -> dict[str, str]:
+    """`["pages=sum", "max_score=max"]` (the CLI's form) as a declaration; ValueError naming `what`
+    and the pair at fault otherwise."""
+    declared: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, operation = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{what}: {shown(pair)} is not NAME=OPERATION (like pages=sum)")
+        declared[name.strip()] = operation.strip()
+    return check_operations(declared, what)
 
 
 def merge(operations: Mapping[str, str], into: dict[str, float], numbers: Mapping[str, float]) -> None:
@@ -140,14 +190,16 @@ def merge(operations: Mapping[str, str], into: dict[str, float], numbers: Mappin
         if operation is None:
             continue
         step = 1.0 if operation == "count" else number
-        if name not in into:
-            into[name] = step
-        elif operation in ("sum", "count"):
-            into[name] += step
-        elif operation == "min":
-            into[name] = min(into[name], step)
-        else:
-            into[name] = max(into[name], step)
+        into[name] = step if name not in into else combine(operation, into[name], step)
+
+
+def combine(operation: str, merged: float, step: float) -> float:
+    """`merged` and one more answer's `step` by `operation` (a count's step is 1)."""
+    if operation in ("sum", "count"):
+        return merged + step
+    if operation == "min":
+        return min(merged, step)
+    return max(merged, step)
 
 
 def shown_number(value: float) -> int | float:

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, cast
 
 from .errors import InvalidInput
-from .naming import resolve_gate
+from .gate_names import resolve_gate
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,200}$")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,100}$")
@@ -82,7 +82,7 @@ def gate_problem(gate: Any) -> str | None:
 
 def check_gate(gate: Any, where: str = "") -> int:
     """Return `gate` if it is a valid gate (0..MAX_GATE) or the name of one in the pipeline in scope
-    (`naming.naming`), as its number; else raise InvalidInput."""
+    (`gate_names.naming`), as its number; else raise InvalidInput."""
     try:
         return gate_number(gate, where)
     except (TypeError, ValueError) as error:
@@ -198,8 +198,8 @@ def strict_json(value: Any, what: str = "data") -> bytes:
 
 def item_from_row(row: Any, where: str = "") -> NewItem:
     """One `{"gate": int, "data": <any JSON>[, "collect": gate]}` object (a JSON Lines row, or an
-    HTTP body's item) as a NewItem; the data is stored as its JSON text. Shared by `feedproc add` and
-    the HTTP API."""
+    HTTP body's item) as a NewItem; the data is stored as its JSON text. Without "gate", gate 0 (as
+    `Feed`'s items and handlers' children). Shared by `feedproc add` and the HTTP API."""
     if not isinstance(row, dict):
         raise InvalidInput(f'{where}expected an object like {{"gate": 0, "data": ...}}')
     unknown = set(row) - {"gate", "data", "collect"}

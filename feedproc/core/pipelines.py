@@ -47,8 +47,8 @@ from typing import Any, cast
 from . import windows as timewindows
 from .errors import InvalidInput
 from .fanin import COLLECT_INLINE, Tolerance, check_operations
+from .gate_names import check_gate_name, naming
 from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
-from .naming import check_gate_name, naming
 from .policy import RetryPolicy
 from .redaction import credentials_conflict, redact_url
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import windows as timewindows
 from .models import NewItem
+from .timestamps import iso
 
 RECORD_OUTCOMES = {
     "done": "done",
@@ -98,6 +99,9 @@ class Outcome:
     progress: float | None = None  # reported with a "not yet" answer (0..1)
     result: bytes | None = None  # what the item produced (fan-in), kept apart from its data
     accumulate: Mapping[str, float] | None = None  # numbers for the partition's accumulator
+    # How they merge: the operations its gate (over its queue) declared when the answer was read,
+    # every name of `accumulate` among them (`core.fanin.refusal`); a name without one is not merged.
+    operations: Mapping[str, str] | None = None
     # The delivery's record (feedproc_attempts; a completing delivery's lives on the item row).
     n: int = 0  # the item's delivery number (its deliveries + 1)
     attempt: int = 0  # the attempt number the processor saw
@@ -172,6 +176,13 @@ class QueueSettings:
     paused: bool = False  # nothing new dispatched or claimed until resumed
     paused_at: datetime | None = None
     paused_by: str | None = None
+    #: How answers' `accumulate` numbers merge in its partitions: (name, operation) pairs, sorted.
+    accumulate: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def operations(self) -> dict[str, str]:
+        """The queue's accumulate declaration: name -> operation (sum, min, max, count)."""
+        return dict(self.accumulate)
 
     @property
     def limited(self) -> bool:
@@ -195,14 +206,15 @@ class QueueSettings:
             "name": self.name,
             "mode": self.mode,
             "paused": self.paused,
-            "paused_at": self.paused_at.isoformat() if self.paused_at else None,
+            "paused_at": iso(self.paused_at),
             "paused_by": self.paused_by,
             "limit": self.limit if self.limited else None,
             "slots_in_use": in_use,
             "windows": self.windows,
             "timezone": self.window_tz or "UTC",
             "window_open": opens == now,
-            "next_window_opens_at": None if opens == now else opens.isoformat(),
+            "next_window_opens_at": None if opens == now else iso(opens),
+            "accumulate": self.operations,
         }
 
 

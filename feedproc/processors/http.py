@@ -10,6 +10,8 @@ import json
 import secrets
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 import aiohttp
@@ -31,6 +33,43 @@ MAX_ACCEPTED_LEASE = 7 * 24 * 3600
 LARGE_ANSWER = 64 * 1024  # bytes from which an answer is read on a thread (HTTPProcessor._read)
 REQUEST_FORMATS = ("json", "raw")
 _T = TypeVar("_T")  # HTTPProcessor(request=...): the contract's JSON body, or Go Feed's raw data
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPOptions:
+    """Settings of the HTTP processors a watcher makes: its `--handler`'s and its pipeline's gates'
+    (the `feedproc watch` options of the same names; `headers` are `--header`'s, and a gate's own
+    timeout and headers win over these). See `HTTPProcessor` for what each does."""
+
+    timeout: float = 30.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    max_connections: int = 100
+    max_answer_bytes: int = MAX_ANSWER_BYTES
+    callback_url: str | None = None
+    max_children: int = MAX_CHILDREN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))  # frozen all the way down
+
+    def processor(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        request: str = "json",
+    ) -> HTTPProcessor:
+        """An HTTPProcessor of `url` with these settings (`timeout` and `headers` replacing theirs)."""
+        return HTTPProcessor(
+            url,
+            timeout=self.timeout if timeout is None else timeout,
+            headers=self.headers if headers is None else headers,
+            max_connections=self.max_connections,
+            max_answer_bytes=self.max_answer_bytes,
+            callback_url=self.callback_url,
+            request=request,
+            max_children=self.max_children,
+        )
 
 
 class HTTPProcessor(Processor):

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import PermanentError, RetryLater
+from ..core.gate_names import naming
 from ..core.models import Item, Response
-from ..core.naming import naming
 from ..core.pipelines import Collects, GateSpec, PipelineSpec, collects, from_mapping
 from ..core.policy import RetryPolicy
 from .calling import ProcessorLike, call_batch, call_processor, load_processor
-from .http import HTTPProcessor
+from .http import HTTPOptions
 
 log = logging.getLogger("feedproc.watcher")
 
@@ -134,7 +134,7 @@ class GateRouter:
         policy: RetryPolicy,
         *,
         route: bool = True,
-        http_options: Mapping[str, Any] | None = None,
+        http_options: HTTPOptions | None = None,
         reuse: Mapping[tuple[Any, ...], ProcessorLike] | None = None,
     ) -> None:
         self.spec = spec
@@ -146,19 +146,19 @@ class GateRouter:
         self._limits = spec.limits if spec is not None else {}
         #: (kind, target, settings) -> processor: what this router made, for the next version to reuse.
         self.made: dict[tuple[Any, ...], ProcessorLike] = {}
-        options = dict(http_options or {})
+        options = http_options if http_options is not None else HTTPOptions()
         for gate in spec.gates if spec is not None else ():
             processor: ProcessorLike | None = None
             if route and gate.handler is not None:
-                timeout = gate.timeout if gate.timeout is not None else options.get("timeout", 30.0)
-                headers = {**options.get("headers", {}), **dict(gate.headers)}
+                timeout = gate.timeout if gate.timeout is not None else options.timeout
+                headers = {**options.headers, **dict(gate.headers)}
                 made_key: tuple[Any, ...] = ("http", gate.handler, timeout, tuple(sorted(headers.items())))
                 # Gates sent to the same service with the same settings share one client (and its
                 # connections), within a version and from the version before.
                 processor = (
                     self.made.get(made_key)
                     or (reuse or {}).get(made_key)
-                    or HTTPProcessor(gate.handler, **{**options, "timeout": timeout, "headers": headers})
+                    or options.processor(gate.handler, timeout=timeout, headers=headers)
                 )
                 self.made[made_key] = processor
             elif route and gate.processor is not None:

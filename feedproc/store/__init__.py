@@ -13,7 +13,9 @@ Callers:
   versions and schedules' rows (`pipelines.py`); schedules' ticks, each fired once whoever calls,
   and their next ticks (`scheduling.py`);
 * pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
-  the claims of silent workers (`pulling.py`).
+  the claims of silent workers (`pulling.py`);
+* tests (`feedproc.testing`): a queue's unfinished partitions, when its next work is due, and its
+  due times brought forward, a fake clock's move (`pending.py`).
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
@@ -24,7 +26,7 @@ row too, so an item added at the current gate can never race a gate advance. The
 `Store` is one class composed of one mixin per concern over `base.StoreBase` (the engine and its
 transactions): callers keep a single object and its method names, the concerns share the lock,
 history and gate-rule writers without passing a connection layer around, and each module reads on
-its own. SQLite and PostgreSQL differ in `dialects.py` (database clock, engine set-up, the driver's
+its own. SQLite, PostgreSQL and MariaDB/MySQL differ in `dialects.py` (database clock, engine set-up, the driver's
 cursor) and in the statements each module keeps side by side as twins, chosen by `StoreBase._twin`.
 """
 
@@ -42,6 +44,7 @@ from .insight import Insight
 from .leasing import Leasing
 from .lost import LostDeliveries
 from .operators import Operators
+from .pending import Pending
 from .pipelines import Pipelines
 from .producing import Producing
 from .pulling import ClaimAnswer, Pulling
@@ -80,6 +83,7 @@ class Store(
     Accumulating,
     Queues,
     Pipelines,
+    Pending,
     Retention,
     StoreBase,
 ):

@@ -20,6 +20,7 @@ from ..core.errors import StaleWrite
 from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
+from .accumulating import PG_ACCUMULATING, Accumulating, Row, accumulator_rows, pg_accumulator_params
 from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
 from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
 from .escaping import storable
@@ -73,8 +74,7 @@ def _lock_held_sqlite(conn: Connection, pids: list[int], watcher_id: str) -> dic
 # that divides in numeric (0.57 against 0.26 s per million rows, with the duration's division).
 # `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
 # (SQLite writes it with the general update below.)
-_PG_COMPLETE_ITEMS = DriverStatement(
-    """
+_PG_COMPLETE_ITEMS_SQL = """
     UPDATE feedproc_items AS i SET
         status = 'complete',
         last_error = NULL,
@@ -92,7 +92,10 @@ _PG_COMPLETE_ITEMS = DriverStatement(
                 CAST(:duration AS bigint[])) AS v(id, version, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
-)
+_PG_COMPLETE_ITEMS = DriverStatement(_PG_COMPLETE_ITEMS_SQL)
+# The same, merging the batch's accumulate numbers first (`accumulating.PG_ACCUMULATING`): exactly
+# once all the same, as a version that does not match rolls the whole group commit back.
+_PG_COMPLETE_ITEMS_ACCUMULATING = DriverStatement(PG_ACCUMULATING + _PG_COMPLETE_ITEMS_SQL)
 # Every answer ends the item's claim, if a pull worker or a callback handler held one (`pulling.py`).
 # Every other answer. One statement per batch of answers on PostgreSQL: the outcomes arrive as
 # arrays. The version match is the guard (every change of an item's status bumps its version, so an
@@ -282,7 +285,7 @@ _RENEW_LEASES = (
 )
 
 
-class Answers(GateWriter):
+class Answers(GateWriter, Accumulating):
     """The group commit of a watcher's answers."""
 
     def apply(
@@ -356,15 +359,20 @@ class Answers(GateWriter):
             conn.execute(_RENEW_LEASES, params)
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
-        """Update the answered items (version-guarded), add their children, record each delivery that
-        did not complete its item (the completing one is recorded on the item row) and failures."""
+        """Update the answered items (version-guarded), merge their accumulate numbers, add their
+        children, record each delivery that did not complete its item (the completing one is recorded
+        on the item row) and failures."""
         rows, completed, history, records, trimmed = [], [], [], [], []
         results = False  # whether any answer carries a result (fan-in): written by the statements' twins
         narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
         if accepted:
             kept = [o for o in kept if o.kind != Kind.ACCEPTED]
+        accumulating = []  # answers carrying accumulate numbers (rare beside the rest)
+        later: list[Row] = []  # accumulator rows merged after the item updates (see accumulating.py)
         for o in kept:
+            if o.accumulate is not None:
+                accumulating.append(o)
             if (o.kind == Kind.MOVE and (o.new_gate is None or o.new_gate <= o.gate)) or any(
                 c.gate < o.gate for c in o.children
             ):
@@ -424,7 +432,14 @@ class Answers(GateWriter):
                 "duration": _micros_array(o.duration_us for o in completed),
                 "watcher": watcher_id,
             }
-            matched += _PG_COMPLETE_ITEMS.run(conn, params)
+            statement = _PG_COMPLETE_ITEMS
+            if accumulating:  # merged by this statement (rows and others: see below)
+                rows_, others = accumulator_rows(accumulating)
+                if rows_:
+                    params.update(pg_accumulator_params(rows_))
+                    statement = _PG_COMPLETE_ITEMS_ACCUMULATING
+                accumulating, later = [], others
+            matched += statement.run(conn, params)
         if rows:
             if results:  # every row then has one (None keeps the item's)
                 by_id: dict[Any, bytes | None] = {o.item_id: o.result for o in kept}
@@ -438,6 +453,10 @@ class Answers(GateWriter):
             raise StaleWrite(
                 f"only {matched} of {len(kept) + len(accepted)} item updates matched their expected version"
             )
+        if accumulating:  # exactly once: the answers this transaction wrote, their versions matched
+            self._accumulate(conn, accumulating)
+        elif later:
+            self._upsert_accumulators(conn, [], later)
         if any(o.children for o in kept):
             self._insert_rows(conn, _child_rows(kept))
         if records and self.mysql:

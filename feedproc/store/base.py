@@ -31,8 +31,9 @@ from ..core.errors import (
     SchemaMissing,
 )
 from ..core.models import Status
+from ..core.timestamps import iso  # noqa: F401 - the store's modules import it from here
 from .dialects import WRITE_OPTION, db_minute, db_now, is_mysql, is_postgres, make_engine
-from .names import DEFAULT_PREFIX, prefix_from
+from .prefixes import DEFAULT_PREFIX, prefix_from
 from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class StoreBase:
 
     def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str | None = None) -> None:
         self.url = url
-        #: Whose tables these are (`names.py`): given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`.
+        #: Whose tables these are (`prefixes.py`): given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`.
         self.table_prefix = prefix_from(table_prefix)
         self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping, table_prefix=self.table_prefix)
         self.postgres = is_postgres(self.engine)
@@ -73,6 +74,8 @@ class StoreBase:
         self.mysql = is_mysql(self.engine)
         #: queue -> (when read, its pipeline or None), for pull claims and settles (`pipelines.cached_pipeline`)
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
+        #: queue -> (when read, its accumulate declaration), for pull answers (`accumulating.py`)
+        self._operations_read: dict[str, tuple[float, dict[str, str]]] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -282,13 +285,6 @@ def event(
         "watcher": watcher,
         "detail": json.dumps(detail) if detail is not None else None,
     }
-
-
-def iso(value: datetime | None) -> str | None:
-    """A timestamp as the operators' reads show it: ISO 8601, milliseconds, `Z`."""
-    if value is None:
-        return None
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def utcnow() -> datetime:

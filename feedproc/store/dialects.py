@@ -12,7 +12,8 @@ module supplies what the statements share:
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
   PostgreSQL: psycopg 3, pre-ping so a restarted server is survived; MariaDB/MySQL: PyMySQL,
   READ COMMITTED like PostgreSQL, UTC sessions, ANSI quoting and `||`);
-* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
+* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor;
+* `merging_upsert`, an INSERT that merges a number into the row already there (accumulators).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import DateTime, Engine, Float, LargeBinary, Text, create_engine, event, make_url
+from sqlalchemy import DateTime, Engine, Float, LargeBinary, Table, Text, create_engine, event, func, make_url
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import ArgumentError
@@ -32,7 +33,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from ..core.errors import InvalidInput
-from .names import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
+from .prefixes import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: The dialect names of MariaDB and MySQL (SQLAlchemy names a MariaDB reached by `mysql://` "mysql").
@@ -211,36 +212,63 @@ def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datet
 def normalize_url(url: str | URL) -> URL:
     """Accept `postgresql://` (and `postgres://`) as psycopg 3 URLs and `mysql://`/`mariadb://` as
     PyMySQL ones; leave others as given.
-    InvalidInput for what is not a database URL at all (a bare file name, say)."""
-    if isinstance(url, URL):
-        parsed = url
-    else:
-        try:
-            parsed = make_url(url)
-        except ArgumentError:
-            raise InvalidInput(
-                f"{redact_db_url(url)!r} is not a database URL: use sqlite:///PATH, postgresql://HOST/DB or mysql://HOST/DB"
-            ) from None
+    InvalidInput for what is not a database URL at all (a bare file name, say; see `parse_db_url`)
+    or names a database feedproc does not support."""
+    parsed = url if isinstance(url, URL) else parse_db_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif parsed.drivername in MYSQL:
         parsed = parsed.set(drivername=parsed.drivername + "+pymysql")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", *MYSQL):
+        raise InvalidInput(
+            f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH, postgresql:// or mysql://"
+        )
+    return parsed
+
+
+def parse_db_url(url: str) -> URL:
+    """`url` parsed, or InvalidInput in one line naming what is wrong with it (its password hidden):
+    not a URL SQLAlchemy can read (a bare file name, a port that is not a number), a SQLite URL with
+    two slashes (`sqlite://feedproc.db`, whose file SQLAlchemy would take for a host), or a port out
+    of range. The drivers would otherwise refuse these later, with a traceback."""
+    shown = redact_db_url(url)
+    rest = url.removeprefix("sqlite://")
+    if rest != url and rest[:1] not in ("", "/", "?"):
+        like = f"sqlite:///{rest}" if "@" not in rest else "sqlite:///feedproc.db"
+        raise InvalidInput(
+            f"{shown!r} is not a SQLite URL: a file's URL has three slashes, like {like} "
+            "(four before an absolute path: sqlite:////var/lib/feedproc.db)"
+        )
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise InvalidInput(
+            f"{shown!r} is not a database URL: use sqlite:///PATH, postgresql://HOST/DB or mysql://HOST/DB"
+        ) from None
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise InvalidInput(f"{shown!r}: port {parsed.port} is out of range (1 to 65535)")
     return parsed
 
 
 def redact_db_url(url: str) -> str:
-    """A database URL as it may be shown: its password hidden."""
+    """A database URL as it may be shown: its password hidden (its user information, when the URL
+    cannot be parsed), and the values of secret query parameters (`?password=`)."""
+    from ..core.redaction import redact_text
+
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url if "@" not in url else "***@" + url.rsplit("@", 1)[1]
+        return redact_text(make_url(url).render_as_string(hide_password=True))
+    except (ArgumentError, ValueError):
+        scheme, separator, rest = url.partition("://")
+        if "@" in rest:
+            rest = "***@" + rest.rsplit("@", 1)[1]
+        return redact_text(scheme + separator + rest)
 
 
 def make_engine(
     url: str | URL, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str = DEFAULT_PREFIX
 ) -> Engine:
-    """Create an engine configured for feedproc's concurrency model on either database, its
-    statements under `table_prefix` (see `names.py`)."""
+    """Create an engine configured for feedproc's concurrency model on each database, its
+    statements under `table_prefix` (see `prefixes.py`)."""
     parsed = normalize_url(url)
     options = {PREFIX_OPTION: table_prefix}
     if parsed.get_backend_name() == "sqlite":
@@ -328,6 +356,47 @@ def _sqlite_engine(url: URL, options: dict[str, Any]) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+#: How `merging_upsert` combines the stored value with the inserted one: SQL function per dialect
+#: (None: addition). SQLite's min() and max() with two arguments are scalar functions.
+_COMBINED = {
+    "postgresql": {"add": None, "min": "least", "max": "greatest"},
+    "sqlite": {"add": None, "min": "min", "max": "max"},
+    "mysql": {"add": None, "min": "least", "max": "greatest"},
+}
+_UPSERTS: dict[tuple[str, str, str], Any] = {}
+
+
+def merging_upsert(bind: Engine | Connection, table: Table, value: str, combination: str) -> Any:
+    """INSERT rows of `table` (run with a list of rows: one statement), each merging its `value`
+    into the row with the same primary key when there is one: `combination` "add" adds them, "min"
+    and "max" keep the lesser or the greater. PostgreSQL and SQLite `ON CONFLICT (key) DO UPDATE`
+    (with `excluded`), MariaDB/MySQL `ON DUPLICATE KEY UPDATE` (with the inserted row's value).
+    The rows must not repeat a key (PostgreSQL refuses to update one row twice in a statement)."""
+    family = "mysql" if bind.dialect.name in MYSQL else bind.dialect.name
+    cached = _UPSERTS.get((family, table.name, combination))
+    if cached is not None:
+        return cached
+    function = _COMBINED[family][combination]
+    stored = table.c[value]
+    if family == "mysql":
+        statement: Any = mysql.insert(table)
+        given = statement.inserted[value]
+    else:
+        from sqlalchemy.dialects import postgresql as pg
+        from sqlalchemy.dialects import sqlite as lite
+
+        statement = (pg.insert if family == "postgresql" else lite.insert)(table)
+        given = statement.excluded[value]
+    merged = stored + given if function is None else getattr(func, function)(stored, given)
+    if family == "mysql":
+        statement = statement.on_duplicate_key_update({value: merged})
+    else:
+        key = [column.name for column in table.primary_key.columns]
+        statement = statement.on_conflict_do_update(index_elements=key, set_={value: merged})
+    _UPSERTS[(family, table.name, combination)] = statement
+    return statement
 
 
 def stored_bytes(value: Any) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
-from .names import prefix_of, qualify
+from .prefixes import prefix_of, qualify
 
 log = logging.getLogger("feedproc.store.notify")
 CHANNEL = "feedproc_ready"

@@ -26,7 +26,7 @@ from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
-from ..core.errors import InvalidAnswer, NotFound, Refused, RetryLater, StaleClaim
+from ..core.errors import InvalidAnswer, NotFound, PermanentError, Refused, RetryLater, StaleClaim
 from ..core.models import Response
 from ..core.pipelines import collects
 from ..core.policy import RetryPolicy, outcome_of, validate
@@ -226,7 +226,8 @@ class Pulling(Answers, Queues, Pipelines):
         """`answer_claim` for many answers in one transaction (a worker's group commit): each
         answer's result, or the error that refused it alone (StaleClaim, NotFound, InvalidAnswer).
         A failure is retried or failed by its gate's attempts and backoff in the queue's pipeline,
-        else by `policy`."""
+        else by `policy`. An answer whose accumulate names a number no operation is declared for
+        (on its gate, or its queue) fails its item for good, saying which."""
         results: list[dict[str, Any] | Exception] = []
         answers = [(item_id, storable(token), response, error) for item_id, token, response, error in answers]
         with self.write() as conn:
@@ -262,6 +263,8 @@ class Pulling(Answers, Queues, Pipelines):
                     results.append(invalid)
                     continue
                 outcome = outcome_of(ready, policy_of(claim.queue, claim.gate), response=response, error=error)
+                if outcome.accumulate is not None and (why := self._accumulate_refusal(conn, outcome, claim.queue)):
+                    outcome = outcome_of(ready, policy_of(claim.queue, claim.gate), error=PermanentError(why))
                 used.add(token)
                 done.append((claim, item, outcome))
                 results.append(

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
+from ..core.fanin import check_operations
 from ..core.models import MAX_INT32, check_queue, shown
 from ..core.records import Lease, ProgressReport, QueueSettings
 from .base import (
@@ -88,12 +89,20 @@ class Queues(StoreBase):
         clear_windows: bool = False,
         mode: str | None = None,
         paused: bool | None = None,
+        accumulate: Mapping[str, str] | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
         A limit < 1 means no limit; `mode` is "push" or "pull"; `paused` stops all new dispatch
-        and claims fleet-wide (recorded with `by`). Returns the settings now stored."""
+        and claims fleet-wide (recorded with `by`); `accumulate` declares how answers' accumulate
+        numbers merge ({"pages": "sum"}; {} removes the declaration). Returns the settings now stored."""
         check_queue(name)
+        declared = None
+        if accumulate is not None:
+            try:
+                declared = check_operations(accumulate)
+            except ValueError as error:
+                raise InvalidInput(str(error)) from None
         if mode is not None and mode not in QUEUE_MODES:
             raise InvalidInput(f"mode must be push or pull, got {mode!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit > MAX_INT32):
@@ -112,6 +121,8 @@ class Queues(StoreBase):
             if paused is not None and paused != current.paused:  # who paused it, and when, is kept
                 by = storable(by, 120)
                 values.update(paused=paused, paused_at=db_now() if paused else None, paused_by=by if paused else None)
+            if declared is not None:
+                values["accumulate"] = json.dumps(dict(sorted(declared.items()))) if declared else None
             if clear_windows:
                 values.update(windows=None, window_tz=None)
             if parsed is not None:
@@ -149,16 +160,24 @@ class Queues(StoreBase):
             return self._queue(conn, name).describe(utcnow(), self._slots_in_use(conn, name))
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
-        query = select(Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode, Q.paused, Q.paused_at, Q.paused_by).where(
-            Q.name == name
-        )
+        query = select(
+            Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode, Q.paused, Q.paused_at, Q.paused_by, Q.accumulate
+        ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
         row = conn.execute(query).one_or_none()
         if row is None:
             return QueueSettings(name)
         return QueueSettings(
-            name, row.concurrency_limit, row.windows, row.window_tz, row.mode, row.paused, row.paused_at, row.paused_by
+            name,
+            row.concurrency_limit,
+            row.windows,
+            row.window_tz,
+            row.mode,
+            row.paused,
+            row.paused_at,
+            row.paused_by,
+            stored_operations(row.accumulate),
         )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
@@ -282,6 +301,18 @@ class Queues(StoreBase):
             per_gate[gate] = {"done": done, "total": total, "in_flight": n, "mean_progress": mean}
             done_all, total_all = done_all + done, total_all + total
         return {"schedule": schedule, "progress": {"done": done_all, "total": total_all, "gates": per_gate}}
+
+
+def stored_operations(text: str | None) -> tuple[tuple[str, str], ...]:
+    """A queue's stored accumulate declaration (JSON) as sorted pairs; () when there is none, or
+    when it cannot be read (written by hand): answers carrying accumulate numbers are then refused
+    as undeclared, which says what to declare."""
+    if not text:
+        return ()
+    try:
+        return tuple(sorted(check_operations(json.loads(text)).items()))
+    except ValueError:
+        return ()
 
 
 def _started(report: ProgressReport, *, naive: bool = False) -> datetime | None:

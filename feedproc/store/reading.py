@@ -11,7 +11,9 @@ from sqlalchemy import Row, Select, func, select
 from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound
+from ..core.fanin import shown_number
 from ..core.models import MAX_PAGE, Status, shown
+from .accumulating import accumulated_of
 from .base import COMPLETE, IS_FAILED, A, E, I, P, iso
 from .queues import Queues
 from .schema import items, partitions
@@ -66,6 +68,8 @@ class Reading(Tolerating, Queues):
                 # Its own tolerance (None: its pipeline gates', if any), and per gate the failures tolerated.
                 "tolerate": row.tolerate,
                 "tolerated": self._tolerated(conn, row, counts["gates"], exact=True),
+                # What its answers' accumulate numbers came to (an int where the value is one).
+                "accumulated": {name: shown_number(v) for name, v in accumulated_of(conn, row.id).items()},
             }
             result.update(self._schedule_status(conn, row, counts["gates"]))
             if history:

@@ -164,7 +164,8 @@ queues = Table(
     Column("paused", Boolean, nullable=False, server_default=false()),
     Column("paused_at", UTCDateTime(), nullable=True),
     Column("paused_by", String(120), nullable=True),
-    # How answers' `accumulate` numbers merge, for a queue without a pipeline (0010): JSON {"name": "sum"}.
+    # How answers' `accumulate` numbers merge in its partitions (0010): JSON {"name": "sum"}; a
+    # pipeline gate's own declaration wins for the answers at that gate.
     Column("accumulate", LongText, nullable=True),
 )
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..core.models import MAX_CHILDREN, check_queue
 from ..core.policy import RetryPolicy
@@ -18,13 +22,50 @@ COMPACT_AFTER = 32
 MAX_BATCH = 1000  # items per batch delivery at most
 
 
+#: Fields renamed to their `feedproc watch` option's name: old -> new. The old names are still taken
+#: (and read) with a DeprecationWarning for one release.
+RENAMED = {"capacity": "max_partitions", "fetch_ahead": "prefetch"}
+#: Each field is set by the `feedproc watch` option of the same name (`--max-partitions` sets
+#: `max_partitions`, env FEEDPROC_MAX_PARTITIONS), in seconds where it is a time, except these:
+#: tuning only Python sets (None), and an option counting in another unit, which its name says.
+OPTIONS_OTHERWISE: dict[str, str | None] = {
+    "flush_batch": None,
+    "retention_every": None,
+    "steals_per_cycle": None,
+    "batch_wait": "--batch-wait-ms",
+}
+
+
+def option_of(field: str) -> str | None:
+    """The `feedproc watch` option that sets WatcherConfig's `field` (None: Python only)."""
+    return OPTIONS_OTHERWISE.get(field, "--" + field.replace("_", "-"))
+
+
+def current_names(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` with any field given by its old name (`RENAMED`) under its new one, with a
+    DeprecationWarning; TypeError when both names are given."""
+    out = dict(settings)
+    for old, new in RENAMED.items():
+        if old in out:
+            warnings.warn(
+                f"WatcherConfig({old}=...) is deprecated: use {new}= (the --{new.replace('_', '-')} option's name)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if new in out:
+                raise TypeError(f"WatcherConfig got both {old}= and {new}=: give {new}= only")
+            out[new] = out.pop(old)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class WatcherConfig:
-    """Settings of one watcher (the `feedproc watch` options)."""
+    """Settings of one watcher: each field is the `feedproc watch` option of the same name (see
+    `option_of`), times in seconds."""
 
     queue: str = "default"
     concurrency: int = 10
-    capacity: int | None = None  # partitions leased at most; default 4 x concurrency (at least 8)
+    max_partitions: int | None = None  # partitions leased at most; default 4 x concurrency (at least 8)
     lease_seconds: float = 30.0
     poll_interval: float = 1.0
     max_attempts: int = 5
@@ -36,10 +77,10 @@ class WatcherConfig:
     retention_every: float = 300.0
     steals_per_cycle: int = 16  # partitions asked for per steal request at most (the fair-share deficit bounds it)
     item_timeout: float | None = None  # seconds a processor call may take (a partition may override)
-    batch: int = 1  # items of one partition and gate delivered in one call at most (`--batch`)
-    batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait`)
-    fetch_ahead: int | None = None  # ready items kept fetched ahead (`--prefetch`); default: see `prefetch`
-    max_children: int = MAX_CHILDREN  # child items one answer may add (`--max-children`); more fails the item
+    batch: int = 1  # items of one partition and gate delivered in one call at most
+    batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait-ms`: ms)
+    prefetch: int | None = None  # ready items kept fetched ahead; default: see `effective_prefetch`
+    max_children: int = MAX_CHILDREN  # child items one answer may add; more fails the item
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
@@ -59,23 +100,47 @@ class WatcherConfig:
             raise ValueError("max_children must be >= 0")
         if self.batch_wait < 0:
             raise ValueError("batch_wait must be >= 0")
-        if self.fetch_ahead is not None and not 1 <= self.fetch_ahead <= MAX_PREFETCH:
+        if self.prefetch is not None and not 1 <= self.prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch must be from 1 to {MAX_PREFETCH}")
 
     @property
-    def prefetch(self) -> int:
-        """Ready items kept fetched ahead: `fetch_ahead` when given, else enough for every worker and
+    def effective_prefetch(self) -> int:
+        """Ready items kept fetched ahead: `prefetch` when given, else enough for every worker and
         for four full batches. Far from the database more is needed: a watcher fetches when half is
         left, and its workers must not run dry while a fetch is on its way (40 ms away, a fetch took
         90 ms: 50 workers of 20 ms items did 566 items/s with the default 200, 1,571 with 800)."""
-        if self.fetch_ahead is not None:
-            return self.fetch_ahead
+        if self.prefetch is not None:
+            return self.prefetch
         return max(4 * self.concurrency, PREFETCH, 4 * self.batch)
 
     @property
-    def max_partitions(self) -> int:
-        return self.capacity if self.capacity is not None else max(8, 4 * self.concurrency)
+    def effective_max_partitions(self) -> int:
+        """Partitions leased at most: `max_partitions` when given, else 4 x concurrency (at least 8)."""
+        return self.max_partitions if self.max_partitions is not None else max(8, 4 * self.concurrency)
 
     @property
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval)
+
+    @property
+    def capacity(self) -> int | None:
+        """Deprecated: `max_partitions`."""
+        warnings.warn("WatcherConfig.capacity is deprecated: use max_partitions", DeprecationWarning, stacklevel=2)
+        return self.max_partitions
+
+    @property
+    def fetch_ahead(self) -> int | None:
+        """Deprecated: `prefetch`."""
+        warnings.warn("WatcherConfig.fetch_ahead is deprecated: use prefetch", DeprecationWarning, stacklevel=2)
+        return self.prefetch
+
+
+def _taking_old_names(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def init_taking_old_names(self: WatcherConfig, *args: Any, **settings: Any) -> None:
+        init(self, *args, **current_names(settings))
+
+    return init_taking_old_names
+
+
+WatcherConfig.__init__ = _taking_old_names(WatcherConfig.__init__)  # type: ignore[method-assign]

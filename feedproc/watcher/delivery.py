@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..core.errors import Accepted, RetryLater, TooManyChildren
+from ..core.errors import Accepted, PermanentError, RetryLater, TooManyChildren
+from ..core.fanin import refusal
 from ..core.models import Item, Response
 from ..core.policy import RetryPolicy, outcome_of
 from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
@@ -19,13 +20,13 @@ from ..processors import HTTPProcessor
 from ..processors.pipeline import Route
 from .config import TRACEBACK_KEPT
 from .fanin import FanIn
-from .leases import Leasing
+from .leases import LeaseKeeping
 from .state import CANCELLED_CALL
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Delivering(Leasing, FanIn):
+class Delivering(LeaseKeeping, FanIn):
     """Workers and the isolation loop."""
 
     async def _worker(self) -> None:
@@ -49,7 +50,7 @@ class Delivering(Leasing, FanIn):
                     await self._run_batch(batch, lease)
                 if last:
                     return
-            if self._buffer.qsize() < self.config.prefetch // 2:
+            if self._buffer.qsize() < self.config.effective_prefetch // 2:
                 self._wake.set()
 
     def _startable(self, item: ReadyItem) -> Lease | None:
@@ -216,7 +217,10 @@ class Delivering(Leasing, FanIn):
             try:
                 if len(result.children) > self.config.max_children:
                     raise TooManyChildren(len(result.children), self.config.max_children)
-                return outcome_of(ready, policy, response=result), None
+                outcome = outcome_of(ready, policy, response=result)
+                if outcome.accumulate is not None and (why := self._accumulate_refusal(outcome)):
+                    return outcome_of(ready, policy, error=PermanentError(why)), None
+                return outcome, None
             except Exception as error:
                 result = error
         if isinstance(result, Accepted):  # the handler answers later, through the API
@@ -233,6 +237,26 @@ class Delivering(Leasing, FanIn):
             )
             return outcome, None
         return outcome_of(ready, policy, error=result), result
+
+    def _accumulate_refusal(self, outcome: Outcome) -> str | None:
+        """Why `outcome`'s accumulate numbers cannot be merged (a name its gate, under the pipeline
+        version followed, and its queue declare no operation for), or None; the operations it is
+        merged by are set on it (the store merges by them, in the group commit)."""
+        assert outcome.accumulate is not None
+        router, queue = self.router, self.queue_settings
+        if self._operations is None or self._operations[0] is not router or self._operations[1] is not queue:
+            self._operations = (router, queue, {})
+        known = self._operations[2]
+        operations = known.get(outcome.gate)
+        gate = router.route(outcome.gate).gate if operations is None or outcome.accumulate.keys() - operations else None
+        if operations is None:
+            declared = queue.operations
+            operations = known[outcome.gate] = {**declared, **gate.operations} if gate and gate.accumulate else declared
+        if outcome.accumulate.keys() <= operations.keys():  # every answer of a well-declared gate
+            outcome.operations = operations
+            return None
+        label = f"gate {outcome.gate} ({gate.name})" if gate is not None else f"gate {outcome.gate}"
+        return refusal(outcome.accumulate, operations, label, self.config.queue)
 
     def _queue_outcome(
         self,

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..core.errors import DatabaseUnavailable
 from ..core.records import ABANDONED, GIVEN_BACK
-from ..processors import ProcessorLike
+from ..processors import HTTPOptions, ProcessorLike
 from ..processors.pipeline import close_processors
 from ..store import Store
 from ..store.notify import Listener
@@ -62,7 +62,7 @@ class Watcher(Fetching, Delivering, Writing):
         config: WatcherConfig | None = None,
         *,
         table_prefix: str | None = None,
-        http_options: Mapping[str, Any] | None = None,
+        http_options: HTTPOptions | Mapping[str, Any] | None = None,
     ) -> Watcher:
         """A watcher of the database at `url` (the tables under `table_prefix`, else
         $FEEDPROC_TABLE_PREFIX, else `feedproc_`) on a connection pool of its own, closed by
@@ -99,7 +99,7 @@ class Watcher(Fetching, Delivering, Writing):
             self.id,
             cfg.queue,
             cfg.concurrency,
-            cfg.max_partitions,
+            cfg.effective_max_partitions,
             cfg.lease_seconds,
         )
         listener = None

@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from ..core.errors import DatabaseUnavailable
 from ..core.records import Lease, ReadyItem, SlotClaim
 from .config import COMPACT_AFTER, FAILED_POLLS_FATAL
-from .leases import Leasing
+from .leases import LeaseKeeping
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Fetching(Leasing):
+class Fetching(LeaseKeeping):
     """The poll loop and the fetch that keeps the buffer full."""
 
     async def _poll_loop(self) -> None:
@@ -70,7 +70,7 @@ class Fetching(Leasing):
             return  # in-flight items finish; nothing new is fetched
         if self.queue_settings.limited or self.router.limits:
             return await self._fill_within_limit()
-        target = self.config.prefetch
+        target = self.config.effective_prefetch
         if self._buffer.qsize() > target // 2:  # still half full: fetch later, in a bigger batch
             return
         want = target - self._buffer.qsize() - len(self.busy)

@@ -26,7 +26,7 @@ CLAIM_CHECK_EVERY = 1.0
 _FINISHED_EVENTS = {"complete": "partition_completed", "failed": "partition_failed", "cancelled": "partition_cancelled"}
 
 
-class Leasing(Routing):
+class LeaseKeeping(Routing):
     """Leases: what this watcher holds, renewed, reconciled with the database, handed over."""
 
     async def _heartbeat_loop(self) -> None:
@@ -282,7 +282,7 @@ class Leasing(Routing):
         cfg = self.config
         if self.stopping or not self.queue_settings.is_open(datetime.now(UTC)):
             return  # a closed queue: lease nothing until its window opens
-        room = cfg.max_partitions - len(self.owned)
+        room = cfg.effective_max_partitions - len(self.owned)
         if room > 0 and (share := await self._fair_share()) is not None:
             # Beside other watchers, lease no more than a fair share: partitions freed by a watcher
             # that left spread over the rest as they poll, instead of going to the first poller and
@@ -310,7 +310,7 @@ class Leasing(Routing):
                     self.store.request_steals,
                     self.id,
                     cfg.queue,
-                    capacity=cfg.max_partitions,
+                    capacity=cfg.effective_max_partitions,
                     most=cfg.steals_per_cycle,
                 )
                 if marked:

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from ..core.models import Item
 from ..core.policy import RetryPolicy
 from ..core.records import Lease, Outcome, ProgressReport, QueueSettings, ReadyItem, Unanswered
 from ..metrics import WatcherMetrics
-from ..processors import HTTPProcessor, ProcessorLike
+from ..processors import HTTPOptions, HTTPProcessor, ProcessorLike
 from ..processors.pipeline import GateRouter, Pipeline
 from ..store import Store
 from .config import WatcherConfig
@@ -104,7 +105,7 @@ class WatcherState:
         processor: ProcessorLike | None,
         config: WatcherConfig | None = None,
         *,
-        http_options: Mapping[str, Any] | None = None,
+        http_options: HTTPOptions | Mapping[str, Any] | None = None,
     ) -> None:
         self.store = store
         #: The watcher's own processor (`--handler`/`--processor`); None: the queue's pipeline routes every gate.
@@ -118,7 +119,7 @@ class WatcherState:
         # version); otherwise the queue's stored pipeline is followed (`_follow_pipeline`), each
         # version through a router of its own. `http_options` make its gates' HTTP processors.
         self.code_pipeline = processor if isinstance(processor, Pipeline) else None
-        self.http_options = {"max_children": self.config.max_children, **(http_options or {})}
+        self.http_options = _http_options(http_options, self.config)
         spec = self.code_pipeline.spec if self.code_pipeline is not None else None
         self.router = GateRouter(spec, processor, self.policy, route=False)
         self._started_processors: set[int] = set()  # ids of the processors started (each once)
@@ -150,6 +151,9 @@ class WatcherState:
         self._given_up: dict[tuple[int, int], None] = {}  # (partition, epoch) leases let go, oldest first
         self.queue_settings = QueueSettings(self.config.queue)  # limit and windows, re-read every poll interval
         self._settings_read_at = -math.inf
+        # Answers' accumulate operations per gate, under the router and queue settings they were
+        # made from (`Delivering._accumulate_refusal`): rebuilt when either is replaced.
+        self._operations: tuple[Any, QueueSettings, dict[int, dict[str, str]]] | None = None
         self._progress: dict[int, ProgressReport] = {}  # reported since the last heartbeat, by item
         # Deliveries started since the last heartbeat and still running at it: the heartbeat writes
         # their start (the dashboard's running view), so an item that finishes sooner costs nothing.
@@ -234,7 +238,7 @@ class WatcherState:
             pid=os.getpid(),
             queue=cfg.queue,
             concurrency=cfg.concurrency,
-            capacity=cfg.max_partitions,
+            capacity=cfg.effective_max_partitions,
             lease_seconds=cfg.lease_seconds,
             slots=0,  # slots are only ever claimed under the queue's lock, by the fetch (`_fill_within_limit`)
         )
@@ -320,3 +324,13 @@ class WatcherState:
             if which(item):
                 taken.setdefault(item.partition_id, []).append((item.id, item.version))
         return taken
+
+
+def _http_options(given: HTTPOptions | Mapping[str, Any] | None, config: WatcherConfig) -> HTTPOptions:
+    """`given`, else the defaults with the watcher's `max_children`; a mapping (the old, untyped
+    form) is taken as HTTPOptions' fields, with a DeprecationWarning."""
+    if isinstance(given, HTTPOptions):
+        return given
+    if given is not None:
+        warnings.warn("http_options as a mapping is deprecated: pass an HTTPOptions", DeprecationWarning, stacklevel=3)
+    return HTTPOptions(**{"max_children": config.max_children, **(given or {})})

@@ -53,6 +53,11 @@ def test_create_answers_201_with_the_partitions_status_object(api: ApiServer, fe
     assert [i["data"] for i in feed.items("upload-1")] == [b'{"f":"a.pdf"}', b"[1,2]"]
 
 
+def test_an_item_without_a_gate_is_added_at_gate_0(api: ApiServer, feed: Feed) -> None:
+    assert create(api, "no-gate", [{"data": {"f": "a.pdf"}}]).status_code == 201
+    assert [(i["gate"], i["data"]) for i in feed.items("no-gate")] == [(0, b'{"f":"a.pdf"}')]
+
+
 def test_get_partition_is_the_status_json_of_the_command_line(api: ApiServer, db_url: str) -> None:
     create(api, "a/b:c", [{"gate": 1, "data": None}], queue="ocr")
     cli = run_cli(db_url, "status", "a/b:c", "--json")
@@ -96,6 +101,35 @@ def test_malformed_items_are_422_and_write_nothing(api: ApiServer, feed: Feed, i
     before = db_state(feed)
     error_of(create(api, "p", items), 422)
     assert db_state(feed) == before
+
+
+@before_any_database_access
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        ({"gate": -1}, "items[1].gate must be an integer >= 0 or a gate name, got -1"),
+        ({"gate": "1"}, 'items[1].gate must be an integer >= 0 or a gate name, got "1"'),
+        ({"gate": True}, "items[1].gate must be an integer >= 0 or a gate name, got true"),
+        ({"gate": 2**31}, "items[1].gate must be at most 2147483647, got 2147483648"),
+        ({"gate": 2, "collect": -1}, "items[1].collect must be an integer >= 0 or a gate name, got -1"),
+    ],
+)
+def test_a_malformed_gate_is_422_in_the_command_lines_words_naming_its_place(
+    api: ApiServer, item: dict[str, Any], says: str
+) -> None:
+    assert error_of(create(api, "p", [{"gate": 0}, item]), 422) == says
+
+
+@before_any_database_access
+def test_a_malformed_gate_of_an_item_action_is_422_in_the_command_lines_words(api: ApiServer) -> None:
+    response = api.post("/api/v1/items/retry", {"partition": "p", "gate": -1})
+    assert error_of(response, 422) == "gate must be an integer >= 0 or a gate name, got -1"
+
+
+@before_any_database_access
+def test_a_tolerance_neither_count_nor_percentage_is_422_in_the_command_lines_words(api: ApiServer) -> None:
+    says = 'tolerate must be a count (an integer >= 0) or a percentage like "5%", got 1.5'
+    assert error_of(create(api, "p", tolerate=1.5), 422) == says
 
 
 @before_any_database_access

@@ -1,6 +1,6 @@
 """A watcher killed (SIGKILL) while its batch request is at the handler: the items of the batch are
 charged one lost delivery each, another watcher delivers them again, and each completes exactly
-once. Real watcher processes, a real handler over loopback, both databases."""
+once. Real watcher processes, a real handler over loopback, every database."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_a_watcher_killed_mid_batch_loses_the_batch_once_and_each_item_completes
 
     handler.behavior = hold_the_first_batch
     feed.add_partition("scans", [(0, json.dumps({"n": n}).encode()) for n in range(20)])
-    args = ["--handler", handler.url, "--batch", "20", "--batch-wait", "500", "--lease-seconds", "2"]
+    args = ["--handler", handler.url, "--batch", "20", "--batch-wait-ms", "500", "--lease-seconds", "2"]
     args += ["--poll-interval", "0.1", "--retry-delay", "0.1"]
     first = watchers.start(*args)
     wait_until(held.is_set, timeout=30, what="the first batch at the handler")

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from ..conftest import _require_pg
+from ..support import run_process
 
 
 def _mariadb_admin_url(request: pytest.FixtureRequest) -> str | None:
@@ -28,7 +29,7 @@ def quick_bench(cwd: Path, *args: str, timeout: float = 360) -> subprocess.Compl
     """`feedproc bench --quick ARGS` in a subprocess (its databases only where --db says): it succeeded."""
     env = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
     command = [sys.executable, "-m", "feedproc", "bench", "--quick", *args]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_process(command, cwd=cwd, env=env, timeout=timeout, guard=True)  # its watchers and handler too
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -109,3 +110,49 @@ def test_bench_runs_the_fan_through_one_handler_and_through_a_pipeline(tmp_path:
         deliveries = run["deliveries"]
         assert deliveries["items"] >= run["items"] > 0  # the backlog, plus the paced phase's items
         assert deliveries["calls"] == deliveries["items"] and deliveries["redelivered"] == 0
+
+
+@pytest.mark.slow
+def test_bench_runs_flat_accumulate_beside_flat_and_checks_the_accumulators(tmp_path: Path) -> None:
+    report_file, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ("--db", "sqlite", "--workload", "flat,flat-accumulate", "--json", str(report_file))
+    quick_bench(tmp_path, *args, "--markdown", str(markdown), timeout=300)
+    runs = json.loads(report_file.read_text())["runs"]
+    assert [r["workload"] for r in runs] == ["flat", "flat-accumulate"]
+    for run in runs:
+        assert run["problems"] == [] and run["complete"] and run["exactly_once"], run["workload"]
+    assert runs[1]["accumulated_exact"] is True  # every partition's pages and max_score, as its items answered
+    assert "| sqlite | 1 |" in markdown.read_text().split("flat-accumulate ÷ flat")[1]
+
+
+@pytest.mark.slow
+def test_bench_collect_reads_every_result_once_at_the_fan_in(db_url: str, tmp_path: Path) -> None:
+    report_file = tmp_path / "bench.json"
+    markdown_file = tmp_path / "bench.md"
+    # 1,500: more than a page (1,000) of collected results, and more than a request carries inline.
+    command = ["--db", db_url, "--workload", "collect,collect-http", "--sizes", "5,1500"]
+    done = quick_bench(tmp_path, *command, "--json", str(report_file), "--markdown", str(markdown_file))
+
+    runs = json.loads(report_file.read_text())["runs"]
+    assert [(r["workload"], r["size"], r["watchers"]) for r in runs] == [
+        (workload, size, 1) for workload in ("collect", "collect-http") for size in (5, 1500)
+    ]
+    for run in runs:
+        size, where = run["size"], f"{run['workload']} {run['size']}"
+        assert run["problems"] == [] and run["complete"] and run["exactly_once"], where
+        assert run["read"] == {"count": size, "len": size, "twice": 0, "sum": size * (size + 1) // 2}, where
+        assert run["deliveries"] == {"calls": 2, "items": 2, "fan_in_calls": 1}, where
+        fan_in = run["fan_in"]
+        assert fan_in["barrier_to_call_ms"] > 0 and fan_in["barrier_to_answer_seconds"] > 0, where
+        assert fan_in["iterate_seconds"] >= 0 and max(run["peak_rss_mb"]) > 0, where
+    assert [run["pages"] for run in runs] == [None, None, 0, 2]  # collect-http: inline, then by its results URL
+    table = markdown_file.read_text()
+    assert table == done.stdout
+    assert f"| {runs[0]['db']} | collect | 1,500 |" in table and "| barrier → fan-in call ms |" in table
+
+
+def test_bench_refuses_collect_sizes_that_are_not_positive_integers(tmp_path: Path) -> None:
+    for sizes in ("0,10", "1k"):
+        command = [sys.executable, "-m", "feedproc", "bench", "--workload", "collect", "--sizes", sizes]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "--sizes" in done.stderr and "positive integers" in done.stderr, sizes

@@ -2,7 +2,7 @@
 
 Every command's happy path, malformed input (exit 2) and refusals (exit 1) with exactly one line on
 stderr and nothing written, and end-to-end runs with real watcher subprocesses, real signals and
-both databases. Set-up and "nothing changed" checks read the database in-process through `Feed`;
+every database. Set-up and "nothing changed" checks read the database in-process through `Feed`;
 the command under test always runs as its own process.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,11 @@ def test_add_reads_items_from_a_file(db_url: str, feed: Feed, tmp_path: Path) ->
     assert (status["gate"], status["sealed"], status["status"]) == (0, True, "available")  # lowest gate; sealed
 
 
+def test_add_puts_a_row_without_a_gate_at_gate_0(db_url: str, feed: Feed) -> None:
+    ok(run_cli(db_url, "add", "no-gate", "--items", "-", input='{"data": {"file": "a.pdf"}}\n'))
+    assert [(i["gate"], i["data"]) for i in stored_items(feed, "no-gate")] == [(0, {"file": "a.pdf"})]
+
+
 def test_add_reads_items_from_standard_input(db_url: str, feed: Feed) -> None:
     lines = '{"gate": 2, "data": {"n": 1}}\n{"gate": 3, "data": {"n": 2}}\n'
     ok(run_cli(db_url, "add", "from-stdin", "--items", "-", input=lines))
@@ -236,6 +242,13 @@ def test_status_of_a_key_prints_a_table_of_its_gates(db_url: str, feed: Feed) ->
     assert rows["2"][-1] == "<" and rows["7"][-1] != "<"  # the current gate is marked
 
 
+def test_status_names_every_column_of_the_gate_table(db_url: str, feed: Feed) -> None:
+    feed.add_partition("human-1", [(2, b"1")])
+    header, rule, row = ok(run_cli(db_url, "status", "human-1")).splitlines()[-3:]
+    assert header.split("  ")[-1] == "current" and row.endswith("<")
+    assert len(header.split()) - 1 == len(rule.split())  # "in progress" is one column of two words
+
+
 def test_status_of_a_key_as_json_has_the_documented_shape(db_url: str, feed: Feed) -> None:
     feed.add_partition("json-1", [(0, b"1"), (0, b"2"), (3, b"3")], queue="qj", priority=-2, sealed=False)
     status = status_json(db_url, "json-1")
@@ -266,6 +279,14 @@ def test_status_without_key_prints_counts(db_url: str, feed: Feed) -> None:
     feed.add_partition("plain-sum", [(0, b"1")])
     out = ok(run_cli(db_url, "status"))
     assert "1 available" in out and "plain-sum" in out
+
+
+def test_queue_show_prints_times_as_status_does_in_utc_with_z(db_url: str, feed: Feed) -> None:
+    later = (datetime.now(UTC) + timedelta(hours=12)).hour  # a one-minute window that is closed now
+    feed.set_queue("q", windows=f"{later:02d}:00-{later:02d}:01", paused=True)
+    shown = ok(run_cli(db_url, "queue", "show", "q"))
+    moment = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    assert re.search(f"closed, opens {moment}\\), paused since {moment} by ", shown), shown
 
 
 def test_status_history_shows_the_last_events(db_url: str, feed: Feed) -> None:
@@ -467,9 +488,46 @@ def test_watch_with_a_bad_header_is_malformed_input(db_url: str, header: str) ->
 
 
 @before_any_database_access
-@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "1001"], ["--batch-wait", "-1"], ["--batch", "x"]])
+@pytest.mark.parametrize(
+    "args", [["--batch", "0"], ["--batch", "1001"], ["--batch-wait-ms", "-1"], ["--batch-wait", "-1"], ["--batch", "x"]]
+)
 def test_watch_with_a_bad_batch_setting_is_malformed_input(db_url: str, args: list[str]) -> None:
     assert_error(run_cli(db_url, "watch", "--handler", "http://127.0.0.1:9/", *args, timeout=20), 2, args[0])
+
+
+def batch_answers(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 200, {"answers": [{"done": True} for _ in body["items"]]} if "items" in body else {"done": True}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "deprecated"),
+    [
+        pytest.param(["--batch-wait-ms", "60000"], {}, False, id="batch-wait-ms"),
+        pytest.param([], {"FEEDPROC_BATCH_WAIT_MS": "60000"}, False, id="FEEDPROC_BATCH_WAIT_MS"),
+        pytest.param(["--batch-wait", "60000"], {}, True, id="old-flag"),
+        pytest.param([], {"FEEDPROC_BATCH_WAIT": "60000"}, True, id="old-env"),
+    ],
+)
+def test_a_batch_short_of_its_size_waits_for_more_items_by_batch_wait_ms_or_its_deprecated_spelling(
+    feed: Feed,
+    watchers: WatcherProcesses,
+    handler: HandlerService,
+    args: list[str],
+    env: dict[str, str],
+    deprecated: bool,
+) -> None:
+    handler.behavior = batch_answers
+    feed.add_partition("scans", [(0, b'{"n": 1}')], sealed=False)
+    # One worker: with more, an idle one would take the second item into a batch of its own.
+    watchers.start("--handler", handler.url, "--batch", "2", "--concurrency", "1", *args, *FAST, **env)
+    wait_until(feed.leases, timeout=30, what="the partition leased (its first item fetched with it)")
+    feed.add_items("scans", [(0, b'{"n": 2}')])  # the batch of one waits (up to a minute) for this one
+    wait_until(lambda: feed.status("scans")["items"]["complete"] == 2, timeout=30, what="both items complete")
+    with handler.lock:
+        sent = [len(d.body.get("items", [d.body])) for d in handler.deliveries]
+    assert sent == [2]
+    said = "--batch-wait (FEEDPROC_BATCH_WAIT) is deprecated: use --batch-wait-ms (FEEDPROC_BATCH_WAIT_MS)"
+    assert (said in watchers.logs()) is deprecated
 
 
 # ---------------------------------------------------------------- refusals: exit 1, nothing changed
@@ -747,9 +805,7 @@ def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     first = watchers.start(*args, **env)
     wait_until(lambda: log.read_text().strip(), timeout=20, what="the first watcher's first delivery")
     second = watchers.start(*args, **env)
-    wait_until(
-        lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register"
-    )
+    wait_until(lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register")
     hold.unlink()
     wait_until(
         lambda: all(feed.status(k)["status"] == "complete" for k in keys),

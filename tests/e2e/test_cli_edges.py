@@ -36,11 +36,29 @@ def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Completed
 @pytest.mark.sqlite_only
 @pytest.mark.parametrize(
     ("url", "says"),
-    [("mssql://x/y", "unsupported database 'mssql'"), ("feedproc.db", "not a database URL")],
+    [
+        ("mssql://x/y", "unsupported database 'mssql'"),
+        ("feedproc.db", "not a database URL"),
+        ("postgresql://u@[::1/x", "not a database URL"),
+    ],
 )
 def test_an_unusable_database_url_is_one_line_and_exit_2(url: str, says: str, tmp_path: Path) -> None:
     assert_error(cli("--db", url, "status", cwd=tmp_path), 2, says)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("where", ["--db before the command", "--db after it", "FEEDPROC_DATABASE_URL"])
+def test_a_malformed_database_url_is_one_line_without_its_password_wherever_it_is_given(
+    where: str, tmp_path: Path
+) -> None:
+    url = "postgresql://feedproc:s3cret@db.internal:99999/feedproc"
+    if where == "FEEDPROC_DATABASE_URL":
+        result = cli("status", cwd=tmp_path, FEEDPROC_DATABASE_URL=url)
+    else:
+        result = cli(*(["--db", url, "status"] if where == "--db before the command" else ["status", "--db", url]))
+    line = assert_error(result, 2, "port 99999 is out of range")
+    assert "s3cret" not in line
 
 
 @pytest.mark.sqlite_only
@@ -198,7 +216,9 @@ def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it(
     from feedproc.cli import app
 
     watch = get_command(app).commands["watch"]  # type: ignore[attr-defined]
-    by_option = {p.opts[0]: p.envvar for p in watch.params if p.opts and p.opts[0].startswith("--")}
+    options = [p for p in watch.params if p.opts and p.opts[0].startswith("--")]
+    by_option = {p.opts[0]: p.envvar for p in options if not p.hidden}
+    deprecated = {p.opts[0]: p.envvar for p in options if p.hidden}  # earlier spellings, kept working
     by_option["--header"] = "FEEDPROC_HEADERS"  # read by watch itself: one header per line
     by_option["--db"] = by_option["--db"] or "FEEDPROC_DATABASE_URL"  # read where every command reads it
     missing = sorted(option for option, env in by_option.items() if not env)
@@ -209,6 +229,7 @@ def test_every_watch_option_has_an_environment_variable_and_the_readme_names_it(
     table = docs_support.text().split("`feedproc watch` options\n", 1)[1].split("With the defaults", 1)[0]
     documented = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| `(FEEDPROC_[A-Z_]+)`", table, re.M))
     assert {k: v for k, v in by_option.items() if k != "--db"} == documented
+    assert all(f"`{option}`" in table and f"`{env}`" in table for option, env in deprecated.items())
 
 
 @pytest.mark.slow

@@ -286,6 +286,19 @@ def test_a_failed_gate_reads_its_failures_not_100_percent(api: ApiServer, feed: 
     assert '<span class="pct">0%</span>' in row and "1 failed" in row
 
 
+def test_a_failed_partition_with_nothing_complete_reads_0_percent(api: ApiServer, feed: Feed) -> None:
+    from ..support import A, fail, lease_and_fetch, register
+
+    feed.add_partition("p", [(0, b"1"), (0, b"2"), (2, b"3")])
+    register(feed.store, A)
+    feed.store.apply(A, [fail(taken, attempts=5) for taken in lease_and_fetch(feed.store)])
+    assert feed.status("p")["status"] == "failed"
+    row = api.get("/").text.split('data-key="p"', 1)[1].split("</tr>", 1)[0]
+    page = api.get("/partitions/p").text.split('class="overall"', 1)[1]
+    assert '<span class="pct" data-percent="0">0%</span>' in row  # it read 66%: 2 failed, 1 waiting, of 3
+    assert '<span class="pct" data-percent="0">0%</span>' in page
+
+
 def test_running_queues_and_queue_pages_render(api: ApiServer, feed: Feed) -> None:
     feed.set_queue("ocr", limit=8)
     feed.add_partition("p", [(0, b"1"), (2, b"2")], queue="ocr")

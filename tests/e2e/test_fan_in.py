@@ -23,7 +23,19 @@ from feedproc.core.records import Kind
 from feedproc.store.dialects import db_now
 
 from ..api_support import ApiServer, ServeProcess
-from ..support import ROOT, A, WatcherProcesses, answer, feedproc_env, lease_and_fetch, register, run_cli, wait_until
+from ..support import (
+    ROOT,
+    A,
+    WatcherProcesses,
+    answer,
+    feedproc_env,
+    lease_and_fetch,
+    register,
+    run_cli,
+    spawn,
+    stop_group,
+    wait_until,
+)
 
 WORKER_TOKEN = "fan-in-worker-token-4242"
 
@@ -139,15 +151,12 @@ def serve(db_url: str, tmp_path: Path) -> Iterator[ServeProcess]:
 @pytest.fixture
 def reader() -> Iterator[str]:
     """The URL of a handler process of its own that reads collected results by their pages."""
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "collected_reader.py")], stdout=subprocess.PIPE, text=True
-    )
+    process = spawn([sys.executable, str(ROOT / "tests" / "collected_reader.py")], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         yield process.stdout.readline().strip()
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_group(process, grace=10)
 
 
 @pytest.mark.slow
@@ -190,7 +199,7 @@ def test_feedproc_work_processors_iterate_what_they_collect_inline_and_by_pages(
     feed.apply_pipeline(parse_toml(gates + 'collect = "classify"\ncollect_inline = 2\n'))
     for key, files in (("inline", ["a", "b"]), ("paged", ["c", "d", "e"])):
         feed.add_partition(key, [*({"gate": 0, "data": {"file": f}} for f in files), {"gate": 1}], queue="gpu")
-    worker = subprocess.Popen(
+    worker = spawn(
         [
             sys.executable,
             "-m",
@@ -211,8 +220,7 @@ def test_feedproc_work_processors_iterate_what_they_collect_inline_and_by_pages(
         for key in ("inline", "paged"):
             wait_until(lambda key=key: feed.status(key)["status"] == "complete", timeout=60, what=f"{key} done")
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+        stop_group(worker, grace=30)
     for key, files in (("inline", ["a", "b"]), ("paged", ["c", "d", "e"])):
         ids = [i["id"] for i in feed.items(key)]
         joined = json.loads(feed.items(key, gate=1)[0]["result"])

@@ -56,7 +56,7 @@ from ..faults_support import (
     workflow_checks,
 )
 from ..outages import mariadb_read_only, mariadb_user
-from ..support import HandlerService, WatcherProcesses, run_cli, wait_until
+from ..support import HandlerService, WatcherProcesses, run_cli, spawn, wait_until
 from ..watcher.test_database_outages import waits_out_read_only
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -510,7 +510,7 @@ def test_sqlite_locked_by_another_process_mid_run_is_survived(
     @contextlib.contextmanager
     def locked() -> Iterator[None]:
         marker = tmp_path / "locked"
-        locker = subprocess.Popen([sys.executable, "-c", LOCKER, database, str(marker)], stdin=subprocess.PIPE)
+        locker = spawn([sys.executable, "-c", LOCKER, database, str(marker)], stdin=subprocess.PIPE)
         try:
             wait_until(marker.exists, timeout=30, what="the other process to lock the database")
             until = time.monotonic() + 12.0  # longer than the 10 s busy timeout

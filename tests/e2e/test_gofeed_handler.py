@@ -3,7 +3,7 @@
 The handler below knows nothing of feedproc: as under Go Feed's HTTP processor, it reads each
 request body as its own JSON data and answers Go Feed's response object, written the way Go's
 encoding/json writes Go Feed's `response` struct: `{"gate":N,"complete":b,"response":{...},"error":null}`.
-A real `feedproc watch` process drives a three-gate fan-in through it, on both databases.
+A real `feedproc watch` process drives a three-gate fan-in through it, on every database.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Item actions at the doors (both databases): `feedproc item retry|skip|cancel` and
+"""Item actions at the doors (every database): `feedproc item retry|skip|cancel` and
 `POST /api/v1/items/...`, with their refusals (exit codes, JSON errors) and who is recorded."""
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def test_the_cli_cancels_a_gate_of_a_partition(db_url: str, feed: Feed) -> None:
     ("args", "code", "says"),
     [
         (["item", "retry", "x1"], 2, "not an item id"),
+        (["item"], 2, "usage: feedproc item ID (show one item), or feedproc item retry|skip|cancel ID..."),
         (["item", "retry"], 2, "name the items"),
         (["item", "skip", "1", "--partition", "p"], 2, "not both"),
         (["item", "cancel", "--gate", "0"], 2, "name the items"),

@@ -1,4 +1,4 @@
-"""Pull workers over the API (both databases): the worker API of `feedproc serve` through real HTTP,
+"""Pull workers over the API (every database): the worker API of `feedproc serve` through real HTTP,
 and `feedproc work` processes claiming from `feedproc serve` processes, killed with real signals.
 """
 
@@ -22,7 +22,7 @@ from feedproc import Feed
 
 from ..api_support import AUTH, ApiServer, ServeProcess
 from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
-from ..support import feedproc_env, wait_until
+from ..support import feedproc_env, spawn, stop_group, wait_until
 
 WORKER_TOKEN = "worker-token-9876543210"
 WORKER_AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -217,23 +217,16 @@ class WorkProcess:
     def __init__(self, api_url: str, log_dir: Path, name: str, *args: str, **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
         out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen(
+        self.process = spawn(
             [sys.executable, "-m", "feedproc", "work", "--api", api_url, "--queue", QUEUE, "--worker", name, *args],
             env=feedproc_env("sqlite:///unused.db", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN, **env),
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         out.close()
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_group(self.process, grace=30)
         return self.process.returncode
 
 
@@ -397,3 +390,21 @@ def test_work_refuses_malformed_arguments(tmp_path: Path) -> None:
         )
         assert result.returncode == code, (args, result.stderr)
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_work_processs_answers_accumulate_and_its_fan_in_item_receives_the_sum(db_url: str, tmp_path: Path) -> None:
+    feed = Feed(db_url)
+    feed.set_queue(QUEUE, mode="pull", accumulate={"n": "sum"})
+    rows = [*({"gate": 0, "data": {"n": n}} for n in range(6)), {"gate": 1, "data": {}, "collect": 0}]
+    feed.add_partition("scans", rows, queue=QUEUE)
+    server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKENS=WORKER_TOKEN)
+    env = {LOG_VARIABLE: str(tmp_path / "deliveries.log"), DELAY_VARIABLE: "0"}
+    worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:Accumulates", **env)
+    try:
+        wait_until(lambda: feed.status("scans")["status"] == "complete", timeout=60, what="the partition done")
+        assert feed.status("scans")["accumulated"] == {"n": 6}
+        assert json.loads(feed.items("scans")[-1]["result"]) == {"accumulated": {"n": 6}}
+    finally:
+        worker.stop()
+        server.stop()
+        feed.close()

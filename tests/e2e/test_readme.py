@@ -2,16 +2,23 @@
 the site's pages under docs/ (issue 32; tests/docs_support.py reads them). Its Python files (blocks
 whose first line is `# NAME.py`) with a real watcher, its command-line session, and its pipeline
 (issue 22) as the TOML file with three handler services and as a Python `Pipeline`, each in a fresh
-directory."""
+directory; its standard-library handler answering the curl request as shown and serving the
+partition its SQL producer writes; its pull worker session with curl (issue 32: the examples agree
+on data shapes)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +27,7 @@ from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 
 from ..docs_support import blocks, python_files, sh_block
-from ..support import ROOT, WatcherProcesses, feedproc_env
+from ..support import ROOT, WatcherProcesses, feedproc_env, run_process, spawn, stop_group, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 BIN = Path(sys.executable).parent
@@ -32,11 +39,12 @@ def run_session(
     script: str, cwd: Path, timeout: float = 180, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A shell session as a reader runs it, with the virtualenv active, in `cwd` (with `env` added);
-    the jobs it started in the background are stopped at its end."""
+    the jobs it started in the background are stopped at its end, and killed with its process group
+    when it failed or timed out first (or this pytest was killed: a guard process)."""
     env = {**{k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}, **(env or {})}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # "with the virtualenv active"
-    script = "set -e\n" + script + "kill $(jobs -p)\nwait || true\n"
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    script = "set -e\n" + script + 'started=$(jobs -p); [ -z "$started" ] || kill $started\nwait || true\n'
+    return run_process(["bash", "-c", script], cwd=cwd, env=env, timeout=timeout, guard=True)
 
 
 def free_ports(count: int) -> list[int]:
@@ -49,6 +57,48 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def answers_on(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def background(command: list[str] | str, cwd: Path, port: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of the documentation's (a handler, `feedproc serve`) started in `cwd`, once it answers on
+    `port`; stopped at the end."""
+    environment = {k: v for k, v in os.environ.items() if k != "FEEDPROC_DATABASE_URL"}
+    environment["PATH"] = f"{BIN}{os.pathsep}{environment['PATH']}"
+    process = spawn(command, cwd=cwd, env={**environment, **env}, shell=isinstance(command, str), guard=True)
+    try:
+        wait_until(lambda: answers_on(port) or process.poll() is not None, timeout=30, what=f"port {port}")
+        assert process.poll() is None, f"{command} exited {process.returncode}"
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        stop_group(process)
+
+
+def stdlib_handler(port: int) -> str:
+    """The documentation's complete handler in Python (standard library only), answering on `port`."""
+    [block] = [block for block in blocks("python") if 'item["gate"] == 0' in block and "HTTPServer" in block]
+    assert '("127.0.0.1", 8080)' in block
+    return block.replace('("127.0.0.1", 8080)', f'("127.0.0.1", {port})')
+
+
+SPACE = re.compile(r"\s*")
+
+
+def json_values(text: str) -> list[object]:
+    """The JSON values printed one after another (by curl, without newlines between them)."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    text = text.strip()
+    while at < len(text):
+        value, end = decoder.raw_decode(text, at)
+        values.append(value)
+        at = SPACE.match(text, end).end()  # type: ignore[union-attr]
+    return values
 
 
 def uploads_toml() -> str:
@@ -166,8 +216,99 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
     assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
 
 
+def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:
+    """test_uploads.py, copied next to uploads_pipeline.py, passes when run with pytest: the
+    pipeline drained in-process by feedproc.testing, its retries waited out on the fake clock."""
+    files = python_files()
+    for name in ("uploads_pipeline.py", "test_uploads.py"):
+        (tmp_path / name).write_text(files[name])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDPROC_", "PYTEST_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_uploads.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+def test_the_stdlib_handler_answers_the_curl_request_as_shown(tmp_path: Path) -> None:
+    [port] = free_ports(1)
+    (tmp_path / "handler.py").write_text(stdlib_handler(port))
+    session = sh_block("curl -s -X POST http://127.0.0.1:8080/")
+    [shown] = [line[2:] for line in session.splitlines() if line.startswith("# {")]
+    with background([sys.executable, "handler.py"], tmp_path, port):
+        result = run_session(session.replace(":8080/", f":{port}/"), tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(shown)
+
+
+def test_the_sql_producers_partition_is_served_by_the_stdlib_handler(tmp_path: Path) -> None:
+    """The SQLite block of "Producing with SQL", run as printed, then `feedproc watch` with the
+    README's handler: each folder fans out its files at gate 1, each file is labelled."""
+    [port] = free_ports(1)
+    (tmp_path / "handler.py").write_text(stdlib_handler(port))
+    url = f"sqlite:///{tmp_path / 'feedproc.db'}"
+    subprocess.run(
+        [sys.executable, "-m", "feedproc", "migrate"], env=feedproc_env(url), check=True, capture_output=True
+    )
+    [sql] = [block for block in blocks("sql") if block.startswith("-- SQLite: ")]
+    with sqlite3.connect(tmp_path / "feedproc.db", isolation_level=None) as conn:
+        conn.executescript(sql)
+    watchers = WatcherProcesses(url, tmp_path)
+    try:
+        with background([sys.executable, "handler.py"], tmp_path, port):
+            watchers.start("--handler", f"http://127.0.0.1:{port}/", "--poll-interval", "0.1")
+            with Feed(url) as feed:
+                final = feed.wait("upload-7", timeout=60)
+                files = [json.loads(row["data"]) for row in feed.items("upload-7", gate=1)]
+    finally:
+        watchers.stop_all()
+    assert final["status"] == "complete", watchers.logs()
+    assert sorted(files, key=str) == [{"file": name, "label": "invoice"} for name in ("a.pdf", "b.pdf", "c.pdf")]
+
+
+def test_the_pull_session_with_curl_runs_as_written(tmp_path: Path) -> None:
+    """The pull-mode set-up (`queue set --mode pull`, a worker token, `serve`), then the curl
+    session: job-1 added, its item claimed, heartbeated and answered, the answers as shown."""
+    [port] = free_ports(1)
+    setup, session = sh_block("feedproc queue set gpu --mode pull"), sh_block("feedproc add job-1")
+    token = "readme-worker-token-0123456789abcdef"
+    assert "$(openssl rand -hex 24)" in setup and "feedproc serve --port 8000" in setup
+    setup = setup.replace("$(openssl rand -hex 24)", token).replace("--port 8000", f"--port {port}")
+    session = session.replace(":8000/", f":{port}/")
+    claim_shown, answer_shown = [json.loads(line[2:]) for line in session.splitlines() if line.startswith("# {")]
+    lines = session.splitlines(keepends=True)
+    claim = next(n for n, line in enumerate(lines) if line.startswith('# {"items"'))
+    claiming, answering = "".join(lines[:claim]), "".join(lines[claim + 1 :])
+    exported = f"export FEEDPROC_WORKER_TOKEN={token}\n"  # as the set-up left it in the reader's shell
+    subprocess.run(
+        [sys.executable, "-m", "feedproc", "migrate"],
+        cwd=tmp_path,
+        env=feedproc_env("sqlite:///feedproc.db"),
+        check=True,
+    )
+    with background(setup, tmp_path, port):
+        claimed = run_session(exported + claiming, tmp_path, timeout=60)
+        assert claimed.returncode == 0, claimed.stderr
+        [item] = json.loads(claimed.stdout.splitlines()[-1])["items"]
+        variables = next(line for line in lines if line.startswith("API="))  # still set in the reader's shell
+        answered = run_session(exported + variables + answering.replace("pR3…", item["token"]), tmp_path, timeout=60)
+    assert answered.returncode == 0, answered.stderr
+    [shown] = claim_shown["items"]
+    assert set(item) == set(shown)
+    assert {k: v for k, v in item.items() if k not in ("token", "lease_expires_at")} == {
+        k: v for k, v in shown.items() if k not in ("token", "lease_expires_at")
+    }
+    heartbeat, answer = json_values(answered.stdout)  # curl ends no answer with a newline
+    assert "lease_expires_at" in heartbeat and answer == answer_shown
+
+
 #: The whole-file examples the tests above run, each by its name.
-RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py"}
+RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py", "test_uploads.py"}
 
 
 def test_every_example_file_in_the_documentation_is_run() -> None:

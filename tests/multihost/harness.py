@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
+from ..support import spawn
 from .proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,7 +279,7 @@ class Cluster:
             *args,
         ]
         with open(host.log, "ab") as log:
-            host.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            host.process = spawn(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         host.started = time.monotonic()
         return host
 

@@ -1,1 +1,1 @@
-"""The store on every database (SQLite and PostgreSQL): its operations, guards and SQL plans."""
+"""The store on every database (SQLite, PostgreSQL and MariaDB): its operations, guards and SQL plans."""

@@ -1,4 +1,4 @@
-"""The dashboard's reads (both databases): items running now, throughput by minute and the backlog
+"""The dashboard's reads (every database): items running now, throughput by minute and the backlog
 walked back from it, partitions sorted and filtered, and a partition's per-gate timings."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Operators' actions on single items (both databases): retry, skip and cancel, by id or by
+"""Operators' actions on single items (every database): retry, skip and cancel, by id or by
 partition and gate; what they record; what they refuse; and a watcher's answer for an item that
 changed meanwhile (dropped, the rest of its group commit written)."""
 

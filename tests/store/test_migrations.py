@@ -133,6 +133,7 @@ def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store, unmigrate
     assert empty_store.status("kept") == before
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_feedproc_migrate_command_is_idempotent(unmigrated_url, tmp_path):
     first = run_cli(unmigrated_url, "migrate", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -177,6 +178,7 @@ def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(s
 # ---------------------------------------------------------------- the revision creates exactly `metadata`
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_migrated_schema_matches_the_metadata(store):
     differences = schema_differences(store)
     if store.engine.dialect.name == "sqlite":

@@ -1,4 +1,4 @@
-"""Pull workers' claims (both databases): what may be claimed, in what order, by whom; what a token
+"""Pull workers' claims (every database): what may be claimed, in what order, by whom; what a token
 may still do; what an expired claim costs. Through `Feed`, the API's and the worker's front door.
 """
 
@@ -263,6 +263,7 @@ def test_a_released_item_is_ready_again_without_an_attempt(pull: Feed) -> None:
 # ---------------------------------------------------------------- concurrency
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_concurrent_claimers_never_share_an_item(pull: Feed, db_url: str) -> None:
     for p in range(8):
         add(pull, f"p{p}", *[(0, str(i).encode()) for i in range(25)])

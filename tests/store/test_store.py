@@ -1,4 +1,4 @@
-"""The Store directly, on SQLite and PostgreSQL: producer operations, the gate rules as the database
+"""The Store directly, on SQLite, PostgreSQL and MariaDB: producer operations, the gate rules as the database
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
 import contextlib
@@ -756,6 +756,7 @@ def test_the_child_index_forbids_inserting_the_same_children_twice(store):
 # ---------------------------------------------------------------- answers and the gate
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_the_gate_advances_in_the_same_transaction_as_the_last_completion(store):
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y"), (2, b"z")])

@@ -1,9 +1,15 @@
-"""A pipeline version's router (no database): the attempts it charges lost deliveries against."""
+"""A pipeline version's router (no database): the attempts it charges lost deliveries against, and
+the HTTP processors it makes for its gates."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
+from feedproc.processors import HTTPOptions, HTTPProcessor
 from feedproc.processors.pipeline import GateRouter
 
 UPLOADS = """
@@ -40,3 +46,25 @@ def test_gates_sent_to_the_same_service_share_one_client() -> None:
     router = GateRouter(pipeline, None, RetryPolicy())
     a, b, c = (router.route(n).processor for n in range(3))
     assert a is b and c is not a  # gate c's own timeout needs a client of its own
+
+
+def test_a_gates_http_processor_has_the_watchers_http_options_and_the_gates_own_timeout_and_headers() -> None:
+    pipeline = parse_toml(
+        '[[gate]]\nname = "a"\nnumber = 0\nhandler = "http://127.0.0.1:9/a"\n'
+        '[[gate]]\nname = "b"\nnumber = 1\nhandler = "http://127.0.0.1:9/b"\ntimeout = 5\n'
+        'headers = { "X-Gate" = "b", "X-Both" = "gate" }\n'
+    )
+    options = HTTPOptions(timeout=12.0, headers={"X-Both": "watcher"}, max_answer_bytes=1000, max_children=3)
+    router = GateRouter(pipeline, None, RetryPolicy(), http_options=options)
+    a, b = (router.route(n).processor for n in range(2))
+    assert isinstance(a, HTTPProcessor) and isinstance(b, HTTPProcessor)
+    assert (a.timeout, a.max_answer_bytes, a.max_children, a.headers["X-Both"]) == (12.0, 1000, 3, "watcher")
+    assert (b.timeout, b.max_answer_bytes, b.headers["X-Both"], b.headers["X-Gate"]) == (5, 1000, "gate", "b")
+
+
+def test_http_options_are_frozen_headers_included() -> None:
+    options = HTTPOptions(headers={"X-A": "1"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.timeout = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        options.headers["X-A"] = "2"  # type: ignore[index]

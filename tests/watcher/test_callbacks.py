@@ -1,4 +1,4 @@
-"""Callback answers (both databases): a handler answers `202 {"accepted": true}`, the watcher frees
+"""Callback answers (every database): a handler answers `202 {"accepted": true}`, the watcher frees
 its worker at once, and the handler sends the answer later to the worker API with the token and
 answer_url its request carried; heartbeats extend the wait, expiry retries it."""
 

@@ -1,4 +1,4 @@
-"""Cancelling a partition reaches the work in progress (both databases): an `async def` processor's
+"""Cancelling a partition reaches the work in progress (every database): an `async def` processor's
 call is cancelled, an HTTP request is aborted, a plain `def` processor sees `item.cancelled`; the
 watcher goes on with other partitions."""
 

@@ -5,7 +5,7 @@ Go Feed (github.com/steeling/gofeed) POSTs each item's data bytes and reads an a
 `{"gate": N, "complete": bool, "response": {...}, "error": {"message", "no_retry"}}`. Each test
 here is one case of its `internal/processors/httprocessor/processor_test.go` TestProcess, or one
 behaviour its `internal/state/watcher_test.go` TestWatcher and `repo_test.go` check, run against
-a real in-process watcher, a real handler on loopback and both databases; it names the Go Feed
+a real in-process watcher, a real handler on loopback and every database; it names the Go Feed
 case it ports and asserts the item's resulting state in feedproc. Where feedproc differs on
 purpose, the test asserts feedproc's behaviour and its docstring says so.
 

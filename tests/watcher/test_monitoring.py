@@ -1,5 +1,5 @@
 """`feedproc watch --health-port N --metrics-port N` (issue 6): a real watcher process answers
-Kubernetes probes and Prometheus scrapes on its own small HTTP server, on SQLite and PostgreSQL."""
+Kubernetes probes and Prometheus scrapes on its own small HTTP server, on SQLite, PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from feedproc import Feed, Item, Pipeline, Response
 from feedproc.core.pipelines import parse_toml
 
 from ..api_support import free_port
-from ..support import HandlerService, feedproc_env, run_cli, wait_status, wait_until, watching
+from ..support import HandlerService, feedproc_env, run_cli, spawn, wait_status, wait_until, watching
 from .test_scheduling import ConcurrencyMeter
 
 
@@ -266,7 +266,7 @@ def test_pipeline_apply_from_a_python_pipeline_and_watch_serve_it(db_url: str, f
     shown = json.loads(run_cli(db_url, "pipeline", "show", "uploads", "--json").stdout)
     assert shown["gate"][0] == {"name": "list", "number": 0, "limit": 2}
     feed.add_partition("p", [{"gate": "list", "data": 1}], queue="uploads")
-    process = subprocess.Popen(
+    process = spawn(
         [sys.executable, "-m", "feedproc", "watch", "--processor", "my_uploads:pipeline", "--poll-interval", "0.1"],
         cwd=tmp_path,
         env=feedproc_env(db_url),

@@ -1,4 +1,4 @@
-"""Pausing a queue (both databases): fleet-wide, in-flight items finish and nothing new starts,
+"""Pausing a queue (every database): fleet-wide, in-flight items finish and nothing new starts,
 for watchers and pull workers alike, until it is resumed; who paused it is kept."""
 
 from __future__ import annotations

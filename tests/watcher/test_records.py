@@ -96,7 +96,7 @@ def test_a_lease_given_up_while_it_could_not_be_renewed_gives_its_running_delive
     locker = store.engine.connect()
     lock = locker.begin()
     # Capacity 1: holding "p", the watcher cannot lease its own expired lease again before giving it up.
-    with watching(db_url, processor, concurrency=1, capacity=1) as running:
+    with watching(db_url, processor, concurrency=1, max_partitions=1) as running:
         try:
             wait_until(lambda: processor.seen, what="the delivery under way")
             # Its heartbeats fail from now on (they update this row first): past a lease length it

@@ -1,4 +1,4 @@
-"""What a watcher tells the dashboard (both databases): a delivery still running at a heartbeat
+"""What a watcher tells the dashboard (every database): a delivery still running at a heartbeat
 shows in the running view with its elapsed time, and the watcher's throughput reaches the charts."""
 
 from __future__ import annotations

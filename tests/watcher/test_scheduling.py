@@ -1,5 +1,5 @@
 """Scheduling controls (issue 7): per-item timeouts, the global concurrency limit per queue with weights,
-progress reports, and time windows, on SQLite and PostgreSQL.
+progress reports, and time windows, on SQLite, PostgreSQL and MariaDB.
 
 In-process watchers (`watching`, from test_watcher) check the behaviour of one watcher; the
 concurrency limit across several watchers is checked with real `feedproc watch` processes.

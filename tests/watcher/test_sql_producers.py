@@ -118,7 +118,10 @@ def test_the_readme_s_sql_producer_runs_as_written_and_its_partition_completes(d
     with watching(db_url, processor):
         final = wait_status(feed, "upload-7", "complete")
     assert final["items"]["complete"] == 2
-    assert sorted(data for gate, data in processor.seen if gate == 0) == [b'{"file": "a.pdf"}', b'{"file": "b.pdf"}']
+    assert sorted(data for gate, data in processor.seen if gate == 0) == [
+        b'{"kind": "folder", "files": ["a.pdf", "b.pdf"]}',
+        b'{"kind": "folder", "files": ["c.pdf"]}',
+    ]
 
 
 def test_items_written_with_sql_at_two_gates_cross_the_barrier_in_order(db_url: str, feed: Feed) -> None:

@@ -1,6 +1,6 @@
 """Every failure is told: a processor's exception, a retry, an item failure and a partition failure
 each leave a log record with their key, gate, item, attempt and error, and the item's record keeps
-the traceback (in-process watcher, both databases)."""
+the traceback (in-process watcher, every database)."""
 
 from __future__ import annotations
 

@@ -120,6 +120,7 @@ class FanOut(Processor):
             return Response(done=True)
 
 
+@pytest.mark.smoke  # the fast tier's database smoke
 def test_fan_out_children_then_fan_in_behind_the_gate_barrier(db_url: str, feed: Feed) -> None:
     feed.add_partition("fan", items=[(0, js({"root": True}))])
     recorder = Recorder()
@@ -330,7 +331,7 @@ def test_a_watcher_full_of_waiting_partitions_still_serves_ready_ones(db_url: st
     feed.add_partition("wait-1", items=[(0, b"{}")], priority=5)
     feed.add_partition("wait-2", items=[(0, b"{}")], priority=5)
     feed.add_partition("ready", items=[(0, b"{}")])
-    with watching(db_url, NotYetForHours(), capacity=2):
+    with watching(db_url, NotYetForHours(), max_partitions=2):
         wait_status(feed, "ready", "complete", timeout=15)
         waiting = wait_status(feed, "wait-1", "available", history=50)
     assert waiting["items"]["available"] == 1 and waiting["failed_items"] == []
@@ -363,7 +364,7 @@ def test_lost_lease_late_answer_changes_nothing_and_partition_is_no_longer_dispa
     processor = Gated(recorder, "taken")
     # Capacity 1: holding "taken", the first watcher leases nothing more, so it cannot re-lease its own
     # expired lease between the test's expiry and the thief's acquire (two transactions).
-    with watching(db_url, processor, concurrency=1, capacity=1) as first:
+    with watching(db_url, processor, concurrency=1, max_partitions=1) as first:
         wait_until(lambda: recorder.of("taken"), what="the first item in flight")
 
         def take_over() -> list[Any]:
