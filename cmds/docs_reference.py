@@ -153,7 +153,7 @@ def _option_row(param: Any) -> str:
 def _value_name(param: Any) -> str:
     """What an option without a metavar takes, by its annotation: N, NUMBER or TEXT."""
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-    return {int: "N", float: "NUMBER"}.get(annotation, "TEXT")
+    return "N" if annotation is int else "NUMBER" if annotation is float else "TEXT"
 
 
 def _bounds(param: Any) -> str:
@@ -254,7 +254,8 @@ def _operation(method: str, route: str, operation: dict[str, Any]) -> list[str]:
             lines += [f"Request body ({media}): {_type(content.get('schema', {}))}.", ""]
     lines += ["| status | meaning |", "| --- | --- |"]
     for status, response in operation.get("responses", {}).items():
-        schema = next(iter(response.get("content", {}).values()), {}).get("schema")
+        media_types: dict[str, Any] = next(iter(response.get("content", {}).values()), {})
+        schema = media_types.get("schema")
         shape = f" ({_type(schema)})" if schema and "$ref" in schema else ""
         lines.append(f"| {status} | {_cell(response.get('description', ''))}{shape} |")
     return [*lines, ""]
