@@ -12,6 +12,7 @@ import json
 import os
 
 from feedproc import Item, Processor, Response
+from feedproc.bench.watch import tally
 
 LOG_VARIABLE = "FEEDPROC_TEST_DELIVERY_LOG"
 DELAY_VARIABLE = "FEEDPROC_TEST_DELAY"
@@ -148,18 +149,7 @@ class CountsCollected(Processor):
     peak RSS (MB) as its result."""
 
     def process(self, item: Item) -> Response:
-        seen = bytearray()
-        first = None
-        count = twice = total = 0
-        for row in item.collected:
-            first = row.id if first is None else first
-            offset = row.id - first
-            if offset >= len(seen):
-                seen.extend(bytes(offset - len(seen) + 65536))
-            twice += seen[offset]
-            seen[offset] = 1
-            count += 1
-            total += json.loads(row.result or b"{}").get("n", 0)
+        count, twice, total = tally(item.collected)  # the collect benchmark's own count
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a watcher started by a big
         # pytest worker would report the worker's size (233 MB in CI on every database).
         with open("/proc/self/status") as status:

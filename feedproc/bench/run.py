@@ -211,11 +211,8 @@ class Bench:
             if workload == "http":  # the ceiling of one request per item
                 result["ceiling"] = self._ceiling(folder / "ceiling", total, shapes[0][0][1])
             analyse(url, self.after, folder, result, workload, committed)
-        except BenchFailed as error:
-            result["problems"].append(str(error))
         except Exception as error:  # a database error, say: report it, go on with the next run
-            first = (str(error).strip().splitlines() or [""])[0]
-            result["problems"].append(f"{type(error).__name__}: {first}")
+            result["problems"].append(_problem(error))
         finally:
             if handler is not None:
                 handler.stop()
@@ -273,11 +270,8 @@ class Bench:
             if workload == "collect-http":
                 result["server_peak_rss_mb"] = dict(zip(("serve", "handler"), servers.peak_mb(), strict=False))
             analyse_collect(url, logs, result)
-        except BenchFailed as error:
-            result["problems"].append(str(error))
         except Exception as error:  # a database error, say: report it, go on with the next run
-            first = (str(error).strip().splitlines() or [""])[0]
-            result["problems"].append(f"{type(error).__name__}: {first}")
+            result["problems"].append(_problem(error))
         finally:
             servers.stop()
             place.keep_or_drop(url, folder, result, keep=self.options.keep)
@@ -596,3 +590,11 @@ def run_bench(options: BenchOptions) -> dict[str, Any]:
             f"{first['workload']} x{first['watchers']}: {reason}"
         )
     return report
+
+
+def _problem(error: Exception) -> str:
+    """A run's failure as its report lists it: a BenchFailed's words, else the error's type and first line."""
+    if isinstance(error, BenchFailed):
+        return str(error)
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}"

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,24 @@ def accumulated_by(item_id: int) -> dict[str, float]:
     return {"pages": item_id % 7 + 1, "max_score": item_id % 1000 / 1000}
 
 
+def tally(collected: Iterable[Any]) -> tuple[int, int, int]:
+    """Iterate collected results once: how many, how many ids came twice (a byte per id since the
+    first: a million ids cost 1 MB) and the sum of their results' `n`."""
+    seen = bytearray()
+    first: int | None = None
+    count = twice = total = 0
+    for row in collected:
+        first = row.id if first is None else first
+        offset = row.id - first
+        if offset >= len(seen):
+            seen.extend(bytes(offset - len(seen) + 65536))
+        twice += seen[offset]
+        seen[offset] = 1
+        count += 1
+        total += json.loads(row.result or b"{}").get("n", 0)
+    return count, twice, total
+
+
 class CollectProcessor(Processor):
     """The collect workload's processor (see `collect.py`), logging its calls as BenchProcessor does.
     At gate 0 (the item whose answer drains the gate): its data as its result. At the fan-in: notes
@@ -79,18 +98,7 @@ class CollectProcessor(Processor):
             return Response(done=True, result=item.data)
         rss_at_call = _status_mb("VmRSS")
         started = time.perf_counter()
-        seen = bytearray()
-        first: int | None = None
-        count = twice = total = 0
-        for row in item.collected:
-            first = row.id if first is None else first
-            offset = row.id - first
-            if offset >= len(seen):
-                seen.extend(bytes(offset - len(seen) + 65536))
-            twice += seen[offset]
-            seen[offset] = 1
-            count += 1
-            total += json.loads(row.result or b"{}").get("n", 0)
+        count, twice, total = tally(item.collected)
         iterated = time.perf_counter() - started
         record = {
             "id": item.id,
