@@ -17,7 +17,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from tenacity import RetryCallState, wait_random_exponential
 
@@ -32,6 +32,8 @@ from ..store import Store
 from .config import WatcherConfig
 
 log = logging.getLogger("feedproc.watcher")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +208,8 @@ class WatcherState:
         """Seconds since the leases were last renewed (or the watcher started)."""
         return time.monotonic() - self._last_renewal
 
-    async def _db_call(self, executor: ThreadPoolExecutor, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def _db_call(self, executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn(*args, **kwargs)` (a store call) on `executor`'s thread, typed as `fn` is."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
 
