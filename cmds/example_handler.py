@@ -6,8 +6,8 @@
     python cmds/example_handler.py --serve ocr --port 8082
     python cmds/example_handler.py --serve classify --port 8083
 
-It answers each item by its data's ``kind`` (the HTTP handler contract, see README), so the same
-code serves a queue without a pipeline (gates by number) and the README's ``uploads`` pipeline
+It answers each item by its data's ``kind`` (the HTTP handler contract, docs/reference/handler-contract.md), so the same
+code serves a queue without a pipeline (gates by number) and the ``uploads`` pipeline of docs/guides/pipelines.md
 (gates by name: list 0, ocr 1, classify 2, rank 3; the request still carries the gate's number):
 
 * list, ``{"kind": "folder", "files": ["a.pdf", ...]}`` (or ``"path": "/some/dir"``: its files):

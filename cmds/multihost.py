@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the multi-host scenarios at full size and print the README's tables (as root, from the
+"""Run the multi-host scenarios at full size and print the tables of docs/performance.md (as root, from the
 repository root, with the test extra installed):
 
     sudo .venv/bin/python cmds/multihost.py [--only balance,scale,latency,cutoff,blackhole,resets,capacity]
@@ -67,7 +67,7 @@ def run(name: str) -> Any:
 
 
 def report(results: dict[str, Any]) -> str:
-    """The results as Markdown tables (what the README's "Many hosts" section shows)."""
+    """The results as Markdown tables (what docs/performance.md's "Many hosts" section shows)."""
     out: list[str] = []
     if "balance" in results:
         b = results["balance"]

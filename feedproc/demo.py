@@ -1,8 +1,8 @@
 """`feedproc demo`: the folder -> OCR -> classify -> rank pipeline, end to end, on a throwaway SQLite file.
 
 Starts the example handler (cmds/example_handler.py) as the pipeline's three services (list and
-rank, OCR, classify), applies the README's `uploads` pipeline with their URLs, starts one
-`feedproc watch --queue uploads` (no handler: it serves the stored pipeline), submits a few folder
+rank, OCR, classify), applies the `uploads` pipeline of docs/guides/pipelines.md with their URLs,
+starts one `feedproc watch --queue uploads` (no handler: it serves the stored pipeline), submits a few folder
 partitions with named gates, draws a progress bar per partition from the database, and ends with
 a summary. Everything it starts is stopped; the temporary directory is removed unless --keep.
 """
@@ -28,7 +28,7 @@ from .core.errors import FeedprocError
 from .core.pipelines import PipelineSpec, parse_toml
 from .feed import Feed
 
-#: The README's uploads.toml, without its schedule, with the services' URLs filled in.
+#: The pipeline guide's uploads.toml, without its schedule, with the services' URLs filled in.
 PIPELINE = """\
 queue = "uploads"
 

@@ -5,7 +5,7 @@ real watchers: the progress bar of a partition being processed reaches 100% by t
 alone, and the retry button (with the API token) puts a failed partition back to work; the running
 view shows items in flight, the charts draw, an item page retries its failed item, and a queue
 page pauses and resumes its queue. They save screenshots to $FEEDPROC_ARTIFACTS (default
-.ci/artifacts/), and to docs/ as well with FEEDPROC_DOCS_SCREENSHOTS=1 (the README shows those).
+.ci/artifacts/), and to docs/ as well with FEEDPROC_DOCS_SCREENSHOTS=1 (the documentation shows those).
 Without Chromium or the playwright package they skip, unless FEEDPROC_REQUIRE_BROWSER=1 (CI), where
 that is a failure.
 """

@@ -1,5 +1,5 @@
 """Many hosts on one machine: watcher "hosts" in Linux network namespaces against a PostgreSQL of
-the harness's own, with a fault proxy in between (README, "Many hosts").
+the harness's own, with a fault proxy in between (docs/performance.md, "Many hosts").
 
     bridge fpmh0 10.231.7.1/24 (the root namespace: PostgreSQL on :55432, the proxy on :55433)
       ├─ veth fpmh1a ── fpmh1b 10.231.7.11 in namespace fpmh-h1 (a watcher process)

@@ -1,6 +1,6 @@
 """The multi-host scenarios (balance and churn, scale, network faults), each returning what it
 measured and the invariants it checked. `tests/multihost/test_multihost.py` runs them small in CI;
-`cmds/multihost.py` runs them at full size and prints the README's tables."""
+`cmds/multihost.py` runs them at full size and prints the tables of docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Watchers on separate network hosts against one PostgreSQL (README, "Many hosts"): the short
+"""Watchers on separate network hosts against one PostgreSQL (docs/performance.md, "Many hosts"): the short
 version of `cmds/multihost.py`, run alone in CI (`pytest -m multihost -n 0`) because it measures
 throughput and runs its own PostgreSQL and namespaces.
 
 Each host is a Linux network namespace on a link of its own; the database is reached through a
-fault proxy. Sizes are small here (3-4 hosts, a lease of 4 s); the README's figures come from the
+fault proxy. Sizes are small here (3-4 hosts, a lease of 4 s); the figures of docs/performance.md come from the
 full run.
 """
 
@@ -25,7 +25,7 @@ if (why := available()) is not None:
 
 LEASE = 4.0
 # Hand-overs beyond the minimum a phase needs: a host that asked for partitions at the same moment
-# as another may be handed a few more than the share and give them on (stated in the README).
+# as another may be handed a few more than the share and give them on (stated in docs/how-it-works.md).
 SLACK = 0.1
 
 

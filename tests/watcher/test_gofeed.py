@@ -329,7 +329,7 @@ def test_partitions_whose_watchers_went_away_are_taken_over(
 def test_a_partition_moves_to_its_next_gate_only_when_every_item_of_its_gate_is_done(
     db_url: str, feed: Feed, handler: HandlerService
 ) -> None:
-    """Go Feed's checkpointing (README "Checkpointing", Partition.Gate in partition.go; TestWatcher's
+    """Go Feed's checkpointing (docs/guides/gofeed.md, checkpoints; Partition.Gate in partition.go; TestWatcher's
     p1_gate): the item at gate 1 is sent only after both items at gate 0 are complete, the one
     asked three times included."""
     handler.behavior = lambda item: (*go_test_processor(item), {}, 0.05)

@@ -1,4 +1,4 @@
-"""Several feeds in one database (README, "Several feeds in one database"): under different table
+"""Several feeds in one database (docs/guides/gofeed.md, "Several feeds in one database"): under different table
 prefixes, each feed has its own tables, version, trigger and wake-ups, and its watchers see only
 its own work."""
 
