@@ -28,7 +28,7 @@ from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Kind, Outcome, ReadyItem
 from feedproc.store import Store
 from feedproc.store.dialects import DriverStatement
-from feedproc.store.schema import events, items, partitions
+from feedproc.store.schema import claims, events, items, partitions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -496,3 +496,10 @@ def metric_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], fl
 def metric(text: str, name: str, **labels: str) -> float | None:
     """The value of one sample of a Prometheus exposition, or None when it is absent."""
     return metric_samples(text).get((name, frozenset(labels.items())))
+
+
+def callback_claims(feed: Feed) -> list[Any]:
+    """The claims 202 answers left: written by the group commit after the handler answered, so a
+    callback sent before it finds no claim (404); a test waits for them before answering."""
+    with feed.store.read() as conn:
+        return list(conn.execute(select(claims.c.token).where(claims.c.callback.is_(True))))

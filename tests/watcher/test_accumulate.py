@@ -13,14 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
 from feedproc.core.pipelines import parse_toml
-from feedproc.store.schema import claims
 
 from ..api_support import ApiServer
-from ..support import HandlerService, wait_status, wait_until, watching
+from ..support import HandlerService, callback_claims, wait_status, wait_until, watching
 
 WORKER_TOKEN = "accumulate-worker-token-42"
 AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -121,12 +119,6 @@ def test_an_undeclared_name_fails_the_item_for_good_saying_which(
         " (declared: best=max, pages=sum, scans=count)"
     )
     assert final["accumulated"] == {}
-
-
-def callback_claims(feed: Feed) -> list[Any]:
-    """The claims 202 answers left (written by the group commit after the handler answered)."""
-    with feed.store.read() as conn:
-        return list(conn.execute(select(claims.c.token).where(claims.c.callback.is_(True))))
 
 
 def test_a_callbacks_answer_accumulates_once(db_url: str, feed: Feed, api: ApiServer, handler: HandlerService) -> None:

@@ -14,7 +14,7 @@ import pytest
 from feedproc import Feed, HTTPProcessor
 
 from ..api_support import ApiServer
-from ..support import HandlerService, wait_status, wait_until, watching
+from ..support import HandlerService, callback_claims, wait_status, wait_until, watching
 
 WORKER_TOKEN = "callback-worker-token-42"
 AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -50,7 +50,10 @@ def test_a_202_frees_the_worker_and_the_later_answer_completes_the_item(
     handler.behavior = accepting
     feed.add_partition("long", [(0, b'{"n": 1}'), (0, b'{"n": 2}')])
     with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url), concurrency=1):
-        wait_until(lambda: len(accepting.accepted) == 2, what="both items accepted by one worker")
+        wait_until(
+            lambda: len(accepting.accepted) == 2 and len(callback_claims(feed)) == 2,
+            what="both items accepted by one worker, their 202s written",
+        )
         first = accepting.accepted[0]
         assert first["answer_url"] == f"{api.url}/api/v1/items/{first['id']}/answer" and first["token"]
         beat = httpx.post(
@@ -107,7 +110,10 @@ def test_a_callback_handler_answers_with_a_worker_token_limited_to_its_queue(
             watching(db_url, HTTPProcessor(handler.url, callback_url=api.url), queue="ocr"),
             watching(db_url, HTTPProcessor(handler.url, callback_url=api.url), queue="hr"),
         ):
-            wait_until(lambda: len(accepting.accepted) == 2, what="both items accepted")
+            wait_until(
+                lambda: len(accepting.accepted) == 2 and len(callback_claims(feed)) == 2,
+                what="both items accepted, their 202s written",
+            )
             scoped = {"Authorization": f"Bearer {ocr_token}"}
             for body in accepting.accepted:
                 answer = httpx.post(body["answer_url"], json={"token": body["token"], "done": True}, headers=scoped)

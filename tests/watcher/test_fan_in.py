@@ -19,7 +19,7 @@ from feedproc.core.pipelines import parse_toml
 from feedproc.store.schema import accumulators, items, partitions
 
 from ..api_support import ApiServer
-from ..support import HandlerService, wait_status, wait_until, watching
+from ..support import HandlerService, callback_claims, wait_status, wait_until, watching
 
 WORKER_TOKEN = "fan-in-worker-token-42"
 
@@ -108,7 +108,7 @@ def test_a_callback_answers_result_is_kept_apart(
     handler.behavior = lambda body: (accepted.append(body), (202, {"accepted": True}))[1]
     feed.add_partition("p", [{"gate": 0, "data": {"file": "a"}}])
     with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url)):
-        wait_until(lambda: accepted, what="the 202")
+        wait_until(lambda: accepted and callback_claims(feed), what="the 202 written")
         (body,) = accepted
         auth = {"Authorization": f"Bearer {WORKER_TOKEN}"}
         done = httpx.post(
