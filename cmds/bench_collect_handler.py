@@ -96,8 +96,8 @@ class Handler(BaseHTTPRequestHandler):
                 "sum": reading.total,
                 "pages": reading.pages,
             }
-            with open(self.folder / "collect-handler.jsonl", "a") as out:
-                out.write(json.dumps(record) + "\n")
+            with open(self.folder / "collect-handler.jsonl", "a") as log:
+                log.write(json.dumps(record) + "\n")
             answer["result"] = {"count": reading.count, "twice": reading.twice, "sum": reading.total}
         out = json.dumps(answer).encode()
         self.send_response(200)

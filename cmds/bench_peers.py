@@ -73,7 +73,7 @@ async def pgqueuer_work(dsn: str, batch_size: int, consumers: int, log: IO[str] 
     async def one_consumer() -> None:
         pgq = PgQueuer(AsyncpgDriver(await asyncpg.connect(dsn=dsn)))
 
-        @pgq.entrypoint("noop")
+        @pgq.entrypoint("noop")  # type: ignore[untyped-decorator, unused-ignore]  # untyped without the bench extra
         async def noop(job: Job) -> None:
             if log is not None:
                 log.write(f"{job.id} 0 1 {time.time():.6f}\n")
@@ -93,7 +93,7 @@ def procrastinate_app(dsn: str, pool_size: int, log: IO[str] | None) -> Any:
         connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=1, max_size=pool_size),
     )
 
-    @app.task(name="noop", pass_context=True)
+    @app.task(name="noop", pass_context=True)  # type: ignore[untyped-decorator, unused-ignore]  # as above
     async def noop(context: Any, n: int = 0) -> None:
         if log is not None:
             log.write(f"{context.job.id} 0 1 {time.time():.6f}\n")

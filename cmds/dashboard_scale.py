@@ -10,6 +10,7 @@ The database is dropped and created again: give it a database of its own.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -145,7 +146,7 @@ def main() -> None:
     ]
     for path in pages:
         assert client.get(path).status_code == 200, path
-        print(f"  {path:42} {timed(lambda path=path: client.get(path)):8.1f}")
+        print(f"  {path:42} {timed(functools.partial(client.get, path)):8.1f}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import NullPool, create_engine, make_url, text
+from sqlalchemy import Connection, NullPool, create_engine, make_url, text
 
 from feedproc import Feed
 
@@ -37,8 +39,11 @@ SET_COLUMNS = """
     i.delivered_by = 'w', i.version = i.version + 1, i.updated_at = UTC_TIMESTAMP(6)"""
 
 
-def per_row(conn, rows):  # type: ignore[no-untyped-def]
-    cursor = conn.connection.dbapi_connection.cursor()
+Rows = Sequence[dict[str, Any]]  # id, version, status, data, attempts
+
+
+def per_row(conn: Connection, rows: Rows) -> int:
+    cursor = conn.connection.cursor()  # the pool's proxy of the driver's connection
     n = 0
     for r in rows:
         n += cursor.execute(
@@ -50,7 +55,7 @@ def per_row(conn, rows):  # type: ignore[no-untyped-def]
     return n
 
 
-def union_all(conn, rows):  # type: ignore[no-untyped-def]
+def union_all(conn: Connection, rows: Rows) -> int:
     one = "SELECT %s AS id, %s AS version, %s AS status, %s AS data, %s AS attempts"
     sql = f"UPDATE feedproc_items AS i JOIN ({' UNION ALL '.join([one] * len(rows))}) AS v"
     sql += f" ON i.id = v.id AND i.version = v.version SET {SET_COLUMNS}"
@@ -58,7 +63,7 @@ def union_all(conn, rows):  # type: ignore[no-untyped-def]
     return conn.exec_driver_sql(sql, tuple(params)).rowcount
 
 
-def json_table(conn, rows):  # type: ignore[no-untyped-def]
+def json_table(conn: Connection, rows: Rows) -> int:
     doc = json.dumps(
         [
             [
@@ -80,7 +85,7 @@ def json_table(conn, rows):  # type: ignore[no-untyped-def]
     return conn.exec_driver_sql(sql, (doc,)).rowcount
 
 
-def upsert(conn, rows):  # type: ignore[no-untyped-def]
+def upsert(conn: Connection, rows: Rows) -> int:
     # Every NOT NULL column must be given for the INSERT half, which must never happen: the ids exist.
     values = ",".join(
         ["(%s, %s, 0, 0, %s, COALESCE(%s, ''), %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"] * len(rows)

@@ -436,7 +436,7 @@ def check_barrier(calls: Sequence[Call], stored: Sequence[StoredItem] | None = N
 def _committed(stored: Sequence[StoredItem], calls: Sequence[Call]) -> dict[int, Call | None]:
     """For each stored item with an answer, the delivery whose answer was committed."""
     by_token = {c.token: c for c in calls}
-    return {i.id: by_token.get(i.token) for i in stored if i.token is not None}  # type: ignore[arg-type]
+    return {i.id: by_token.get(i.token) for i in stored if i.token is not None}
 
 
 def check_completed_never_redelivered(stored: Sequence[StoredItem], calls: Sequence[Call]) -> Check:

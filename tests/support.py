@@ -19,13 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from sqlalchemy import event, select
+from sqlalchemy.engine import Connection
 
 from feedproc import Feed, Watcher, WatcherConfig
-from feedproc.core.records import Kind, Outcome, ReadyItem
+from feedproc.core.records import Applied, Kind, Outcome, ReadyItem
 from feedproc.store import Store
 from feedproc.store.dialects import DriverStatement
 from feedproc.store.schema import claims, events, items, partitions
@@ -269,7 +270,7 @@ def run_process(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def _text(file: Any) -> str:
+def _text(file: IO[bytes]) -> str:
     """A captured output as `text=True` gives it: the locale's encoding, universal newlines."""
     file.seek(0)
     return file.read().decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
@@ -339,11 +340,13 @@ class WatcherProcesses:
 
 
 @contextmanager
-def statements_observed(store, observe):
+def statements_observed(store: Store, observe: Callable[[Connection, str], None]) -> Iterator[None]:
     """Call `observe(connection, statement)` before every statement the store runs: SQLAlchemy's
     own, and the hot path's driver statements (which SQLAlchemy's events do not see)."""
 
-    def on_execute(conn, cursor, statement, parameters, context, executemany):
+    def on_execute(
+        conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
         observe(conn, statement)
 
     event.listen(store.engine, "before_cursor_execute", on_execute)
@@ -383,13 +386,15 @@ def ready(gate: int = 0, attempts: int = 0) -> ReadyItem:
 A, B = "watcher-a", "watcher-b"
 
 
-def register(store, watcher, *, lease_seconds=30.0, queue="default", capacity=8):
+def register(
+    store: Store, watcher: str, *, lease_seconds: float = 30.0, queue: str = "default", capacity: int = 8
+) -> None:
     store.register_watcher(
         watcher, host="test", pid=1, queue=queue, concurrency=2, capacity=capacity, lease_seconds=lease_seconds
     )
 
 
-def answer(ready, kind, **fields):
+def answer(ready: ReadyItem, kind: str, **fields: Any) -> Outcome:
     return Outcome(
         item_id=ready.id,
         version=ready.version,
@@ -465,20 +470,20 @@ def history_of(feed: Feed, key: str, kind: str | None = None) -> list[dict[str, 
     return [e for e in events if kind is None or e["kind"] == kind]
 
 
-def fail(ready, attempts=1, error="boom"):
+def fail(ready: ReadyItem, attempts: int = 1, error: str = "boom") -> Outcome:
     return answer(ready, Kind.FAIL, attempts=attempts, error=error)
 
 
-def lease_and_fetch(store, watcher=A, limit=100):
+def lease_and_fetch(store: Store, watcher: str = A, limit: int = 100) -> list[ReadyItem]:
     store.acquire(watcher, "default", 10, 30)
     return store.fetch_ready(watcher, limit)
 
 
-def work_off(store, key, kind=Kind.DONE, watcher=A):
+def work_off(store: Store, key: str, kind: str = Kind.DONE, watcher: str = A) -> Applied:
     """Answer every ready item of `key` at its current gate with `kind`."""
     ready = [r for r in lease_and_fetch(store, watcher) if r.partition == key]
     assert ready, f"nothing ready in {key}"
-    make = fail if kind == Kind.FAIL else (lambda r: answer(r, kind))
+    make: Callable[[ReadyItem], Outcome] = fail if kind == Kind.FAIL else (lambda r: answer(r, kind))
     return store.apply(watcher, [make(r) for r in ready])
 
 

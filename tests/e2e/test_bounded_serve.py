@@ -11,6 +11,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,7 @@ HEADER_TIMEOUT = 10.0  # serve's (feedproc.api.HEADER_TIMEOUT): the tests outlas
 
 
 @pytest.fixture
-def serve(db_url: str, tmp_path: Path, request: pytest.FixtureRequest):
+def serve(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServeProcess]:
     args, nofile = getattr(request, "param", ((), None))
     process = ServeProcess(db_url, tmp_path, *args, nofile=nofile, FEEDPROC_API_TOKEN=TOKEN)
     yield process

@@ -8,11 +8,13 @@ results with the watcher's peak RSS under 200 MB (115 MB on PostgreSQL, 143 on S
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -105,6 +107,10 @@ def test_the_dashboards_item_page_pretty_prints_the_result(db_url: str, feed: Fe
 
 
 # ---------------------------------------------------------------- collected at scale
+
+
+def completed(feed: Feed, key: str) -> bool:
+    return feed.status(key)["status"] == "complete"
 
 
 def complete_items(feed: Feed, key: str, gate: int, count: int) -> None:
@@ -218,7 +224,7 @@ def test_feedproc_work_processors_iterate_what_they_collect_inline_and_by_pages(
     )
     try:
         for key in ("inline", "paged"):
-            wait_until(lambda key=key: feed.status(key)["status"] == "complete", timeout=60, what=f"{key} done")
+            wait_until(functools.partial(completed, feed, key), timeout=60, what=f"{key} done")
     finally:
         stop_group(worker, grace=30)
     for key, files in (("inline", ["a", "b"]), ("paged", ["c", "d", "e"])):
@@ -242,7 +248,7 @@ def test_a_claim_carries_what_its_fan_in_item_collects_and_its_token_reads_the_p
     auth = {"Authorization": f"Bearer {WORKER_TOKEN}"}
     try:
 
-        def claim() -> list[dict]:
+        def claim() -> list[dict[str, Any]]:
             got = api.post("/api/v1/queues/gpu/claim", {"worker": "w", "max": 10}, headers=auth, auth=False)
             assert got.status_code == 200, got.text
             return got.json()["items"]

@@ -79,7 +79,10 @@ class GoFeedHandler:
     def process(data: dict[str, Any]) -> dict[str, Any]:
         step = data["step"]
         time.sleep(0.02 + 0.08 * (FILES.index(data["file"]) % 3))
-        done = {0: {"text": f"text of {data['file']}"}, 1: {"label": "invoice"}, 2: {"filed": True}}[step]
+        by_step: dict[int, dict[str, Any]] = {
+            0: {"text": f"text of {data['file']}"}, 1: {"label": "invoice"}, 2: {"filed": True}
+        }
+        done = by_step[step]
         response = {**data, **done, "step": step + 1}
         return {"gate": min(step + 1, 2), "complete": step == 2, "response": response, "error": None}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_an_item_that_kills_its_watcher_fails_after_max_attempts_and_the_rest_co
     db_url: str, feed: Feed, watchers: WatcherProcesses, tmp_path: Path
 ) -> None:
     log = tmp_path / "deliveries.log"
-    rows = [{"gate": 0, "data": {"n": n}} for n in range(40)]
+    rows: list[dict[str, Any]] = [{"gate": 0, "data": {"n": n}} for n in range(40)]
     rows[17] = {"gate": 0, "data": {"poison": True}}
     feed.add_partition("poisoned", [(r["gate"], json.dumps(r["data"]).encode()) for r in rows])
     feed.add_partition("healthy", [(0, json.dumps({"n": n}).encode()) for n in range(40)])

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -191,7 +192,7 @@ def test_the_worker_api_is_in_the_openapi_document(api: ApiServer) -> None:
 def test_a_long_poll_returns_as_soon_as_work_is_added(api: ApiServer, db_url: str) -> None:
     import threading
 
-    result: dict[str, object] = {}
+    result: dict[str, Any] = {}
 
     def poll() -> None:
         started = time.monotonic()

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,7 @@ def stdlib_handler(port: int) -> str:
 SPACE = re.compile(r"\s*")
 
 
-def json_values(text: str) -> list[object]:
+def json_values(text: str) -> list[Any]:
     """The JSON values printed one after another (by curl, without newlines between them)."""
     decoder, values, at = json.JSONDecoder(), [], 0
     text = text.strip()
@@ -213,7 +214,9 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
     assert ranking["top"][0]["file"] in {"a.pdf", "b.pdf"}
     assert ranking["pages"] == len("a.pdf") + len("b.pdf")  # each file's fake page count, summed
     assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
-    assert stored.gate(1).limit == 8 and [s.name for s in stored.schedules] == ["nightly"]
+    gate = stored.gate(1)
+    assert gate is not None and gate.limit == 8
+    assert [s.name for s in stored.schedules] == ["nightly"]
 
 
 def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from feedproc import Feed
 from feedproc.core.errors import InvalidInput, StaleClaim
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
-from feedproc.core.records import Kind, ReadyItem
+from feedproc.core.records import Kind, Outcome, ReadyItem
 from feedproc.store import Store
 from feedproc.store.schema import partitions
 
@@ -23,7 +23,7 @@ from ..support import A, B, answer, lease_and_fetch, register
 OPERATIONS = {"pages": "sum", "lowest": "min", "best": "max", "answers": "count"}
 
 
-def summed(ready: ReadyItem, kind: str = Kind.DONE, **numbers: float) -> object:
+def summed(ready: ReadyItem, kind: str = Kind.DONE, **numbers: float) -> Outcome:
     """An answer of `ready` carrying `numbers`, merged by OPERATIONS (as a watcher reads it)."""
     return answer(ready, kind, accumulate=numbers, operations=OPERATIONS)
 

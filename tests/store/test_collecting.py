@@ -10,7 +10,7 @@ from feedproc.core.errors import NotFound, StaleClaim
 from feedproc.core.fanin import CollectedResult
 from feedproc.core.pipelines import Collects
 from feedproc.core.policy import RetryPolicy
-from feedproc.core.records import Kind
+from feedproc.core.records import Kind, ReadyItem
 from feedproc.store import Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import claims, items, partitions
@@ -30,8 +30,12 @@ def _pid(store: Store, key: str) -> int:
         return int(conn.execute(partitions.select().where(partitions.c.key == key)).one().id)
 
 
+Fanned = tuple[Store, int, list[int]]  # the store, partition "p"'s id, its items' ids
+Delivering = tuple[Store, list[int], ReadyItem, str]  # the store, the items' ids, the fan-in item, its token
+
+
 @pytest.fixture
-def fanned(store: Store) -> tuple[Store, int, list[int]]:
+def fanned(store: Store) -> Fanned:
     """Partition "p": gate 1 holds items 1-8 (complete with results, two failed with errors, one
     still available, one moved on to gate 2, one cancelled); the fan-in item waits at gate 3; an
     item of another partition sits at gate 1 too."""
@@ -48,7 +52,7 @@ def fanned(store: Store) -> tuple[Store, int, list[int]]:
     return store, _pid(store, "p"), ids
 
 
-def test_the_collection_is_the_gates_complete_and_failed_items_of_the_partition(fanned) -> None:
+def test_the_collection_is_the_gates_complete_and_failed_items_of_the_partition(fanned: Fanned) -> None:
     store, pid, ids = fanned
     collection = store.collection(pid, 1)
     assert (collection.count, collection.failed) == (4, 2)
@@ -65,14 +69,14 @@ def test_the_collection_is_the_gates_complete_and_failed_items_of_the_partition(
     ]
 
 
-def test_an_empty_collection_counts_nothing_and_reads_no_page(fanned) -> None:
+def test_an_empty_collection_counts_nothing_and_reads_no_page(fanned: Fanned) -> None:
     store, pid, _ = fanned
     empty = store.collection(pid, 0)
     assert (empty.count, empty.failed, empty.first, empty.last) == (0, 0, 0, 0)
     assert store.collected_page(pid, 0, -1, 0) == []
 
 
-def test_pages_go_in_id_order_and_give_each_result_once(fanned) -> None:
+def test_pages_go_in_id_order_and_give_each_result_once(fanned: Fanned) -> None:
     store, pid, ids = fanned
     collection = store.collection(pid, 1)
     seen: list[int] = []
@@ -121,7 +125,7 @@ def test_a_page_of_large_results_stops_near_its_byte_bound_and_reads_them_whole(
     assert store.collected_page(pid, 1, third[-1].id, collection.last) == []
 
 
-def test_what_a_fan_in_item_gathers_is_inline_within_its_bounds(fanned) -> None:
+def test_what_a_fan_in_item_gathers_is_inline_within_its_bounds(fanned: Fanned) -> None:
     store, pid, ids = fanned
     inline = store.gather(pid, Collects(1, "classify", inline=6))
     assert [r.id for r in inline.results or []] == ids[:6] and inline.accumulated == {}
@@ -135,7 +139,7 @@ def test_what_a_fan_in_item_gathers_is_inline_within_its_bounds(fanned) -> None:
 
 
 @pytest.fixture
-def delivering(fanned) -> tuple[Store, list[int], object, str]:
+def delivering(fanned: Fanned) -> Delivering:
     """The fan-in item fetched by watcher A, its collecting delivery on record."""
     store, _, ids = fanned
     with store.write() as conn:  # gate 1 drained: the partition is at the fan-in item's gate
@@ -146,7 +150,7 @@ def delivering(fanned) -> tuple[Store, list[int], object, str]:
     return store, ids, ready, token
 
 
-def test_the_delivery_token_reads_the_collection(delivering) -> None:
+def test_the_delivery_token_reads_the_collection(delivering: Delivering) -> None:
     store, ids, ready, token = delivering
     collection = store.collected_by(ready.id, token)
     assert (collection.gate, collection.count, collection.failed, collection.last) == (1, 4, 2, ids[5])
@@ -154,7 +158,7 @@ def test_the_delivery_token_reads_the_collection(delivering) -> None:
     assert (bare.partition_id, bare.gate, bare.count) == (collection.partition_id, 1, 0)
 
 
-def test_another_token_or_another_item_is_not_found(delivering) -> None:
+def test_another_token_or_another_item_is_not_found(delivering: Delivering) -> None:
     store, ids, ready, token = delivering
     with pytest.raises(NotFound):
         store.collected_by(ready.id, token[:-1] + ("A" if token[-1] != "A" else "B"))
@@ -162,7 +166,7 @@ def test_another_token_or_another_item_is_not_found(delivering) -> None:
         store.collected_by(ids[0], token)
 
 
-def test_the_token_is_refused_once_the_answer_is_written(delivering) -> None:
+def test_the_token_is_refused_once_the_answer_is_written(delivering: Delivering) -> None:
     store, _, ready, token = delivering
     store.apply(A, [answer(ready, Kind.DONE)])
     with pytest.raises(StaleClaim) as refused:
@@ -170,7 +174,7 @@ def test_the_token_is_refused_once_the_answer_is_written(delivering) -> None:
     assert refused.value.reason == "superseded"
 
 
-def test_the_token_is_refused_once_its_lease_ran_out(delivering) -> None:
+def test_the_token_is_refused_once_its_lease_ran_out(delivering: Delivering) -> None:
     store, _, ready, token = delivering
     with store.write() as conn:
         conn.execute(update(claims).where(claims.c.token == token).values(expires_at=seconds_from_now(-1)))
@@ -179,7 +183,7 @@ def test_the_token_is_refused_once_its_lease_ran_out(delivering) -> None:
     assert refused.value.reason == "expired"
 
 
-def test_the_token_is_refused_once_the_partition_is_cancelled(delivering) -> None:
+def test_the_token_is_refused_once_the_partition_is_cancelled(delivering: Delivering) -> None:
     store, _, ready, token = delivering
     store.cancel("p")
     with pytest.raises(StaleClaim) as refused:
@@ -187,7 +191,7 @@ def test_the_token_is_refused_once_the_partition_is_cancelled(delivering) -> Non
     assert refused.value.reason == "cancelled"
 
 
-def test_a_collecting_delivery_counts_against_no_limit_and_is_never_expired_as_a_claim(delivering) -> None:
+def test_a_collecting_delivery_counts_against_no_limit_and_is_never_expired_as_a_claim(delivering: Delivering) -> None:
     store, _, ready, token = delivering
     with store.write() as conn:
         conn.execute(update(claims).where(claims.c.token == token).values(expires_at=seconds_from_now(-1)))
@@ -197,7 +201,7 @@ def test_a_collecting_delivery_counts_against_no_limit_and_is_never_expired_as_a
     assert store.item(ready.id)["attempts"] == 0
 
 
-def test_results_and_collecting_claims_go_with_their_partition(delivering) -> None:
+def test_results_and_collecting_claims_go_with_their_partition(delivering: Delivering) -> None:
     store, _, ready, _ = delivering
     store.apply(A, [answer(ready, Kind.DONE, result=b'"joined"')])
     with store.write() as conn:  # finished an hour ago

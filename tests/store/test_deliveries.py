@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 
 from feedproc.core.errors import NotFound
-from feedproc.core.records import ABANDONED, GIVEN_BACK, Kind, Unanswered, decode_inflight, encode_inflight
+from feedproc.core.records import (
+    ABANDONED,
+    GIVEN_BACK,
+    Kind,
+    Outcome,
+    ReadyItem,
+    Unanswered,
+    decode_inflight,
+    encode_inflight,
+)
 from feedproc.store import RECORDS_KEPT, Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import attempts, inflight, partitions
@@ -32,7 +42,7 @@ def expire(store: Store, key: str) -> None:
         conn.execute(update(partitions).where(partitions.c.key == key).values(lease_expires_at=seconds_from_now(-1)))
 
 
-def take(store: Store, watcher: str, limit: int = 100, **kwargs):
+def take(store: Store, watcher: str, limit: int = 100, **kwargs: Any) -> list[ReadyItem]:
     """Lease what is free (charging what a previous holder left) and fetch, as a watcher does."""
     max_attempts, gate_attempts = kwargs.pop("max_attempts", 5), kwargs.pop("gate_attempts", None)
     for lease in store.acquire(watcher, "default", 10, 30):
@@ -44,7 +54,7 @@ def recorded(store: Store, item_id: int) -> list[str]:
     return [h["outcome"] for h in store.item(item_id)["history"]]
 
 
-def delivered(ready, outcome, n_started: float = 0.0):
+def delivered(ready: ReadyItem, outcome: Outcome, n_started: float = 0.0) -> Outcome:
     """Give an outcome the record fields a watcher fills in."""
     outcome.n, outcome.attempt = ready.deliveries + 1, ready.attempts + 1
     outcome.started_us, outcome.duration_us = time.time_ns() // 1000, 250_000

@@ -4,7 +4,9 @@ random producer operations and watcher answers and checks the rules after every 
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -21,7 +23,7 @@ from sqlalchemy import select
 from feedproc.core.errors import Refused
 from feedproc.core.gates import initial_gate
 from feedproc.core.models import NewItem
-from feedproc.core.records import Kind
+from feedproc.core.records import Kind, ReadyItem
 from feedproc.store import Store
 from feedproc.store.schema import items, partitions
 
@@ -34,7 +36,7 @@ KEYS = ("p0", "p1")
 TERMINAL = ("complete", "cancelled")
 
 
-def item_rows(store, key):
+def item_rows(store: Store, key: str) -> list[tuple[Any, ...]]:
     """Every item of partition `key` as (id, gate, status, attempts, version), by id."""
     with store.read() as conn:
         rows = conn.execute(
@@ -46,14 +48,14 @@ def item_rows(store, key):
     return [tuple(r) for r in rows]
 
 
-def snapshot(store):
+def snapshot(store: Store) -> dict[str, tuple[dict[str, Any], list[tuple[Any, ...]]]]:
     return {key: (store.status(key), item_rows(store, key)) for key in KEYS}
 
 
 class GateMachine(RuleBasedStateMachine):
     """Two partitions in one SQLite file, driven by producer operations and one watcher's answers."""
 
-    def __init__(self, template, workdir):
+    def __init__(self, template: Path, workdir: Path) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(dir=workdir))
         shutil.copy(template, self.dir / "feedproc.db")
@@ -61,13 +63,13 @@ class GateMachine(RuleBasedStateMachine):
         self.store.register_watcher(
             WATCHER, host="test", pid=1, queue="default", concurrency=4, capacity=8, lease_seconds=600
         )
-        self.gate = {}  # highest gate seen per partition: a gate never goes down
-        self.completed = set()  # ids of items seen complete: they stay complete
-        self.final = {}  # status of partitions seen complete or cancelled: terminal
-        self.delivered = []  # every ReadyItem fetched so far, for late answers
-        self.checkpointed = set()  # partitions an operator's checkpoint moved in the last step
+        self.gate: dict[str, int] = {}  # highest gate seen per partition: a gate never goes down
+        self.completed: set[int] = set()  # ids of items seen complete: they stay complete
+        self.final: dict[str, str] = {}  # status of partitions seen complete or cancelled: terminal
+        self.delivered: list[ReadyItem] = []  # every ReadyItem fetched so far, for late answers
+        self.checkpointed: set[str] = set()  # partitions an operator's checkpoint moved in the last step
 
-    def teardown(self):
+    def teardown(self) -> None:
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -79,7 +81,9 @@ class GateMachine(RuleBasedStateMachine):
         sealed=st.tuples(st.booleans(), st.booleans()),
         manual=st.tuples(st.booleans(), st.booleans()),
     )
-    def create(self, gates0, gates1, sealed, manual):
+    def create(
+        self, gates0: list[int], gates1: list[int], sealed: tuple[bool, bool], manual: tuple[bool, bool]
+    ) -> None:
         for key, gates_, s, m in zip(KEYS, (gates0, gates1), sealed, manual, strict=True):
             self.store.add_partition(key, [(g, b"{}") for g in gates_], sealed=s, manual_checkpoint=m)
             status = self.store.status(key)
@@ -88,7 +92,7 @@ class GateMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ producers
 
-    def _refusable(self, operation):
+    def _refusable(self, operation: Callable[[], Any]) -> Any:
         """Run a producer operation; a refusal must leave everything as it was."""
         before = snapshot(self.store)
         try:
@@ -98,7 +102,7 @@ class GateMachine(RuleBasedStateMachine):
             return None
 
     @rule(key=st.sampled_from(KEYS), offsets=st.lists(st.integers(-1, 3), min_size=1, max_size=3))
-    def add_items(self, key, offsets):
+    def add_items(self, key: str, offsets: list[int]) -> None:
         status = self.store.status(key)
         gates_ = [max(status["gate"] + o, 0) for o in offsets]
         before = len(item_rows(self.store, key))
@@ -111,7 +115,7 @@ class GateMachine(RuleBasedStateMachine):
             assert len(item_rows(self.store, key)) == before + len(gates_)
 
     @rule(key=st.sampled_from(KEYS))
-    def seal(self, key):
+    def seal(self, key: str) -> None:
         before = self.store.status(key)
         self._refusable(lambda: self.store.seal(key))
         after = self.store.status(key)
@@ -121,7 +125,7 @@ class GateMachine(RuleBasedStateMachine):
             assert after["status"] == "complete", "sealing a drained partition completes it"
 
     @rule(key=st.sampled_from(KEYS))
-    def checkpoint(self, key):
+    def checkpoint(self, key: str) -> None:
         before = self.store.status(key)
         gate = before["gate"]
         above = sorted(int(g) for g, c in before["gates"].items() if int(g) > gate and c["available"])
@@ -138,7 +142,7 @@ class GateMachine(RuleBasedStateMachine):
             self.checkpointed.add(key)
 
     @rule(key=st.sampled_from(KEYS))
-    def retry(self, key):
+    def retry(self, key: str) -> None:
         before = self.store.status(key)
         count = self._refusable(lambda: self.store.retry(key))
         if count is None:
@@ -152,7 +156,7 @@ class GateMachine(RuleBasedStateMachine):
         assert all(attempts == 0 for id_, _, _, attempts, _ in item_rows(self.store, key) if id_ in retried)
 
     @rule(key=st.sampled_from(KEYS), now=st.sampled_from([True, False, False, False, False]))
-    def cancel(self, key, now):
+    def cancel(self, key: str, now: bool) -> None:
         if not now:  # cancelling is terminal: keep it rare so the other rules get to run
             return
         before = self.store.status(key)
@@ -169,7 +173,7 @@ class GateMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the watcher
 
-    def _fetch(self):
+    def _fetch(self) -> list[ReadyItem]:
         """Lease what has work and fetch every ready item, checking rule 2 and liveness on the way."""
         self.store.acquire(WATCHER, "default", 10, 600)
         ready = self.store.fetch_ready(WATCHER, 500)
@@ -186,7 +190,7 @@ class GateMachine(RuleBasedStateMachine):
         self.delivered += ready
         return ready
 
-    def _answer(self, ready, kind, step, children):
+    def _answer(self, ready: ReadyItem, kind: Kind, step: int, children: list[int]) -> None:
         outcome = answer(
             ready,
             kind,
@@ -211,14 +215,14 @@ class GateMachine(RuleBasedStateMachine):
     @rule(
         pick=st.integers(0, 20), kind=answers, step=st.integers(1, 3), children=st.lists(st.integers(0, 3), max_size=2)
     )
-    def work(self, pick, kind, step, children):
+    def work(self, pick: int, kind: Kind, step: int, children: list[int]) -> None:
         ready = self._fetch()
         event(f"work: {len(ready)} ready")
         if ready:
             self._answer(ready[pick % len(ready)], kind, step, children)
 
     @rule(pick=st.integers(0, 1000), kind=answers, step=st.integers(1, 3))
-    def answer_an_old_delivery(self, pick, kind, step):
+    def answer_an_old_delivery(self, pick: int, kind: Kind, step: int) -> None:
         """A late or repeated answer: written only if the delivery is still current, else nothing changes."""
         if not self.delivered:
             return
@@ -248,7 +252,7 @@ class GateMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ invariants
 
     @invariant()
-    def gate_rules_hold(self):
+    def gate_rules_hold(self) -> None:
         if not self.gate:
             return
         for key in KEYS:
@@ -297,13 +301,13 @@ class GateMachine(RuleBasedStateMachine):
         self.checkpointed.clear()
 
 
-def test_store_follows_the_gate_rules_under_random_operations(tmp_path):
+def test_store_follows_the_gate_rules_under_random_operations(tmp_path: Path) -> None:
     template = tmp_path / "template.db"
     migrated = Store(f"sqlite:///{template}")
     migrated.migrate()
     migrated.close()
     run_state_machine_as_test(
-        lambda: GateMachine(template, tmp_path),
+        lambda: GateMachine(template, tmp_path),  # type: ignore[arg-type]  # a factory: typed as the class
         settings=settings(
             max_examples=30,
             stateful_step_count=25,

@@ -4,6 +4,7 @@ walked back from it, partitions sorted and filtered, and a partition's per-gate 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -92,7 +93,10 @@ def test_partitions_sort_by_recent_activity_priority_and_age(feed: Feed) -> None
     feed.add_partition("old", [(0, b"1")], priority=1)
     feed.add_partition("urgent", [(0, b"1")], priority=9)
     feed.add_partition("new", [(0, b"1")])
-    keys = lambda **kw: [p["key"] for p in feed.partitions(**kw)]  # noqa: E731
+
+    def keys(**kw: Any) -> list[str]:
+        return [p["key"] for p in feed.partitions(**kw)]
+
     assert keys(sort="priority") == ["urgent", "old", "new"]
     assert keys(sort="age") == ["old", "urgent", "new"]
     assert keys(sort="key") == ["new", "old", "urgent"]

@@ -24,7 +24,8 @@ class FailsOnceThenLabels(Processor):
         data = item.json()
         if data.get("n") == 2 and item.id not in self.seen:
             self.seen.add(item.id)
-            return {}["missing"]  # a processor's own bug: KeyError with a traceback
+            responses: dict[str, Response] = {}
+            return responses["missing"]  # a processor's own bug: KeyError with a traceback
         if data.get("n") == 3:
             raise PermanentError("unreadable scan")
         return Response(done=True, data=json.dumps({**data, "label": "invoice"}).encode())

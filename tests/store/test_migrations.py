@@ -1,11 +1,15 @@
 """`feedproc migrate`: the alembic revisions create exactly `feedproc.store.schema.metadata`, running them
 again changes nothing, and a database without the schema is named as such."""
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Boolean, UniqueConstraint, inspect, text
+from sqlalchemy import Boolean, Column, ColumnClause, Index, Inspector, UniqueConstraint, inspect, text
 
 from feedproc.core.errors import SchemaAhead, SchemaMissing
 from feedproc.store import Store, alembic_config
@@ -18,20 +22,22 @@ VERSION_TABLE = "feedproc_version"
 
 
 @pytest.fixture
-def empty_store(unmigrated_url):
+def empty_store(unmigrated_url: str) -> Iterator[Store]:
     store = Store(unmigrated_url)
     yield store
     store.close()
 
 
-def head_revision(url):
-    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+def head_revision(url: str) -> str:
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    assert head is not None
+    return head
 
 
-def schema_differences(store):
+def schema_differences(store: Store) -> list[Any]:
     """alembic's autogenerate diff between the database and `metadata`, minus the version table."""
 
-    def include_name(name, type_, parent_names):
+    def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
         return not (type_ == "table" and name == VERSION_TABLE)
 
     with store.engine.connect() as conn:
@@ -42,7 +48,14 @@ def schema_differences(store):
         return compare_metadata(context, metadata)
 
 
-def same_default(context, inspected_column, metadata_column, inspected_default, metadata_default, rendered_default):
+def same_default(
+    context: MigrationContext,
+    inspected_column: Any,
+    metadata_column: Column[Any],
+    inspected_default: str | None,
+    metadata_default: Any,
+    rendered_default: str | None,
+) -> bool | None:
     """alembic's server default comparison, except that on MariaDB/MySQL a BOOLEAN is a TINYINT(1) whose
     `false` default reads back as 0 (MySQL: '0'): the same default, not a difference."""
     if context.dialect.name in MYSQL and isinstance(metadata_column.type, Boolean) and rendered_default is not None:
@@ -52,7 +65,7 @@ def same_default(context, inspected_column, metadata_column, inspected_default, 
     return None  # alembic's own comparison
 
 
-def expression_indexes():
+def expression_indexes() -> set[str | None]:
     """Names of indexes with an expression element (e.g. `priority DESC`), which SQLite cannot reflect
     and alembic cannot compare on MariaDB/MySQL."""
     return {
@@ -63,11 +76,11 @@ def expression_indexes():
     }
 
 
-def declared_columns(index):
+def declared_columns(index: Index) -> list[tuple[str, bool]]:
     """An index's columns as (name, descending), its expression elements (`priority DESC`) read as text."""
     columns = []
     for element in index.expressions:
-        if hasattr(element, "table"):
+        if isinstance(element, ColumnClause):
             columns.append((element.name, False))
         else:
             name, *order = str(element).split()
@@ -75,7 +88,7 @@ def declared_columns(index):
     return columns
 
 
-def own_indexes(inspector, table, *, mysql):
+def own_indexes(inspector: Inspector, table: str, *, mysql: bool) -> dict[str | None, Any]:
     """A table's indexes as reflected, without those that back a constraint: of a UNIQUE constraint
     (PostgreSQL marks them; MariaDB/MySQL have only the index, found here by its columns), and the
     index MariaDB/MySQL add for a foreign key that no index serves (named after the constraint or its
@@ -100,30 +113,30 @@ def own_indexes(inspector, table, *, mysql):
 # ---------------------------------------------------------------- a database without the schema
 
 
-def test_check_schema_on_an_empty_database_raises_schema_missing_naming_feedproc_migrate(empty_store):
+def test_check_schema_on_an_empty_database_raises_schema_missing_naming_feedproc_migrate(empty_store: Store) -> None:
     with pytest.raises(SchemaMissing, match="feedproc migrate"):
         empty_store.check_schema()
 
 
-def test_reading_an_empty_database_raises_schema_missing_naming_feedproc_migrate(empty_store):
+def test_reading_an_empty_database_raises_schema_missing_naming_feedproc_migrate(empty_store: Store) -> None:
     with pytest.raises(SchemaMissing, match="feedproc migrate"):
         empty_store.status("anything")
 
 
-def test_schema_revision_of_an_empty_database_is_none(empty_store):
+def test_schema_revision_of_an_empty_database_is_none(empty_store: Store) -> None:
     assert empty_store.schema_revision() is None
 
 
 # ---------------------------------------------------------------- migrate
 
 
-def test_migrate_brings_an_empty_database_to_the_head_revision(empty_store, unmigrated_url):
+def test_migrate_brings_an_empty_database_to_the_head_revision(empty_store: Store, unmigrated_url: str) -> None:
     empty_store.migrate()
     empty_store.check_schema()
     assert empty_store.schema_revision() == head_revision(unmigrated_url)
 
 
-def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store, unmigrated_url):
+def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store: Store, unmigrated_url: str) -> None:
     empty_store.migrate()
     empty_store.add_partition("kept", [(0, b"x")], sealed=False)
     before = empty_store.status("kept")
@@ -134,7 +147,7 @@ def test_migrating_twice_is_idempotent_and_keeps_the_data(empty_store, unmigrate
 
 
 @pytest.mark.smoke  # the fast tier's database smoke
-def test_feedproc_migrate_command_is_idempotent(unmigrated_url, tmp_path):
+def test_feedproc_migrate_command_is_idempotent(unmigrated_url: str, tmp_path: Path) -> None:
     first = run_cli(unmigrated_url, "migrate", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     second = run_cli(unmigrated_url, "migrate", cwd=tmp_path)
@@ -149,7 +162,7 @@ def test_feedproc_migrate_command_is_idempotent(unmigrated_url, tmp_path):
 # ---------------------------------------------------------------- a schema newer than this feedproc
 
 
-def at_a_newer_revision(store):
+def at_a_newer_revision(store: Store) -> str:
     """The database as a newer feedproc would have migrated it: at the revision after this one's head."""
     newer = f"{int(head_revision(store.url)) + 1:04d}"
     with store.write() as conn:
@@ -157,7 +170,7 @@ def at_a_newer_revision(store):
     return newer
 
 
-def test_a_schema_newer_than_this_feedproc_is_refused_saying_to_upgrade_feedproc(store):
+def test_a_schema_newer_than_this_feedproc_is_refused_saying_to_upgrade_feedproc(store: Store) -> None:
     newer, head = at_a_newer_revision(store), head_revision(store.url)
     with pytest.raises(SchemaAhead) as refused:
         store.check_schema()
@@ -166,7 +179,7 @@ def test_a_schema_newer_than_this_feedproc_is_refused_saying_to_upgrade_feedproc
     )
 
 
-def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(store):
+def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(store: Store) -> None:
     newer = at_a_newer_revision(store)
     tables = sorted(inspect(store.engine).get_table_names())
     with pytest.raises(SchemaAhead, match="upgrade feedproc"):
@@ -179,7 +192,7 @@ def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(s
 
 
 @pytest.mark.smoke  # the fast tier's database smoke
-def test_migrated_schema_matches_the_metadata(store):
+def test_migrated_schema_matches_the_metadata(store: Store) -> None:
     differences = schema_differences(store)
     if store.engine.dialect.name == "sqlite":
         # SQLite's reflection cannot read expression index elements such as `priority DESC`, so alembic
@@ -197,7 +210,9 @@ def test_migrated_schema_matches_the_metadata(store):
         # column with their order, from information_schema.
         noise = expression_indexes()
         differences = [d for d in differences if not (d[0] in ("remove_index", "add_index") and d[1].name in noise)]
-        indexes = {index.name: index for table in metadata.tables.values() for index in table.indexes}
+        indexes: dict[str | None, Index] = {
+            index.name: index for table in metadata.tables.values() for index in table.indexes
+        }
         with store.engine.connect() as conn:
             for name in noise:
                 rows = conn.execute(
@@ -214,13 +229,14 @@ def test_migrated_schema_matches_the_metadata(store):
     assert differences == []
 
 
-def descending_indexes(store):
+def descending_indexes(store: Store) -> bool:
     """Whether the server keeps an index column's DESC (MariaDB before 10.8 parses and ignores it)."""
     dialect = store.engine.dialect
-    return not getattr(dialect, "is_mariadb", False) or dialect.server_version_info >= (10, 8)
+    version = dialect.server_version_info
+    return not getattr(dialect, "is_mariadb", False) or (version is not None and version >= (10, 8))
 
 
-def test_migrated_schema_has_the_tables_and_columns_of_the_metadata(store):
+def test_migrated_schema_has_the_tables_and_columns_of_the_metadata(store: Store) -> None:
     inspector = inspect(store.engine)
     assert set(inspector.get_table_names()) - {VERSION_TABLE} == set(metadata.tables)
     for name, table in metadata.tables.items():
@@ -228,9 +244,10 @@ def test_migrated_schema_has_the_tables_and_columns_of_the_metadata(store):
         assert columns == {c.name: c.nullable for c in table.columns}, name
 
 
-def test_migrated_schema_has_the_indexes_of_the_metadata_partial_where_declared(store):
+def test_migrated_schema_has_the_indexes_of_the_metadata_partial_where_declared(store: Store) -> None:
     inspector = inspect(store.engine)
     mysql = store.engine.dialect.name in MYSQL
+    definitions: dict[str | None, str]  # index name: its SQL (on SQLite and PostgreSQL)
     with store.engine.connect() as conn:
         if store.engine.dialect.name == "sqlite":
             definitions = dict(conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'index'")).all())
@@ -252,7 +269,7 @@ def test_migrated_schema_has_the_indexes_of_the_metadata_partial_where_declared(
             assert ("WHERE" in definitions[index.name].upper()) == partial, definitions[index.name]
 
 
-def test_migrated_schema_has_the_unique_partition_key(store):
+def test_migrated_schema_has_the_unique_partition_key(store: Store) -> None:
     inspector = inspect(store.engine)
     uniques = [c["column_names"] for c in inspector.get_unique_constraints("feedproc_partitions")]
     indexes = [i["column_names"] for i in inspector.get_indexes("feedproc_partitions") if i["unique"]]
@@ -262,7 +279,9 @@ def test_migrated_schema_has_the_unique_partition_key(store):
 # ---------------------------------------------------------------- 0002: scheduling controls
 
 
-def test_scheduling_revision_downgrades_to_0001_and_upgrades_again_keeping_the_data(empty_store, unmigrated_url):
+def test_scheduling_revision_downgrades_to_0001_and_upgrades_again_keeping_the_data(
+    empty_store: Store, unmigrated_url: str
+) -> None:
     from alembic import command
 
     empty_store.migrate()

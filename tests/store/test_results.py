@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def results_of(store: Store, key: str) -> list[tuple[bytes, bytes | None]]:
     [(Kind.DONE, {}), (Kind.MOVE, {"new_gate": 4}), (Kind.LATER, {}), (Kind.DONE, {"data": b'{"new":1}'})],
     ids=["done", "move", "not-yet", "done-with-data"],
 )
-def test_an_answers_result_is_kept_apart_from_the_items_data(store: Store, kind: Kind, fields: dict) -> None:
+def test_an_answers_result_is_kept_apart_from_the_items_data(store: Store, kind: Kind, fields: dict[str, Any]) -> None:
     register(store, A)
     store.add_partition("p", [(0, b'{"file":"a.pdf"}')])
     (ready,) = lease_and_fetch(store)
@@ -111,7 +112,7 @@ def test_children_read_from_an_http_answer_carry_collect() -> None:
         ({"gate": 2, "collect": "x"}, "collect: gate 'x' is a name"),
     ],
 )
-def test_collect_must_name_an_earlier_gate(feed: Feed, row: dict, said: str) -> None:
+def test_collect_must_name_an_earlier_gate(feed: Feed, row: dict[str, Any], said: str) -> None:
     with pytest.raises(InvalidInput, match=re.escape(said)):
         feed.add_partition("p", [row])
     with pytest.raises(KeyError):

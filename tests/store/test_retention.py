@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
 
-from feedproc import Feed, Processor, Response, Watcher, WatcherConfig
+from feedproc import Feed, Item, Processor, Response, Watcher, WatcherConfig
 from feedproc.store import Store
 from feedproc.store.dialects import seconds_from_now
 from feedproc.store.schema import events, items, partitions
@@ -24,9 +25,10 @@ def age(store: Store, key: str, seconds: float) -> None:
 
 def counts(store: Store) -> tuple[int, int, int]:
     with store.read() as conn:
-        return tuple(
+        n_partitions, n_items, n_events = (
             conn.execute(select(func.count()).select_from(t)).scalar_one() for t in (partitions, items, events)
         )
+    return n_partitions, n_items, n_events
 
 
 def test_cleanup_deletes_old_finished_partitions_with_their_items_and_history(feed: Feed) -> None:
@@ -66,7 +68,7 @@ def test_cleanup_works_in_bounded_batches(feed: Feed, store: Store) -> None:
 
     from sqlalchemy import event
 
-    def record(conn, cursor, statement, parameters, context, executemany):
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
         if statement.lstrip().upper().startswith("DELETE"):
             statements.append(statement)
 
@@ -93,7 +95,7 @@ def test_cleanup_command_names_what_it_deleted_and_refuses_a_bad_duration(db_url
 
 
 class Done(Processor):
-    async def process(self, item):
+    async def process(self, item: Item) -> Response:
         return Response(done=True)
 
 

@@ -2,20 +2,21 @@
 applies them, and the watcher side (leasing, fencing, optimistic concurrency, steals, fan-out)."""
 
 import contextlib
+import functools
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import Connection, Row, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput, NotFound, Refused
 from feedproc.core.models import MAX_CHILDREN, NewItem
-from feedproc.core.records import Kind
+from feedproc.core.records import Kind, Lease
 from feedproc.store import INSERT_CHUNK, Store
 from feedproc.store.dispatch import PG_FETCH_READY
 from feedproc.store.schema import items, partitions
@@ -25,7 +26,7 @@ from ..support import A, B, answer, fail, lease_and_fetch, register, statements_
 # ---------------------------------------------------------------- helpers
 
 
-def item_rows(store, key):
+def item_rows(store: Store, key: str) -> Sequence[Row[Any]]:
     with store.read() as conn:
         return conn.execute(
             select(items)
@@ -35,12 +36,12 @@ def item_rows(store, key):
         ).all()
 
 
-def history(store, key, kind=None):
+def history(store: Store, key: str, kind: str | None = None) -> list[dict[str, Any]]:
     events = store.status(key, history=50)["history"]
     return [e for e in events if kind is None or e["kind"] == kind]
 
 
-def db_clock(store):
+def db_clock(store: Store) -> datetime:
     with store.read() as conn:
         if store.postgres:
             return conn.execute(select(func.now())).scalar_one()
@@ -50,37 +51,37 @@ def db_clock(store):
 # ---------------------------------------------------------------- rule 1: a new partition
 
 
-def test_new_partition_starts_at_the_lowest_item_gate(store):
+def test_new_partition_starts_at_the_lowest_item_gate(store: Store) -> None:
     store.add_partition("p", [(3, b"a"), (1, b"b"), (5, b"c")])
     status = store.status("p")
     assert (status["status"], status["gate"]) == ("available", 1)
 
 
-def test_empty_sealed_partition_completes_at_once(store):
+def test_empty_sealed_partition_completes_at_once(store: Store) -> None:
     assert store.add_partition("p", []) == 0
     status = store.status("p")
     assert (status["status"], status["gate"], status["sealed"]) == ("complete", 0, True)
 
 
-def test_empty_open_partition_stays_available_at_gate_zero(store):
+def test_empty_open_partition_stays_available_at_gate_zero(store: Store) -> None:
     store.add_partition("p", [], sealed=False)
     status = store.status("p")
     assert (status["status"], status["gate"], status["sealed"]) == ("available", 0, False)
 
 
-def test_add_partition_returns_the_number_of_items_and_stores_their_data(store):
+def test_add_partition_returns_the_number_of_items_and_stores_their_data(store: Store) -> None:
     assert store.add_partition("p", [(0, b"one"), {"gate": 0, "data": {"x": 1}}, NewItem(2, b"three")]) == 3
     assert [(r.gate, r.data) for r in item_rows(store, "p")] == [(0, b"one"), (0, b'{"x":1}'), (2, b"three")]
 
 
-def test_add_partition_with_more_items_than_one_insert_chunk_keeps_them_all(store):
+def test_add_partition_with_more_items_than_one_insert_chunk_keeps_them_all(store: Store) -> None:
     gates = [2] * INSERT_CHUNK + [1]  # the lowest gate arrives in the last chunk
     assert store.add_partition("p", [(g, b"x") for g in gates]) == INSERT_CHUNK + 1
     status = store.status("p")
     assert (status["gate"], status["items"]["total"]) == (1, INSERT_CHUNK + 1)
 
 
-def test_add_partition_defaults_queue_priority_and_flags(store):
+def test_add_partition_defaults_queue_priority_and_flags(store: Store) -> None:
     store.add_partition("p", [(0, b"x")])
     status = store.status("p")
     assert (status["queue"], status["priority"], status["sealed"], status["manual_checkpoint"]) == (
@@ -94,7 +95,7 @@ def test_add_partition_defaults_queue_priority_and_flags(store):
 # ---------------------------------------------------------------- input errors
 
 
-def test_duplicate_key_raises_duplicate_key_and_leaves_the_first_partition_untouched(store):
+def test_duplicate_key_raises_duplicate_key_and_leaves_the_first_partition_untouched(store: Store) -> None:
     store.add_partition("p", [(0, b"first")], sealed=False, priority=3)
     before = store.status("p")
     with pytest.raises(DuplicateKey):
@@ -103,11 +104,11 @@ def test_duplicate_key_raises_duplicate_key_and_leaves_the_first_partition_untou
     assert [r.data for r in item_rows(store, "p")] == [b"first"]
 
 
-def test_duplicate_key_is_a_refusal():
+def test_duplicate_key_is_a_refusal() -> None:
     assert issubclass(DuplicateKey, Refused)
 
 
-def test_bad_partition_keys_raise_invalid_input_and_write_nothing(store):
+def test_bad_partition_keys_raise_invalid_input_and_write_nothing(store: Store) -> None:
     for key in ("", "has space", "x" * 201, "semi;colon", "ümlaut", "new\nline"):
         with pytest.raises(InvalidInput):
             store.add_partition(key, [(0, b"x")])
@@ -115,13 +116,13 @@ def test_bad_partition_keys_raise_invalid_input_and_write_nothing(store):
     assert sum(store.summary()["partitions"].values()) == 0
 
 
-def test_key_of_200_allowed_characters_is_accepted(store):
+def test_key_of_200_allowed_characters_is_accepted(store: Store) -> None:
     key = ("Az09._:/-" * 23)[:200]
     store.add_partition(key, [(0, b"x")])
     assert store.status(key)["key"] == key
 
 
-def test_negative_gate_in_a_new_partition_raises_invalid_input_and_writes_nothing(store):
+def test_negative_gate_in_a_new_partition_raises_invalid_input_and_writes_nothing(store: Store) -> None:
     with pytest.raises(InvalidInput):
         store.add_partition("p", [(0, b"ok"), (-1, b"bad")])
     with pytest.raises(NotFound):
@@ -129,7 +130,7 @@ def test_negative_gate_in_a_new_partition_raises_invalid_input_and_writes_nothin
     assert store.summary()["items"]["total"] == 0
 
 
-def test_negative_gate_in_add_items_raises_invalid_input_and_writes_nothing(store):
+def test_negative_gate_in_add_items_raises_invalid_input_and_writes_nothing(store: Store) -> None:
     store.add_partition("p", [(0, b"x")], sealed=False)
     before = store.status("p")
     with pytest.raises(InvalidInput):
@@ -137,7 +138,7 @@ def test_negative_gate_in_add_items_raises_invalid_input_and_writes_nothing(stor
     assert store.status("p") == before
 
 
-def test_unknown_key_raises_not_found_which_is_a_key_error(store):
+def test_unknown_key_raises_not_found_which_is_a_key_error(store: Store) -> None:
     for operation in (store.status, store.seal, store.retry, store.cancel, store.checkpoint):
         with pytest.raises(NotFound):
             operation("missing")
@@ -148,7 +149,7 @@ def test_unknown_key_raises_not_found_which_is_a_key_error(store):
 # ---------------------------------------------------------------- rule 4 and add_items
 
 
-def test_add_items_below_the_current_gate_is_refused_and_writes_nothing(store):
+def test_add_items_below_the_current_gate_is_refused_and_writes_nothing(store: Store) -> None:
     store.add_partition("p", [(2, b"x")], sealed=False)
     before = store.status("p")
     with pytest.raises(Refused, match="below the partition's current gate 2"):
@@ -157,7 +158,7 @@ def test_add_items_below_the_current_gate_is_refused_and_writes_nothing(store):
     assert len(item_rows(store, "p")) == 1
 
 
-def test_add_items_refused_after_a_full_insert_chunk_writes_nothing(store):
+def test_add_items_refused_after_a_full_insert_chunk_writes_nothing(store: Store) -> None:
     store.add_partition("p", [(1, b"x")], sealed=False)
     before = store.status("p")
     with pytest.raises(Refused):
@@ -165,7 +166,7 @@ def test_add_items_refused_after_a_full_insert_chunk_writes_nothing(store):
     assert store.status("p") == before
 
 
-def test_add_items_at_and_above_the_current_gate_is_accepted(store):
+def test_add_items_at_and_above_the_current_gate_is_accepted(store: Store) -> None:
     store.add_partition("p", [(2, b"x")], sealed=False)
     assert store.add_items("p", [(2, b"same"), (7, b"above")]) == 2
     assert store.status("p")["gates"] == {
@@ -174,7 +175,7 @@ def test_add_items_at_and_above_the_current_gate_is_accepted(store):
     }
 
 
-def test_add_items_to_a_drained_open_partition_advances_to_their_gate(store):
+def test_add_items_to_a_drained_open_partition_advances_to_their_gate(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")], sealed=False)
     work_off(store, "p")
@@ -184,7 +185,7 @@ def test_add_items_to_a_drained_open_partition_advances_to_their_gate(store):
     assert (status["status"], status["gate"]) == ("available", 4)
 
 
-def test_add_items_is_refused_for_sealed_and_finished_partitions(store):
+def test_add_items_is_refused_for_sealed_and_finished_partitions(store: Store) -> None:
     register(store, A)
     store.add_partition("sealed", [(0, b"x")])
     store.add_partition("complete", [])
@@ -202,7 +203,7 @@ def test_add_items_is_refused_for_sealed_and_finished_partitions(store):
 # ---------------------------------------------------------------- seal
 
 
-def test_seal_completes_a_drained_open_partition(store):
+def test_seal_completes_a_drained_open_partition(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")], sealed=False)
     work_off(store, "p")
@@ -212,14 +213,14 @@ def test_seal_completes_a_drained_open_partition(store):
     assert (status["status"], status["sealed"]) == ("complete", True)
 
 
-def test_seal_keeps_a_partition_with_work_available(store):
+def test_seal_keeps_a_partition_with_work_available(store: Store) -> None:
     store.add_partition("p", [(0, b"x")], sealed=False)
     store.seal("p")
     status = store.status("p")
     assert (status["status"], status["sealed"]) == ("available", True)
 
 
-def test_sealing_twice_is_a_no_op(store):
+def test_sealing_twice_is_a_no_op(store: Store) -> None:
     store.add_partition("p", [(0, b"x")])
     before = store.status("p")
     store.seal("p")
@@ -229,7 +230,7 @@ def test_sealing_twice_is_a_no_op(store):
 # ---------------------------------------------------------------- retry
 
 
-def test_retry_is_refused_unless_the_partition_failed(store):
+def test_retry_is_refused_unless_the_partition_failed(store: Store) -> None:
     register(store, A)
     store.add_partition("available", [(0, b"x")])
     store.add_partition("complete", [])
@@ -242,7 +243,7 @@ def test_retry_is_refused_unless_the_partition_failed(store):
         assert store.status(key) == before
 
 
-def test_retry_resets_attempts_and_makes_the_partition_available_again(store):
+def test_retry_resets_attempts_and_makes_the_partition_available_again(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y"), (1, b"z")])
     ready = [r for r in lease_and_fetch(store) if r.partition == "p"]
@@ -263,7 +264,7 @@ def test_retry_resets_attempts_and_makes_the_partition_available_again(store):
 # ---------------------------------------------------------------- cancel
 
 
-def test_cancel_cancels_the_available_items(store):
+def test_cancel_cancels_the_available_items(store: Store) -> None:
     store.add_partition("p", [(0, b"x"), (3, b"y")])
     store.cancel("p")
     status = store.status("p")
@@ -271,7 +272,7 @@ def test_cancel_cancels_the_available_items(store):
     assert status["items"] == {"total": 2, "available": 0, "complete": 0, "failed": 0, "cancelled": 2}
 
 
-def test_cancel_leaves_failed_items_failed(store):
+def test_cancel_leaves_failed_items_failed(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (1, b"y")])
     work_off(store, "p", Kind.FAIL)
@@ -284,7 +285,7 @@ def test_cancel_leaves_failed_items_failed(store):
     assert [f["gate"] for f in status["failed_items"]] == [0]
 
 
-def test_cancelling_twice_is_a_no_op(store):
+def test_cancelling_twice_is_a_no_op(store: Store) -> None:
     store.add_partition("p", [(0, b"x")])
     store.cancel("p")
     before = store.status("p", history=50)
@@ -292,7 +293,7 @@ def test_cancelling_twice_is_a_no_op(store):
     assert store.status("p", history=50) == before
 
 
-def test_cancelling_a_complete_partition_is_refused(store):
+def test_cancelling_a_complete_partition_is_refused(store: Store) -> None:
     store.add_partition("p", [])
     before = store.status("p")
     with pytest.raises(Refused, match="complete"):
@@ -300,7 +301,7 @@ def test_cancelling_a_complete_partition_is_refused(store):
     assert store.status("p") == before
 
 
-def test_cancel_fences_out_the_watcher_holding_the_lease(store):
+def test_cancel_fences_out_the_watcher_holding_the_lease(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -315,7 +316,7 @@ def test_cancel_fences_out_the_watcher_holding_the_lease(store):
 # ---------------------------------------------------------------- manual checkpoints
 
 
-def test_checkpoint_is_refused_without_manual_checkpoint(store):
+def test_checkpoint_is_refused_without_manual_checkpoint(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (1, b"y")], manual_checkpoint=False)
     before = store.status("p")
@@ -324,7 +325,7 @@ def test_checkpoint_is_refused_without_manual_checkpoint(store):
     assert store.status("p") == before
 
 
-def test_checkpoint_is_refused_while_the_gate_has_available_items(store):
+def test_checkpoint_is_refused_while_the_gate_has_available_items(store: Store) -> None:
     store.add_partition("p", [(0, b"x"), (1, b"y")], manual_checkpoint=True)
     before = store.status("p")
     with pytest.raises(Refused, match="still has available items"):
@@ -332,7 +333,7 @@ def test_checkpoint_is_refused_while_the_gate_has_available_items(store):
     assert store.status("p") == before
 
 
-def test_checkpoint_is_refused_when_no_gate_above_holds_work(store):
+def test_checkpoint_is_refused_when_no_gate_above_holds_work(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")], sealed=False, manual_checkpoint=True)
     work_off(store, "p")
@@ -342,13 +343,13 @@ def test_checkpoint_is_refused_when_no_gate_above_holds_work(store):
     assert store.status("p") == before
 
 
-def test_checkpoint_is_refused_for_a_finished_partition(store):
+def test_checkpoint_is_refused_for_a_finished_partition(store: Store) -> None:
     store.add_partition("p", [], manual_checkpoint=True)
     with pytest.raises(Refused, match="complete"):
         store.checkpoint("p")
 
 
-def test_manual_checkpoint_partition_waits_at_its_drained_gate(store):
+def test_manual_checkpoint_partition_waits_at_its_drained_gate(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (2, b"y")], manual_checkpoint=True)
     work_off(store, "p")
@@ -357,7 +358,7 @@ def test_manual_checkpoint_partition_waits_at_its_drained_gate(store):
     assert lease_and_fetch(store) == []
 
 
-def test_checkpoint_advances_to_the_next_gate_with_work_skipping_empty_gates(store):
+def test_checkpoint_advances_to_the_next_gate_with_work_skipping_empty_gates(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (3, b"y"), (5, b"z")], manual_checkpoint=True)
     work_off(store, "p")
@@ -369,7 +370,7 @@ def test_checkpoint_advances_to_the_next_gate_with_work_skipping_empty_gates(sto
 # ---------------------------------------------------------------- status and summary
 
 
-def test_status_has_the_contract_fields(store):
+def test_status_has_the_contract_fields(store: Store) -> None:
     store.add_partition("p", [(0, b"x"), (2, b"y")], queue="q1", priority=4, sealed=False)
     status = store.status("p")
     expected = {"key", "queue", "status", "gate", "priority", "sealed", "items", "gates", "failed_items"}
@@ -384,7 +385,7 @@ def test_status_has_the_contract_fields(store):
     assert status["failed_items"] == []
 
 
-def test_status_timestamps_are_iso_utc(store):
+def test_status_timestamps_are_iso_utc(store: Store) -> None:
     store.add_partition("p", [(0, b"x")], not_before=datetime(2020, 1, 2, 3, 4, 5))
     status = store.status("p")
     assert status["not_before"] == "2020-01-02T03:04:05.000Z"
@@ -393,7 +394,7 @@ def test_status_timestamps_are_iso_utc(store):
         datetime.fromisoformat(status[field].replace("Z", "+00:00"))
 
 
-def test_status_lists_at_most_100_failed_items(store):
+def test_status_lists_at_most_100_failed_items(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")] * 105)
     ready = lease_and_fetch(store, limit=200)
@@ -406,7 +407,7 @@ def test_status_lists_at_most_100_failed_items(store):
     assert set(status["failed_items"][0]) == {"id", "gate", "attempts", "last_error"}
 
 
-def test_summary_counts_partitions_and_items_by_status(store):
+def test_summary_counts_partitions_and_items_by_status(store: Store) -> None:
     register(store, A)
     store.add_partition("open", [(0, b"x"), (1, b"y")])
     store.add_partition("done", [])
@@ -423,7 +424,7 @@ def test_summary_counts_partitions_and_items_by_status(store):
 # ---------------------------------------------------------------- acquiring leases
 
 
-def test_acquire_orders_by_priority_then_age(store):
+def test_acquire_orders_by_priority_then_age(store: Store) -> None:
     register(store, A)
     for key, priority in (("old-low", 0), ("old-high", 5), ("new-low", 0), ("new-high", 5), ("top", 9)):
         store.add_partition(key, [(0, b"x")], priority=priority)
@@ -431,7 +432,7 @@ def test_acquire_orders_by_priority_then_age(store):
     assert order == ["top", "old-high", "new-high", "old-low", "new-low"]
 
 
-def test_acquire_takes_at_most_limit_partitions(store):
+def test_acquire_takes_at_most_limit_partitions(store: Store) -> None:
     register(store, A)
     for n in range(5):
         store.add_partition(f"p{n}", [(0, b"x")])
@@ -440,14 +441,14 @@ def test_acquire_takes_at_most_limit_partitions(store):
     assert store.acquire(A, "default", 0, 30) == []
 
 
-def test_acquire_leases_only_its_queue(store):
+def test_acquire_leases_only_its_queue(store: Store) -> None:
     register(store, A, queue="q1")
     store.add_partition("other", [(0, b"x")], queue="q2")
     store.add_partition("mine", [(0, b"x")], queue="q1")
     assert [lease.key for lease in store.acquire(A, "q1", 10, 30)] == ["mine"]
 
 
-def test_acquire_does_not_take_a_live_lease(store):
+def test_acquire_does_not_take_a_live_lease(store: Store) -> None:
     register(store, A)
     register(store, B)
     store.add_partition("p", [(0, b"x")])
@@ -455,7 +456,7 @@ def test_acquire_does_not_take_a_live_lease(store):
     assert store.acquire(B, "default", 10, 30) == []
 
 
-def test_acquire_skips_a_partition_whose_not_before_is_in_the_future(store):
+def test_acquire_skips_a_partition_whose_not_before_is_in_the_future(store: Store) -> None:
     register(store, A)
     now = db_clock(store)
     store.add_partition("later", [(0, b"x")], not_before=now + timedelta(hours=1))
@@ -463,7 +464,7 @@ def test_acquire_skips_a_partition_whose_not_before_is_in_the_future(store):
     assert [lease.key for lease in store.acquire(A, "default", 10, 30)] == ["due"]
 
 
-def test_acquire_skips_partitions_without_ready_work(store):
+def test_acquire_skips_partitions_without_ready_work(store: Store) -> None:
     register(store, A)
     store.add_partition("empty-open", [], sealed=False)
     store.add_partition("checkpoint", [(0, b"x"), (1, b"y")], manual_checkpoint=True)
@@ -475,7 +476,7 @@ def test_acquire_skips_partitions_without_ready_work(store):
     assert store.acquire(A, "default", 10, 30) == []
 
 
-def test_a_partition_let_go_with_nothing_due_has_its_updated_at_moved(store):
+def test_a_partition_let_go_with_nothing_due_has_its_updated_at_moved(store: Store) -> None:
     """Every change of a partition moves its updated_at (what cleanup and the recent list order by),
     the release of one whose items are all due later included."""
     register(store, A)
@@ -490,7 +491,7 @@ def test_a_partition_let_go_with_nothing_due_has_its_updated_at_moved(store):
     assert after["updated_at"] > before
 
 
-def test_acquire_records_a_leased_event_with_a_new_epoch(store):
+def test_acquire_records_a_leased_event_with_a_new_epoch(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (first,) = store.acquire(A, "default", 10, 30)
@@ -501,15 +502,17 @@ def test_acquire_records_a_leased_event_with_a_new_epoch(store):
 
 
 @pytest.mark.postgres_only
-def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store):
+def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store: Store) -> None:
     """The path from a notification to a dispatch: no BEGIN and COMMIT round trips around them; the
     fetch's second statement records what it took as in flight."""
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     seen: list[tuple[bool, str]] = []
 
-    def record(conn, statement):
-        seen.append((conn.connection.dbapi_connection.autocommit, statement.split()[0]))
+    def record(conn: Connection, statement: str) -> None:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        seen.append((driver.autocommit, statement.split()[0]))
 
     with statements_observed(store, record):
         (lease,) = store.acquire(A, "default", 10, 30)
@@ -522,7 +525,7 @@ def test_leasing_is_one_autocommit_statement_and_fetching_two_on_postgres(store)
 
 
 @pytest.mark.servers_only
-def test_a_connection_lost_under_a_hot_path_statement_is_an_outage_and_is_not_reused(db_url):
+def test_a_connection_lost_under_a_hot_path_statement_is_an_outage_and_is_not_reused(db_url: str) -> None:
     """The fetch runs on the driver's cursor: a server gone mid-way is DatabaseUnavailable like any
     statement's, and the dead connection is dropped from the pool instead of failing the next call."""
     pid, kill = ("pg_backend_pid()", "SELECT pg_terminate_backend({})")
@@ -550,7 +553,7 @@ def test_a_connection_lost_under_a_hot_path_statement_is_an_outage_and_is_not_re
 
 
 @pytest.mark.postgres_only
-def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorting_its_backlog(store):
+def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorting_its_backlog(store: Store) -> None:
     """Without statistics PostgreSQL used to pick an index that made it sort every leased partition's
     whole backlog on every fetch (O(backlog)); the LATERAL must walk feedproc_items_by_gate in order."""
     register(store, A)
@@ -566,7 +569,7 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
 
 
 @pytest.mark.postgres_only
-def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_are_leased(store):
+def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_are_leased(store: Store) -> None:
     """Dispatch order takes the first partitions' items: reading `limit` entries from each of the
     leased partitions and sorting them (partitions x limit per fetch) is work thrown away."""
     register(store, A)
@@ -582,7 +585,7 @@ def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_a
     assert [item.partition for item in store.fetch_ready(A, 50)] == ["p0"] * 50
 
 
-def test_the_fetch_takes_one_item_from_each_of_many_partitions_in_dispatch_order(store):
+def test_the_fetch_takes_one_item_from_each_of_many_partitions_in_dispatch_order(store: Store) -> None:
     register(store, A)
     for n in range(60):
         store.add_partition(f"p{n:02d}", [(0, b"x")], priority=n % 3)
@@ -592,7 +595,7 @@ def test_the_fetch_takes_one_item_from_each_of_many_partitions_in_dispatch_order
     assert fetched == expected  # priority first, then age (insertion order here)
 
 
-def test_release_records_yielded_and_frees_the_partition(store):
+def test_release_records_yielded_and_frees_the_partition(store: Store) -> None:
     register(store, A)
     register(store, B)
     store.add_partition("p", [(0, b"x")])
@@ -603,7 +606,7 @@ def test_release_records_yielded_and_frees_the_partition(store):
     assert [lease.key for lease in store.acquire(B, "default", 10, 30)] == ["p"]
 
 
-def test_release_of_a_lease_no_longer_held_does_nothing(store):
+def test_release_of_a_lease_no_longer_held_does_nothing(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (old,) = store.acquire(A, "default", 10, 30)
@@ -616,7 +619,7 @@ def test_release_of_a_lease_no_longer_held_does_nothing(store):
 # ---------------------------------------------------------------- fencing
 
 
-def test_answers_from_a_watcher_whose_expired_lease_was_taken_over_change_nothing(store):
+def test_answers_from_a_watcher_whose_expired_lease_was_taken_over_change_nothing(store: Store) -> None:
     register(store, A)
     register(store, B)
     store.add_partition("p", [(0, b"x")])
@@ -632,7 +635,7 @@ def test_answers_from_a_watcher_whose_expired_lease_was_taken_over_change_nothin
     assert [r.status for r in item_rows(store, "p")] == ["available"]
 
 
-def test_a_group_commit_that_outlasts_the_lease_renews_it_before_committing(store):
+def test_a_group_commit_that_outlasts_the_lease_renews_it_before_committing(store: Store) -> None:
     """Writing 100,000 children takes seconds, its partition's row locked all along (the heartbeat
     waits behind it): the lease is renewed in the same transaction, so that no watcher can take
     the partition over the moment it commits."""
@@ -649,7 +652,7 @@ def test_a_group_commit_that_outlasts_the_lease_renews_it_before_committing(stor
     assert store.status("p")["items"]["total"] == 2 + MAX_CHILDREN
 
 
-def test_a_long_group_commit_that_releases_its_partition_leaves_it_released(store):
+def test_a_long_group_commit_that_releases_its_partition_leaves_it_released(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"root")], manual_checkpoint=True)
     (root,) = lease_and_fetch(store)
@@ -658,7 +661,7 @@ def test_a_long_group_commit_that_releases_its_partition_leaves_it_released(stor
     assert store.status("p")["lease"] is None
 
 
-def test_expiry_takeover_records_an_expired_event(store):
+def test_expiry_takeover_records_an_expired_event(store: Store) -> None:
     register(store, A)
     register(store, B)
     store.add_partition("p", [(0, b"x")])
@@ -672,7 +675,7 @@ def test_expiry_takeover_records_an_expired_event(store):
 
 
 @pytest.mark.postgres_only
-def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store):
+def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store: Store) -> None:
     """On a small, never-analyzed table the planner would read every item per batch (a hash join over
     a sequential scan): sequential scans are off for the batch's statements after the lease lock."""
     register(store, A)
@@ -680,9 +683,11 @@ def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store):
     ready = lease_and_fetch(store)
     seen: list[str] = []
 
-    def record(conn, statement):
+    def record(conn: Connection, statement: str) -> None:
         if statement.lstrip().startswith("UPDATE feedproc_items"):
-            seen.append(conn.connection.dbapi_connection.execute("SHOW enable_seqscan").fetchone()[0])
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            seen.append(driver.execute("SHOW enable_seqscan").fetchone()[0])
 
     with statements_observed(store, record):
         applied = store.apply(A, [answer(item, Kind.DONE) for item in ready])
@@ -692,7 +697,7 @@ def test_a_batch_of_answers_is_written_by_index_look_ups_on_postgres(store):
         assert conn.exec_driver_sql("SHOW enable_seqscan").scalar() == "on"
 
 
-def test_an_answer_under_a_stale_lease_epoch_is_dropped(store):
+def test_an_answer_under_a_stale_lease_epoch_is_dropped(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (lease,) = store.acquire(A, "default", 10, 30)
@@ -706,7 +711,7 @@ def test_an_answer_under_a_stale_lease_epoch_is_dropped(store):
     assert store.status("p") == before
 
 
-def test_a_stale_item_version_drops_only_that_answer_and_writes_the_rest(store):
+def test_a_stale_item_version_drops_only_that_answer_and_writes_the_rest(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     first, second = lease_and_fetch(store)
@@ -718,7 +723,7 @@ def test_a_stale_item_version_drops_only_that_answer_and_writes_the_rest(store):
     assert [r.data for r in item_rows(store, "p") if r.parent_id == first.id] == [b"child"]
 
 
-def test_a_repeated_answer_is_superseded_and_its_children_are_inserted_once(store):
+def test_a_repeated_answer_is_superseded_and_its_children_are_inserted_once(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     ready = lease_and_fetch(store)[0]
@@ -730,7 +735,7 @@ def test_a_repeated_answer_is_superseded_and_its_children_are_inserted_once(stor
     assert children == [(1, b"c0", ready.id, 0, 0), (2, b"c1", ready.id, 0, 1)]
 
 
-def test_the_child_index_forbids_inserting_the_same_children_twice(store):
+def test_the_child_index_forbids_inserting_the_same_children_twice(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     ready = lease_and_fetch(store)[0]
@@ -757,7 +762,7 @@ def test_the_child_index_forbids_inserting_the_same_children_twice(store):
 
 
 @pytest.mark.smoke  # the fast tier's database smoke
-def test_the_gate_advances_in_the_same_transaction_as_the_last_completion(store):
+def test_the_gate_advances_in_the_same_transaction_as_the_last_completion(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y"), (2, b"z")])
     first, second = lease_and_fetch(store)
@@ -769,7 +774,7 @@ def test_the_gate_advances_in_the_same_transaction_as_the_last_completion(store)
     assert history(store, "p", "gate_advanced")[-1]["detail"] == {"from": 0, "to": 2}
 
 
-def test_completing_the_last_item_of_a_sealed_partition_completes_and_releases_it(store):
+def test_completing_the_last_item_of_a_sealed_partition_completes_and_releases_it(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -780,7 +785,7 @@ def test_completing_the_last_item_of_a_sealed_partition_completes_and_releases_i
     assert item_rows(store, "p")[0].data == b"result"
 
 
-def test_a_move_answer_moves_the_item_and_the_gate_follows_it(store):
+def test_a_move_answer_moves_the_item_and_the_gate_follows_it(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -791,7 +796,7 @@ def test_a_move_answer_moves_the_item_and_the_gate_follows_it(store):
     assert [(r.id, r.gate, r.attempts) for r in again] == [(ready.id, 3, 0)]
 
 
-def test_a_move_answer_starts_the_attempts_again_at_zero_and_clears_the_error(store):
+def test_a_move_answer_starts_the_attempts_again_at_zero_and_clears_the_error(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -803,7 +808,7 @@ def test_a_move_answer_starts_the_attempts_again_at_zero_and_clears_the_error(st
     assert (row.gate, row.attempts, row.last_error) == (1, 0, None)
 
 
-def test_children_at_the_current_gate_hold_the_gate(store):
+def test_children_at_the_current_gate_hold_the_gate(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (1, b"y")])
     (ready,) = lease_and_fetch(store)
@@ -812,7 +817,7 @@ def test_children_at_the_current_gate_hold_the_gate(store):
     assert [r.data for r in lease_and_fetch(store)] == [b"child"]
 
 
-def test_a_permanent_failure_fails_the_partition_at_its_gate_and_releases_it(store):
+def test_a_permanent_failure_fails_the_partition_at_its_gate_and_releases_it(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (1, b"y")])
     (ready,) = lease_and_fetch(store)
@@ -823,7 +828,7 @@ def test_a_permanent_failure_fails_the_partition_at_its_gate_and_releases_it(sto
     assert status["failed_items"] == [{"id": ready.id, "gate": 0, "attempts": 1, "last_error": "HTTP 400: bad"}]
 
 
-def test_a_failed_item_fails_the_partition_only_once_its_gate_drains(store):
+def test_a_failed_item_fails_the_partition_only_once_its_gate_drains(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x"), (0, b"y")])
     first, second = lease_and_fetch(store)
@@ -834,7 +839,7 @@ def test_a_failed_item_fails_the_partition_only_once_its_gate_drains(store):
     assert (status["status"], status["gate"]) == ("failed", 0)
 
 
-def test_a_transient_failure_counts_the_attempt_and_backs_off(store):
+def test_a_transient_failure_counts_the_attempt_and_backs_off(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -845,7 +850,7 @@ def test_a_transient_failure_counts_the_attempt_and_backs_off(store):
     assert store.fetch_ready(A, 10) == []
 
 
-def test_a_not_yet_answer_is_not_a_failure(store):
+def test_a_not_yet_answer_is_not_a_failure(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"x")])
     (ready,) = lease_and_fetch(store)
@@ -858,20 +863,20 @@ def test_a_not_yet_answer_is_not_a_failure(store):
 # ---------------------------------------------------------------- fetch_ready
 
 
-def test_fetch_ready_returns_only_items_at_the_current_gate(store):
+def test_fetch_ready_returns_only_items_at_the_current_gate(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(1, b"a"), (2, b"b"), (1, b"c")])
     assert [(r.gate, r.data) for r in lease_and_fetch(store)] == [(1, b"a"), (1, b"c")]
 
 
-def test_fetch_ready_serves_items_oldest_first_and_respects_the_limit(store):
+def test_fetch_ready_serves_items_oldest_first_and_respects_the_limit(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, bytes([n])) for n in range(5)])
     store.acquire(A, "default", 10, 30)
     assert [r.data for r in store.fetch_ready(A, 3)] == [b"\x00", b"\x01", b"\x02"]
 
 
-def test_fetch_ready_serves_higher_priority_partitions_first(store):
+def test_fetch_ready_serves_higher_priority_partitions_first(store: Store) -> None:
     register(store, A)
     store.add_partition("low", [(0, b"low")] * 3, priority=0)
     store.add_partition("high", [(0, b"high")] * 3, priority=7)
@@ -879,14 +884,14 @@ def test_fetch_ready_serves_higher_priority_partitions_first(store):
     assert [r.partition for r in store.fetch_ready(A, 4)] == ["high", "high", "high", "low"]
 
 
-def test_fetch_ready_skips_the_excluded_ids(store):
+def test_fetch_ready_skips_the_excluded_ids(store: Store) -> None:
     register(store, A)
     store.add_partition("p", [(0, b"a"), (0, b"b"), (0, b"c")])
     first, second, third = lease_and_fetch(store)
     assert [r.id for r in store.fetch_ready(A, 10, exclude=[first.id, third.id])] == [second.id]
 
 
-def test_fetch_ready_returns_nothing_of_partitions_it_does_not_hold(store):
+def test_fetch_ready_returns_nothing_of_partitions_it_does_not_hold(store: Store) -> None:
     register(store, A)
     register(store, B)
     store.add_partition("p", [(0, b"a")])
@@ -897,7 +902,7 @@ def test_fetch_ready_returns_nothing_of_partitions_it_does_not_hold(store):
 # ---------------------------------------------------------------- steals
 
 
-def _one_watcher_holds_everything(store, partitions_=6):
+def _one_watcher_holds_everything(store: Store, partitions_: int = 6) -> None:
     register(store, A)
     register(store, B)
     for n in range(partitions_):
@@ -905,17 +910,17 @@ def _one_watcher_holds_everything(store, partitions_=6):
     assert len(store.acquire(A, "default", 10, 30)) == partitions_
 
 
-def wanted(store, watcher):
+def wanted(store: Store, watcher: str) -> list[Lease]:
     return [lease for lease in store.owned(A) if lease.wanted_by == watcher]
 
 
-def test_request_steals_marks_at_most_most_partitions(store):
+def test_request_steals_marks_at_most_most_partitions(store: Store) -> None:
     _one_watcher_holds_everything(store)
     assert store.request_steals(B, "default", capacity=8, most=2) == 2
     assert len(wanted(store, B)) == 2
 
 
-def test_request_steals_never_asks_beyond_the_fair_share(store):
+def test_request_steals_never_asks_beyond_the_fair_share(store: Store) -> None:
     _one_watcher_holds_everything(store)  # 6 partitions, 2 live watchers: a fair share is 3
     marked = [store.request_steals(B, "default", capacity=8, most=5) for _ in range(3)]
     assert sum(marked) == 3
@@ -923,13 +928,13 @@ def test_request_steals_never_asks_beyond_the_fair_share(store):
     assert len(wanted(store, B)) == 3
 
 
-def test_request_steals_never_asks_beyond_the_thiefs_capacity(store):
+def test_request_steals_never_asks_beyond_the_thiefs_capacity(store: Store) -> None:
     _one_watcher_holds_everything(store)
     assert store.request_steals(B, "default", capacity=1, most=5) == 1
     assert store.request_steals(B, "default", capacity=1, most=5) == 0
 
 
-def test_request_steals_needs_another_live_watcher(store):
+def test_request_steals_needs_another_live_watcher(store: Store) -> None:
     register(store, A)
     for n in range(4):
         store.add_partition(f"p{n}", [(0, b"x")])
@@ -937,7 +942,7 @@ def test_request_steals_needs_another_live_watcher(store):
     assert store.request_steals(A, "default", capacity=8, most=5) == 0
 
 
-def test_fetch_ready_never_returns_items_of_a_partition_marked_wanted(store):
+def test_fetch_ready_never_returns_items_of_a_partition_marked_wanted(store: Store) -> None:
     _one_watcher_holds_everything(store)
     store.request_steals(B, "default", capacity=8, most=2)
     marked = {lease.partition_id for lease in wanted(store, B)}
@@ -946,7 +951,7 @@ def test_fetch_ready_never_returns_items_of_a_partition_marked_wanted(store):
     assert not {r.partition_id for r in ready} & marked
 
 
-def test_hand_over_moves_the_lease_to_the_thief_with_a_new_epoch_and_a_stolen_event(store):
+def test_hand_over_moves_the_lease_to_the_thief_with_a_new_epoch_and_a_stolen_event(store: Store) -> None:
     _one_watcher_holds_everything(store)
     store.request_steals(B, "default", capacity=8, most=1)
     (lease,) = wanted(store, B)
@@ -963,7 +968,7 @@ def test_hand_over_moves_the_lease_to_the_thief_with_a_new_epoch_and_a_stolen_ev
     assert lease.partition_id not in {r.partition_id for r in store.fetch_ready(A, 100)}
 
 
-def test_an_answer_from_the_old_owner_after_a_hand_over_is_dropped(store):
+def test_an_answer_from_the_old_owner_after_a_hand_over_is_dropped(store: Store) -> None:
     _one_watcher_holds_everything(store, partitions_=2)
     before_steal = {r.partition_id: r for r in store.fetch_ready(A, 100)}
     store.request_steals(B, "default", capacity=8, most=1)
@@ -974,7 +979,7 @@ def test_an_answer_from_the_old_owner_after_a_hand_over_is_dropped(store):
     assert store.status(lease.key)["items"]["available"] == 1
 
 
-def test_hand_over_to_a_thief_whose_registration_expired_clears_the_request(store):
+def test_hand_over_to_a_thief_whose_registration_expired_clears_the_request(store: Store) -> None:
     _one_watcher_holds_everything(store)
     store.heartbeat(B, 1.0)  # B stops heartbeating: its registration lapses in 1 s
     assert store.request_steals(B, "default", capacity=8, most=1) == 1
@@ -986,7 +991,7 @@ def test_hand_over_to_a_thief_whose_registration_expired_clears_the_request(stor
     assert lease.partition_id in {r.partition_id for r in store.fetch_ready(A, 100)}
 
 
-def test_hand_over_without_a_request_does_nothing(store):
+def test_hand_over_without_a_request_does_nothing(store: Store) -> None:
     _one_watcher_holds_everything(store, partitions_=1)
     (lease,) = store.owned(A)
     assert store.hand_over(A, lease, 30) is None
@@ -996,12 +1001,12 @@ def test_hand_over_without_a_request_does_nothing(store):
 # ---------------------------------------------------------------- concurrent callers
 
 
-def run_together(*calls):
+def run_together(*calls: Callable[[], Any]) -> list[Any]:
     """Run the calls in threads released at the same moment; returns their results or exceptions."""
     barrier = threading.Barrier(len(calls))
-    results = [None] * len(calls)
+    results: list[Any] = [None] * len(calls)
 
-    def run(n, call):
+    def run(n: int, call: Callable[[], Any]) -> None:
         barrier.wait()
         try:
             results[n] = call()
@@ -1016,7 +1021,7 @@ def run_together(*calls):
     return results
 
 
-def test_two_watchers_acquiring_at_once_never_lease_the_same_partition(store):
+def test_two_watchers_acquiring_at_once_never_lease_the_same_partition(store: Store) -> None:
     register(store, A)
     register(store, B)
     for n in range(20):
@@ -1029,15 +1034,15 @@ def test_two_watchers_acquiring_at_once_never_lease_the_same_partition(store):
     assert keys_a | keys_b == {f"p{n}" for n in range(20)}
 
 
-def test_an_item_added_at_the_gate_never_races_the_gate_advancing(store):
+def test_an_item_added_at_the_gate_never_races_the_gate_advancing(store: Store) -> None:
     register(store, A)
     for n in range(10):
         key = f"p{n}"
         store.add_partition(key, [(0, b"last"), (1, b"next")], sealed=False)
         (ready,) = [r for r in lease_and_fetch(store) if r.partition == key]
         results = run_together(
-            lambda ready=ready: store.apply(A, [answer(ready, Kind.DONE)]),
-            lambda key=key: store.add_items(key, [(0, b"late")]),
+            functools.partial(store.apply, A, [answer(ready, Kind.DONE)]),
+            functools.partial(store.add_items, key, [(0, b"late")]),
         )
         status = store.status(key)
         if isinstance(results[1], Refused):  # the gate moved first: the item was rightly refused
@@ -1048,7 +1053,7 @@ def test_an_item_added_at_the_gate_never_races_the_gate_advancing(store):
         assert not isinstance(results[0], Exception), results
 
 
-def test_two_producers_adding_the_same_key_at_once_create_it_once(store):
+def test_two_producers_adding_the_same_key_at_once_create_it_once(store: Store) -> None:
     results = run_together(
         lambda: store.add_partition("p", [(0, b"first")]), lambda: store.add_partition("p", [(0, b"second")])
     )
@@ -1070,7 +1075,7 @@ def test_the_fair_share_is_partitions_with_work_per_live_watcher_rounded_up(stor
     assert store.fair_share("default") == 3
 
 
-def test_request_steals_takes_from_watchers_at_the_rounded_up_share_down_to_the_rounded_down_one(store):
+def test_request_steals_takes_from_watchers_at_the_rounded_up_share_down_to_the_rounded_down_one(store: Store) -> None:
     """10 partitions over 3 watchers: a share is 3.33. Watchers at 4 (the share rounded up) each
     give one to a watcher at 2, down to 3 (rounded down), and no further: 4, 3, 3 is balanced."""
     for n in range(10):
@@ -1094,21 +1099,21 @@ def sent_statements(store: Store, seen: list[str]) -> Iterator[None]:
         return
     import pymysql.cursors
 
-    send = pymysql.cursors.Cursor._query
+    send = pymysql.cursors.Cursor._query  # type: ignore[attr-defined]  # private: not in the stubs
 
     def counted(cursor: Any, query: str) -> Any:
         seen.append(query)
         return send(cursor, query)
 
-    pymysql.cursors.Cursor._query = counted  # type: ignore[method-assign]
+    pymysql.cursors.Cursor._query = counted  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        pymysql.cursors.Cursor._query = send  # type: ignore[method-assign]
+        pymysql.cursors.Cursor._query = send  # type: ignore[attr-defined]
 
 
 @pytest.mark.servers_only  # SQLite reads each leased partition's items with a query of its own, in-process
-def test_no_statement_per_item_or_partition_in_a_fetch_or_per_item_in_its_group_commit(store):
+def test_no_statement_per_item_or_partition_in_a_fetch_or_per_item_in_its_group_commit(store: Store) -> None:
     """The hot path's statements do not grow with the batch: on MariaDB, which has neither arrays
     nor LATERAL, as on PostgreSQL. (A commit's statements grow with the partitions whose gate it
     advances, not with its items; each item here fans out a child, so the commit also inserts.)"""

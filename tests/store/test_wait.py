@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -19,9 +20,14 @@ from feedproc.wait import wait_final
 from ..support import run_cli
 
 
-def later(seconds: float, action) -> threading.Thread:
+def later(seconds: float, action: Callable[[], object]) -> threading.Thread:
     """Run `action` on a thread after `seconds` (the change a waiter is blocked on)."""
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
+
+    def act() -> None:
+        time.sleep(seconds)
+        action()
+
+    thread = threading.Thread(target=act, daemon=True)
     thread.start()
     return thread
 

@@ -62,7 +62,7 @@ def test_a_list_holds_two_tokens_at_once_while_rotating() -> None:
 def test_a_worker_token_may_be_limited_to_queues_whose_names_hold_colons() -> None:
     tokens = load_tokens({"FEEDPROC_WORKER_TOKENS": f"ocr+gpu:a/b:{W},{W2}"})
     limited = tokens.grant(W)
-    assert limited is not None and limited.queues == {"ocr", "gpu:a/b"}
+    assert limited is not None and limited.queues == frozenset({"ocr", "gpu:a/b"})
     assert limited.may_work_on("gpu:a/b") and not limited.may_work_on("hr")
     anywhere = tokens.grant(W2)
     assert anywhere is not None and anywhere.queues is None and anywhere.may_work_on("hr")
@@ -102,7 +102,7 @@ def test_a_tokens_file_gives_scoped_tokens_line_by_line(tmp_path: Path) -> None:
     tokens = load_tokens({}, path)
     assert scopes(tokens, A) == {READ} and scopes(tokens, C) == {READ, OPERATE, ADMIN}
     grant = tokens.grant(W)
-    assert grant is not None and grant.queues == {"gpu"}
+    assert grant is not None and grant.queues == frozenset({"gpu"})
 
 
 @pytest.mark.parametrize(

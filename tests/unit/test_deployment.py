@@ -19,7 +19,7 @@ KUBERNETES = "1.31"  # the API version the manifests are checked against
 
 # The parts of KEDA's CRDs (keda.sh/v1alpha1) the manifests use, with the types the CRDs declare.
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
-KEDA = {
+KEDA: dict[str, dict[str, Any]] = {
     "ScaledObject": {
         "type": "object",
         "required": ["scaleTargetRef", "triggers"],

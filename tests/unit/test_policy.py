@@ -221,7 +221,7 @@ def test_async_and_plain_processors_are_both_called() -> None:
             return Response(gate=item.gate + item.json()["x"])
 
     class Async(Processor):
-        async def process(self, item: Item) -> Response:  # type: ignore[override]
+        async def process(self, item: Item) -> Response:
             return Response(gate=item.gate + 2)
 
     assert asyncio.run(call_processor(Plain(), item)).gate == 4
@@ -247,7 +247,7 @@ def test_gate_with_data_moves_and_replaces_data() -> None:
     response = read_answer(200, body({"gate": 3, "data": {"k": [1, 2]}}), None)
     assert response.done is False
     assert response.gate == 3
-    assert json.loads(response.data) == {"k": [1, 2]}  # type: ignore[arg-type]
+    assert json.loads(response.data) == {"k": [1, 2]}
 
 
 def test_data_null_is_stored_as_json_null() -> None:
@@ -275,13 +275,13 @@ def test_go_feed_complete_means_done() -> None:
 def test_go_feed_response_means_data() -> None:
     response = read_answer(200, body({"complete": True, "response": {"out": 1}}), None)
     assert response.done is True
-    assert json.loads(response.data) == {"out": 1}  # type: ignore[arg-type]
+    assert json.loads(response.data) == {"out": 1}
 
 
 def test_go_feed_response_with_a_gate() -> None:
     response = read_answer(200, body({"gate": 2, "response": [1, 2]}), None)
     assert response.gate == 2
-    assert json.loads(response.data) == [1, 2]  # type: ignore[arg-type]
+    assert json.loads(response.data) == [1, 2]
 
 
 # ---------------------------------------------------------------- reading HTTP answers: error objects

@@ -73,7 +73,7 @@ def test_a_watch_option_spelled_otherwise_is_one_that_names_its_unit() -> None:
 @pytest.mark.parametrize(("old", "new"), list(RENAMED.items()))
 def test_a_setting_given_by_its_old_name_is_taken_with_a_deprecation_warning(old: str, new: str) -> None:
     with pytest.warns(DeprecationWarning, match=f"{old}=.*deprecated.*use {new}="):
-        config = WatcherConfig(**{old: 7})
+        config = WatcherConfig(**{old: 7})  # type: ignore[arg-type]  # an old name: not a field
     assert getattr(config, new) == 7
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: use {new}"):
         assert getattr(config, old) == 7
@@ -82,7 +82,7 @@ def test_a_setting_given_by_its_old_name_is_taken_with_a_deprecation_warning(old
 @pytest.mark.parametrize(("old", "new"), list(RENAMED.items()))
 def test_a_setting_given_by_both_names_is_refused(old: str, new: str) -> None:
     with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match=f"both {old}= and {new}="):
-        WatcherConfig(**{old: 7, new: 8})
+        WatcherConfig(**{old: 7, new: 8})  # type: ignore[arg-type]  # an old name: not a field
 
 
 def test_the_new_names_warn_of_nothing(recwarn: pytest.WarningsRecorder) -> None:

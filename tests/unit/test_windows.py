@@ -3,7 +3,7 @@ window opens. Pure functions, checked with fixed datetimes and with hypothesis."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -122,7 +122,9 @@ def window_sets(draw: st.DrawFn) -> tuple[Window, ...]:
 
 
 @given(window_sets(), moments, st.sampled_from([UTC, PARIS, ZoneInfo("America/New_York")]))
-def test_next_opening_is_open_not_earlier_and_nothing_opens_in_between(windows, moment, tz) -> None:
+def test_next_opening_is_open_not_earlier_and_nothing_opens_in_between(
+    windows: tuple[Window, ...], moment: datetime, tz: tzinfo
+) -> None:
     opening = next_opening(windows, tz, moment)
     assert opening >= moment
     assert is_open(windows, tz, opening) or opening.astimezone(tz).utcoffset() != moment.astimezone(tz).utcoffset()

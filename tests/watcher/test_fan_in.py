@@ -19,7 +19,7 @@ from feedproc.core.pipelines import parse_toml
 from feedproc.store.schema import accumulators, items, partitions
 
 from ..api_support import ApiServer
-from ..support import HandlerService, callback_claims, wait_status, wait_until, watching
+from ..support import Answer, HandlerService, callback_claims, wait_status, wait_until, watching
 
 WORKER_TOKEN = "fan-in-worker-token-42"
 
@@ -105,7 +105,12 @@ def test_a_callback_answers_result_is_kept_apart(
     db_url: str, feed: Feed, api: ApiServer, handler: HandlerService
 ) -> None:
     accepted: list[dict[str, Any]] = []
-    handler.behavior = lambda body: (accepted.append(body), (202, {"accepted": True}))[1]
+
+    def behavior(body: dict[str, Any]) -> Answer:
+        accepted.append(body)
+        return 202, {"accepted": True}
+
+    handler.behavior = behavior
     feed.add_partition("p", [{"gate": 0, "data": {"file": "a"}}])
     with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url)):
         wait_until(lambda: accepted and callback_claims(feed), what="the 202 written")
@@ -338,7 +343,8 @@ class Joins(Processor):
         if item.gate == 0:
             return Response(done=True, result={"label": item.json()["file"]})
         rows = [(r.id, json.loads(r.result) if r.result else None, r.error) for r in item.collected]
-        return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": dict(item.accumulated)})
+        acc = dict(item.accumulated or {})
+        return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": acc})
 
 
 class JoinsAsync(Processor):
@@ -346,7 +352,8 @@ class JoinsAsync(Processor):
         if item.gate == 0:
             return Response(done=True, result={"label": item.json()["file"]})
         rows = [(r.id, json.loads(r.result) if r.result else None, r.error) async for r in item.collected]
-        return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": dict(item.accumulated)})
+        acc = dict(item.accumulated or {})
+        return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": acc})
 
 
 @pytest.mark.parametrize("processor", [Joins, JoinsAsync])

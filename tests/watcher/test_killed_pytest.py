@@ -4,6 +4,7 @@ xdist, whose workers outlive their controller unless told otherwise (tests/conft
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -40,6 +41,10 @@ def test_blocks(tmp_path):
 """
 
 
+def written_or_exited(path: Path, process: subprocess.Popen[bytes]) -> bool:
+    return path.exists() or process.poll() is not None
+
+
 def started_at(pid: int) -> str | None:
     """The start time of a live process (not a zombie), None when there is none with that pid."""
     try:
@@ -66,7 +71,7 @@ def test_processes_a_test_started_end_when_its_pytest_is_killed(tmp_path: Path, 
     try:
         for name in ("watcher", "job"):
             path = pids / name
-            wait_until(lambda path=path: path.exists() or inner.poll() is not None, timeout=120, what=f"the {name}")
+            wait_until(functools.partial(written_or_exited, path, inner), timeout=120, what=f"the {name}")
             assert path.exists(), (tmp_path / "inner.log").read_text()
             pid = int(path.read_text())
             started[pid] = started_at(pid)

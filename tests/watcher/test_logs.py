@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def lines(out: io.StringIO) -> list[str]:
     return [line for line in out.getvalue().splitlines() if line]
 
 
-def records(out: io.StringIO) -> list[dict]:
+def records(out: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines(out)]
 
 
@@ -256,8 +257,11 @@ class Clock:
         return self.now
 
 
+Limited = tuple[logging.Logger, io.StringIO, Clock, RateLimit]  # the logger, its output, its clock, its limiter
+
+
 @pytest.fixture
-def limited() -> Iterator[tuple[logging.Logger, io.StringIO, Clock, RateLimit]]:
+def limited() -> Iterator[Limited]:
     """A logger of its own, its handler rate-limited on a fake clock (JSON lines)."""
     out, clock = io.StringIO(), Clock()
     handler = logging.StreamHandler(out)
@@ -274,7 +278,7 @@ def retry(log: logging.Logger, item: int, error: str = "HTTP 503") -> None:
     log.warning("retrying item %d: %s", item, error, extra={"event": "item_retried", "item": item, "error": error})
 
 
-def test_identical_warnings_beyond_a_burst_are_counted_and_summarised(limited: tuple) -> None:
+def test_identical_warnings_beyond_a_burst_are_counted_and_summarised(limited: Limited) -> None:
     log, out, clock, _ = limited
     for item in range(1000):
         retry(log, item)
@@ -288,7 +292,7 @@ def test_identical_warnings_beyond_a_burst_are_counted_and_summarised(limited: t
     assert after["item"] == 1000  # a new window: the burst passes again
 
 
-def test_rate_limit_keys_on_event_and_error_or_message(limited: tuple) -> None:
+def test_rate_limit_keys_on_event_and_error_or_message(limited: Limited) -> None:
     log, out, _, _ = limited
     for item in range(10):
         retry(log, item, "HTTP 503")
@@ -298,7 +302,7 @@ def test_rate_limit_keys_on_event_and_error_or_message(limited: tuple) -> None:
     assert len(records(out)) == 4 * 5
 
 
-def test_info_and_debug_are_never_limited(limited: tuple) -> None:
+def test_info_and_debug_are_never_limited(limited: Limited) -> None:
     log, out, _, _ = limited
     for _ in range(50):
         log.info("gate advanced", extra={"event": "gate_advanced"})
@@ -306,7 +310,7 @@ def test_info_and_debug_are_never_limited(limited: tuple) -> None:
     assert len(records(out)) == 100
 
 
-def test_a_summary_is_written_when_any_record_follows_the_window(limited: tuple) -> None:
+def test_a_summary_is_written_when_any_record_follows_the_window(limited: Limited) -> None:
     log, out, clock, _ = limited
     for item in range(8):
         retry(log, item)
@@ -316,7 +320,7 @@ def test_a_summary_is_written_when_any_record_follows_the_window(limited: tuple)
     assert summary["count"] == 3 and info["event"] == "partition_completed"
 
 
-def test_rate_limit_memory_is_bounded(limited: tuple) -> None:
+def test_rate_limit_memory_is_bounded(limited: Limited) -> None:
     log, out, _, limiter = limited
     limiter.max_keys = 16
     for n in range(1000):

@@ -112,7 +112,8 @@ def test_healthz_turns_503_once_the_heartbeat_is_older_than_a_lease(db_url: str)
     watcher = Watcher(store, processor=None, config=WatcherConfig(lease_seconds=1.0))
     server = MonitorServer("127.0.0.1", 0, {"/healthz": WatcherProbe(watcher).health}).start()
     try:
-        assert get(server.port, "/healthz").status_code == 200
+        healthy = get(server.port, "/healthz")
+        assert healthy is not None and healthy.status_code == 200
         stale = wait_until(
             lambda: (r := get(server.port, "/healthz")) is not None and r.status_code == 503 and r,
             timeout=30,
@@ -238,7 +239,7 @@ def test_probe_checks_run_at_once_within_one_deadline(monkeypatch: pytest.Monkey
     release = threading.Event()
     monkeypatch.setattr(health, "CHECK_TIMEOUT", 0.5)
     watcher = FakeWatcher()
-    watcher.store.ping = lambda: release.wait(10)  # type: ignore[method-assign]
+    watcher.store.ping = lambda: release.wait(10)  # type: ignore[method-assign,assignment]
     monkeypatch.setattr(health, "_handler", lambda url: (lambda: release.wait(10), "handler x"))
     try:
         started = time.monotonic()

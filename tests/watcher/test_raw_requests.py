@@ -260,7 +260,7 @@ def test_with_a_callback_url_the_token_and_answer_url_travel_in_headers(
 
 
 @pytest.mark.parametrize("options", [{}, {"request": "json"}], ids=["default", "explicit"])
-def test_json_requests_are_unchanged(db_url: str, feed: Feed, raw: RawHandler, options: dict[str, str]) -> None:
+def test_json_requests_are_unchanged(db_url: str, feed: Feed, raw: RawHandler, options: dict[str, Any]) -> None:
     """Without `request="raw"` the body is the contract's JSON and no Feedproc-* header is sent."""
     feed.add_partition("wrapped", items=[(0, b'{ "a" :1 }')], queue="q")
     with watching(db_url, HTTPProcessor(raw.url, **options), queue="q"):

@@ -550,7 +550,9 @@ def test_progress_is_kept_by_a_not_yet_answer_and_cleared_by_a_transient_failure
     (lease,) = store.acquire("w1", "default", 1, 30)
     (item,) = store.fetch_ready("w1", 10)
     store.heartbeat("w1", 30, [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, 0.5)])
-    fields = {"item_id": item.id, "partition_id": item.partition_id, "epoch": lease.epoch, "gate": item.gate}
+    fields: dict[str, Any] = {
+        "item_id": item.id, "partition_id": item.partition_id, "epoch": lease.epoch, "gate": item.gate
+    }
     store.apply("w1", [Outcome(version=item.version, kind=Kind.LATER, progress=0.7, **fields)])
     assert gate_progress(feed, "p")["mean_progress"] == pytest.approx(0.7)
     store.apply("w1", [Outcome(version=item.version + 1, kind=Kind.RETRY, attempts=1, error="boom", **fields)])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect, make_url, text
@@ -70,7 +71,7 @@ def test_a_prefix_that_cannot_begin_a_table_name_is_invalid_input(db_url: str, p
         Feed(db_url, table_prefix=prefix)
 
 
-def test_the_command_line_takes_the_prefix_as_an_option_or_from_the_environment(db_url: str, tmp_path) -> None:
+def test_the_command_line_takes_the_prefix_as_an_option_or_from_the_environment(db_url: str, tmp_path: Path) -> None:
     def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "feedproc", *args],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 
@@ -16,10 +17,11 @@ from ..support import wait_status, wait_until, watching
 
 class RaisesKeyError(Processor):
     def process(self, item: Item) -> Response:
-        return {}["missing"]  # a processor's own bug
+        responses: dict[str, Response] = {}
+        return responses["missing"]  # a processor's own bug
 
 
-def records(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+def records(caplog: pytest.LogCaptureFixture, event: str) -> list[Any]:  # Any: the fields are `extra=` attributes
     return [r for r in caplog.records if getattr(r, "event", None) == event]
 
 

@@ -36,7 +36,7 @@ def provider() -> Iterator[TracerProvider]:
     sdk.shutdown()
 
 
-def spans(provider: TracerProvider) -> list:
+def spans(provider: TracerProvider) -> list[Any]:  # ReadableSpans, whose attributes the tests index
     return list(provider.exporter.get_finished_spans())  # type: ignore[attr-defined]
 
 
@@ -185,7 +185,9 @@ def test_a_handler_request_carries_the_traceparent_of_its_delivery_span(
     deliveries = sorted((s for s in finished if s.name == "feedproc.deliver"), key=lambda s: s.start_time)
     assert [s.attributes["feedproc.outcome"] for s in deliveries] == ["move", "done"]
     for delivery, request in zip(deliveries, handler.deliveries, strict=True):
-        trace_id, span_id, _ = TRACEPARENT.match(request.headers["traceparent"]).groups()
+        parent = TRACEPARENT.match(request.headers["traceparent"])
+        assert parent, request.headers["traceparent"]
+        trace_id, span_id, _ = parent.groups()
         assert int(trace_id, 16) == delivery.context.trace_id and int(span_id, 16) == delivery.context.span_id
     assert any(s.name == "feedproc.group_commit" for s in finished)
 
@@ -207,5 +209,7 @@ def test_a_batch_is_one_span_whose_traceparent_its_request_carries(
     assert sorted(batch.attributes["feedproc.item.ids"]) == ids and batch.attributes["feedproc.batch.size"] == 5
     assert batch.attributes["feedproc.partition"] == "batched" and batch.attributes["feedproc.outcome"] == "done"
     [request] = handler.deliveries
-    trace_id, span_id, _ = TRACEPARENT.match(request.headers["traceparent"]).groups()
+    parent = TRACEPARENT.match(request.headers["traceparent"])
+    assert parent, request.headers["traceparent"]
+    trace_id, span_id, _ = parent.groups()
     assert int(trace_id, 16) == batch.context.trace_id and int(span_id, 16) == batch.context.span_id

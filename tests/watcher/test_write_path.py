@@ -83,7 +83,7 @@ def test_an_answer_that_cannot_be_encoded_fails_its_item_and_the_batch_is_writte
     def outcome_of(item: Any, policy: Any, **kwargs: Any) -> Any:
         outcome = real(item, policy, **kwargs)
         if item.id == target and outcome.kind == Kind.DONE and once():
-            outcome.data = {"label": "invoice"}  # not bytes: the database driver cannot bind it
+            outcome.data = {"label": "invoice"}  # type: ignore[assignment]  # not bytes: the driver cannot bind it
         return outcome
 
     monkeypatch.setattr(watcher_module, "outcome_of", outcome_of)
