@@ -1,5 +1,6 @@
-"""Delivery: workers take buffered items, call the Processor, and queue each answer with its record
-for the next group commit; suspects are delivered alone."""
+"""The delivery pool: workers take buffered items, call the Processor (one item, or a batch of one
+partition's), and queue each answer with its record for the group commit; a cancelled call (its
+item or partition cancelled) is answered as a transient failure."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,21 +17,63 @@ from ..core.errors import Accepted, PermanentError, RetryLater, TooManyChildren
 from ..core.fanin import refusal
 from ..core.models import Item, Response
 from ..core.policy import RetryPolicy, outcome_of
-from ..core.records import Kind, Lease, Outcome, ProgressReport, ReadyItem
+from ..core.records import Kind, Lease, Outcome, ProgressReport, QueueSettings, ReadyItem
+from ..metrics import WatcherMetrics
 from ..processors import HTTPProcessor
-from ..processors.pipeline import Route
-from .config import TRACEBACK_KEPT
-from .fanin import FanIn
-from .leases import LeaseKeeping
-from .state import CANCELLED_CALL
+from ..processors.pipeline import GateRouter, Route
+from ..store import Store
+from .calls import Lifecycle, PollSignals
+from .config import TRACEBACK_KEPT, WatcherConfig
+from .fanin import fan_in
+from .flight import CANCELLED_CALL, InFlight, ReadyBuffer, RunningCall
+from .isolation import Isolation
+from .leases import LeaseBook
+from .reports import HeartbeatReports
+from .routing import Router
+from .writing import Completer
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Delivering(LeaseKeeping, FanIn):
-    """Workers and the isolation loop."""
+class DeliveryPool:
+    """The workers (`worker`, `concurrency` of them) and what a delivery needs: its lease checked,
+    its batch gathered, its timeout, its outcome read from the answer and handed to the completer."""
 
-    async def _worker(self) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: WatcherConfig,
+        watcher_id: str,
+        lifecycle: Lifecycle,
+        signals: PollSignals,
+        router: Router,
+        leases: LeaseBook,
+        flight: InFlight,
+        buffer: ReadyBuffer,
+        isolation: Isolation,
+        completer: Completer,
+        reports: HeartbeatReports,
+        metrics: WatcherMetrics,
+    ) -> None:
+        self._store = store  # read by fan-in items (what they collect), on a thread
+        self._config = config
+        self._id = watcher_id
+        self._life = lifecycle
+        self._signals = signals
+        self._router = router
+        self._leases = leases
+        self._flight = flight
+        self._buffer = buffer
+        self._isolation = isolation
+        self._completer = completer
+        self._reports = reports
+        self._metrics = metrics
+        # Answers' accumulate operations per gate, under the router and queue settings they were
+        # made from (`_accumulate_refusal`): rebuilt when either is replaced.
+        self._operations: tuple[GateRouter, QueueSettings, dict[int, dict[str, str]]] | None = None
+
+    async def worker(self) -> None:
+        """Deliver buffered items until this worker's stop signal (None) is taken."""
         carry: ReadyItem | None = None  # taken while gathering a batch, not of it: this worker's next item
         while True:
             item = carry if carry is not None else await self._buffer.get()
@@ -39,34 +83,41 @@ class Delivering(LeaseKeeping, FanIn):
             lease = self._startable(item)
             if lease is None:
                 continue
-            size = self._batch_of(item.gate)
+            size = self._router.batch_of(item.gate)
             if size == 1:
-                await self._run_one(item, lease)
+                await self.deliver_one(item, lease)
             else:
                 batch, carry, last = await self._gather(item, size)
                 if len(batch) == 1:
-                    await self._run_one(item, lease)
+                    await self.deliver_one(item, lease)
                 else:
                     await self._run_batch(batch, lease)
                 if last:
                     return
-            if self._buffer.qsize() < self.config.effective_prefetch // 2:
-                self._wake.set()
+            if self._buffer.size() < self._config.effective_prefetch // 2:
+                self._signals.wake()
 
     def _startable(self, item: ReadyItem) -> Lease | None:
         """The lease to deliver `item` under, or None when it must not start now (dropped from
         flight: it is fetched again when it may)."""
-        lease = self.owned.get(item.partition_id)
-        if self.stopping or self._isolating or lease is None or lease.epoch != item.epoch or lease.wanted_by:
-            self.inflight.pop(item.id, None)
+        leases = self._leases
+        lease = leases.owned.get(item.partition_id)
+        if (
+            self._life.stopping
+            or self._isolation.active
+            or lease is None
+            or lease.epoch != item.epoch
+            or lease.wanted_by
+        ):
+            self._flight.drop(item.id)
             return None
-        if self._windowed(lease) and self._opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
-            self.inflight.pop(item.id, None)
+        if leases.windowed(lease) and leases.opens_at(lease, now := datetime.now(UTC)) != now:  # closed since
+            self._flight.drop(item.id)
             return None
-        if self._lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
-            self.inflight.pop(item.id, None)
-            self._maintain_now = True
-            self._wake.set()
+        if leases.lease_may_have_expired(item.partition_id):  # paused past the lease? ask first
+            self._flight.drop(item.id)
+            self._signals.maintain_soon()
+            self._signals.wake()
             return None
         return lease
 
@@ -75,13 +126,13 @@ class Delivering(LeaseKeeping, FanIn):
         lease (dispatch order keeps them together), up to `batch`, waiting up to `batch_wait` for
         more. Returns the batch, the item taken that does not belong to it (delivered next by this
         worker) and whether this worker's stop signal was taken."""
-        batch, cfg, deadline = [first], self.config, None
+        batch, cfg, deadline = [first], self._config, None
         loop = asyncio.get_running_loop()
         while len(batch) < size:
             try:
                 item = self._buffer.get_nowait()
             except asyncio.QueueEmpty:
-                if cfg.batch_wait <= 0 or self.stopping:
+                if cfg.batch_wait <= 0 or self._life.stopping:
                     break
                 deadline = deadline if deadline is not None else loop.time() + cfg.batch_wait
                 try:
@@ -96,14 +147,15 @@ class Delivering(LeaseKeeping, FanIn):
             batch.append(item)
         return batch, None, False
 
-    async def _run_one(self, ready: ReadyItem, lease: Lease) -> None:
+    async def deliver_one(self, ready: ReadyItem, lease: Lease) -> None:
         """Deliver one item and queue its outcome, with its record, for the next group commit."""
-        self.busy.add(ready.id)
+        flight = self._flight
+        flight.busy.add(ready.id)
         item = Item(
             ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
         )
         failure: Exception | None = None
-        router = self.router  # the pipeline version this delivery starts under, kept to its end
+        router = self._router.current  # the pipeline version this delivery starts under, kept to its end
         route = router.route(ready.gate)
         collects = router.collects(ready.gate, ready.collect)  # a fan-in item? (None for nearly all)
         timeout = self._timeout_of(lease, route)
@@ -111,77 +163,77 @@ class Delivering(LeaseKeeping, FanIn):
         started = time.perf_counter_ns()
         task = asyncio.current_task()
         assert task is not None
-        self._running[ready.id] = (ready.partition_id, task, (item,), started_us, started)
-        self._unannounced[ready.id] = ProgressReport(
-            ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us
-        )
+        flight.call_started(ready.id, RunningCall(ready.partition_id, task, (item,), started_us, started))
+        self._reports.started(ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us))
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
                 try:
                     if collects is not None:  # what it collects, and the accumulator, read off the loop
-                        await self._fan_in(route, collects, (ready,), (item,))
+                        await fan_in(self._store, self._id, route, collects, (ready,), (item,))
                     result = await router.process(route, item, timeout)
                 except asyncio.CancelledError:
-                    if not self._was_cancelled(task):
+                    if not flight.was_cancelled(task):
                         raise  # the watcher is stopping
                     result = RetryLater(CANCELLED_CALL)
                 except Exception as error:  # a call past its item timeout is a RetryLater, like any transient one
                     result = error
                 finally:
-                    self._running.pop(ready.id, None)
-                    self._unannounced.pop(ready.id, None)
+                    flight.call_ended(ready.id)
+                    self._reports.ended(ready.id)
                 elapsed = time.perf_counter_ns() - started
-                self.metrics.latency(self._gate_label(route, ready.gate)).observe(elapsed / 1e9)
+                self._metrics.latency(Router.gate_label(route, ready.gate)).observe(elapsed / 1e9)
                 outcome, failure = self._outcome_of(ready, result, route.policy)
                 span.outcome(outcome.kind, outcome.error)
         except Exception as error:  # a bug of ours, not the processor's: fail the delivery, transiently
             log.exception(
                 "internal error delivering item %s",
                 ready.id,
-                extra={"event": "internal_error", "key": ready.partition, "item": ready.id, "watcher": self.id},
+                extra={"event": "internal_error", "key": ready.partition, "item": ready.id, "watcher": self._id},
             )
             failure, elapsed = error, time.perf_counter_ns() - started
             outcome = outcome_of(ready, route.policy, error=error)
         finally:
-            self.busy.discard(ready.id)
+            flight.busy.discard(ready.id)
         self._queue_outcome(ready, item, outcome, failure, started_us, elapsed, route.processor)
-        self._results_ready.set()
+        self._completer.flush_soon()
 
     async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
         """Deliver a batch in one call (`call_batch`) and queue each item's outcome, with its record.
         Every item's record has the batch's start and duration; failures are each item's own."""
         task = asyncio.current_task()
         assert task is not None
+        flight = self._flight
         items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
+        call = RunningCall(batch[0].partition_id, task, tuple(items), started_us, started)
         for ready in batch:
-            self.busy.add(ready.id)
-            self._running[ready.id] = (ready.partition_id, task, tuple(items), started_us, started)
-        router = self.router
+            flight.busy.add(ready.id)
+            flight.call_started(ready.id, call)
+        router = self._router.current
         route = router.route(batch[0].gate)
         collects = router.collects(batch[0].gate, batch[0].collect)
         timeout = self._timeout_of(lease, route)
         for ready in batch:
-            self._unannounced[ready.id] = ProgressReport(
-                ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us
+            self._reports.started(
+                ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us)
             )
         first = batch[0]
         try:
             with tracing.batch_delivery([r.id for r in batch], first.partition, first.queue, first.gate) as span:
                 try:
                     if collects is not None:  # a batch of fan-in items: one partition, one collection
-                        await self._fan_in(route, collects, batch, items)
+                        await fan_in(self._store, self._id, route, collects, batch, items)
                     results = await router.process_batch(route, items, timeout)
                 except asyncio.CancelledError:
-                    if not self._was_cancelled(task):
+                    if not flight.was_cancelled(task):
                         raise  # the watcher is stopping
                     results = [RetryLater(CANCELLED_CALL)] * len(batch)
-                except RetryLater as error:  # what it collects could not be given (see `_fan_in`)
+                except RetryLater as error:  # what it collects could not be given (see `fan_in`)
                     results = [error] * len(batch)
                 except Exception as error:  # a bug of ours, not the processor's: every delivery fails, transiently
                     log.exception(
-                        "internal error delivering a batch of %d items", len(batch), extra={"watcher": self.id}
+                        "internal error delivering a batch of %d items", len(batch), extra={"watcher": self._id}
                     )
                     results = [error] * len(batch)
                 elapsed = time.perf_counter_ns() - started
@@ -192,19 +244,19 @@ class Delivering(LeaseKeeping, FanIn):
                 span.outcome(*((failed[0].kind, failed[0].error) if failed else (outcomes[0][0].kind, None)))
         finally:
             for ready in batch:
-                self.busy.discard(ready.id)
-                self._running.pop(ready.id, None)
-                self._unannounced.pop(ready.id, None)
-        latency = self.metrics.latency(self._gate_label(route, first.gate))
+                flight.busy.discard(ready.id)
+                flight.call_ended(ready.id)
+                self._reports.ended(ready.id)
+        latency = self._metrics.latency(Router.gate_label(route, first.gate))
         for ready, item, (outcome, failure) in zip(batch, items, outcomes, strict=True):
             latency.observe(elapsed / 1e9)
             self._queue_outcome(ready, item, outcome, failure, started_us, elapsed, route.processor)
-        self._results_ready.set()
+        self._completer.flush_soon()
 
     def _timeout_of(self, lease: Lease, route: Route) -> float | None:
         """How long a call may take: the partition's item timeout, else its gate's, else the watcher's."""
         gate = route.gate.item_timeout if route.gate is not None else None
-        return lease.item_timeout or gate or self.config.item_timeout
+        return lease.item_timeout or gate or self._config.item_timeout
 
     def _outcome_of(
         self, ready: ReadyItem, result: Response | Exception, policy: RetryPolicy
@@ -215,8 +267,8 @@ class Delivering(LeaseKeeping, FanIn):
         a Python processor's are counted here, before any is written)."""
         if not isinstance(result, Exception):
             try:
-                if len(result.children) > self.config.max_children:
-                    raise TooManyChildren(len(result.children), self.config.max_children)
+                if len(result.children) > self._config.max_children:
+                    raise TooManyChildren(len(result.children), self._config.max_children)
                 outcome = outcome_of(ready, policy, response=result)
                 if outcome.accumulate is not None and (why := self._accumulate_refusal(outcome)):
                     return outcome_of(ready, policy, error=PermanentError(why)), None
@@ -243,7 +295,7 @@ class Delivering(LeaseKeeping, FanIn):
         version followed, and its queue declare no operation for), or None; the operations it is
         merged by are set on it (the store merges by them, in the group commit)."""
         assert outcome.accumulate is not None
-        router, queue = self.router, self.queue_settings
+        router, queue = self._router.current, self._router.settings
         if self._operations is None or self._operations[0] is not router or self._operations[1] is not queue:
             self._operations = (router, queue, {})
         known = self._operations[2]
@@ -256,7 +308,7 @@ class Delivering(LeaseKeeping, FanIn):
             outcome.operations = operations
             return None
         label = f"gate {outcome.gate} ({gate.name})" if gate is not None else f"gate {outcome.gate}"
-        return refusal(outcome.accumulate, operations, label, self.config.queue)
+        return refusal(outcome.accumulate, operations, label, self._config.queue)
 
     def _queue_outcome(
         self,
@@ -271,7 +323,7 @@ class Delivering(LeaseKeeping, FanIn):
         """Queue a delivery's outcome for the next group commit, with its record: its number,
         attempt, start, duration and (a Python processor's own exception) the end of its traceback;
         the HTTP processor's errors are their own words. A progress report of a "not yet" is kept."""
-        report = self._progress.pop(ready.id, None)  # its answer is written instead
+        report = self._reports.take_progress(ready.id)  # its answer is written instead
         outcome.n, outcome.attempt = ready.deliveries + 1, item.attempt
         outcome.started_us, outcome.duration_us = started_us, elapsed // 1000
         if failure is not None and not isinstance(processor, HTTPProcessor):
@@ -279,66 +331,14 @@ class Delivering(LeaseKeeping, FanIn):
             outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
         if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
             outcome.progress = report.fraction
-        self.results.append(outcome)
-        self._answered.add(ready.id)
+        self._completer.add(outcome)
+        self._flight.answered(ready.id)
 
-    def _reporter(self, ready: ReadyItem) -> Any:
+    def _reporter(self, ready: ReadyItem) -> Callable[[float], None]:
         """`item.progress(f)` of one delivery: kept for the next heartbeat (may run on a processor's thread)."""
+        reports = self._reports
 
         def report(fraction: float) -> None:
-            self._progress[ready.id] = ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction)
+            reports.progress(ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, fraction))
 
         return report
-
-    async def _isolation_loop(self) -> None:
-        """Deliver suspects alone: stop starting anything else, let what runs finish and its answers
-        be written, record the suspect as the only delivery in flight here, deliver it, write its answer."""
-        while True:
-            await self._suspect_found.wait()
-            self._suspect_found.clear()
-            while self._suspects and not self.stopping:
-                self._isolating = True
-                self._drop_buffered(lambda item: True)  # taken, never started: fetched again afterwards
-                await self._until_quiet()
-                item = self._suspects.popleft()
-                lease = self.owned.get(item.partition_id)
-                if lease is None or lease.epoch != item.epoch or self.stopping:
-                    self.inflight.pop(item.id, None)
-                    continue
-                try:
-                    alone = await self._db_call(self._db, self.store.isolate, self.id, item)
-                except Exception as error:
-                    log.warning(
-                        "could not deliver item %s alone (%s); it will be fetched again",
-                        item.id,
-                        error,
-                        extra={"event": "isolation_failed", "item": item.id, "error": str(error), "watcher": self.id},
-                    )
-                    alone = False
-                if not alone:
-                    self.inflight.pop(item.id, None)
-                    continue
-                log.warning(
-                    "delivering item %s of partition %s alone: its last %d deliveries were lost with their watcher",
-                    item.id,
-                    item.partition,
-                    item.lost,
-                    extra={
-                        "event": "item_isolated",
-                        "key": item.partition,
-                        "gate": item.gate,
-                        "item": item.id,
-                        "attempt": item.attempts + 1,
-                        "watcher": self.id,
-                    },
-                )
-                await self._run_one(item, lease)
-                await self._until_quiet()
-            self._isolating = False
-            self._wake.set()
-
-    async def _until_quiet(self) -> None:
-        """Wait until nothing is being delivered and every answer is written (suspects set aside)."""
-        while not self.stopping and (self.busy or self.results or len(self.inflight) > len(self._suspects)):
-            self._results_ready.set()
-            await asyncio.sleep(0.01)

@@ -1,5 +1,12 @@
 """The watcher: leases partitions, dispatches their ready items to a Processor, writes the answers.
 
+The `Watcher` builds its parts, each an object owning its state, and wires them: the `Router`
+(pipeline and queue settings followed), the `LeaseBook` (leases held, the heartbeat), `InFlight`
+(items from fetch to written outcome) and the `ReadyBuffer`, the `Fetcher` (the poll loop),
+`Maintenance` (the poll loop's bookkeeping, schedules, retention), `Isolation` (suspects delivered
+alone), the `DeliveryPool` (workers) and the `Completer` (group commits). They share only what
+`calls` gives them: database calls and their health, the lifecycle, the poll loop's wake-ups.
+
 Inside one asyncio loop:
 
 * a **heartbeat** task renews the watcher and its leases every `lease_seconds / 3` on its own
@@ -31,28 +38,159 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import uuid
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.errors import DatabaseUnavailable
-from ..core.records import ABANDONED, GIVEN_BACK
-from ..processors import HTTPOptions, ProcessorLike
-from ..processors.pipeline import close_processors
+from ..core.records import ABANDONED, GIVEN_BACK, Lease, QueueSettings, ReadyItem
+from ..metrics import WatcherMetrics
+from ..processors import HTTPOptions, HTTPProcessor, ProcessorLike
+from ..processors.pipeline import GateRouter
 from ..store import Store
 from ..store.notify import Listener
+from .calls import DatabaseCalls, Lifecycle, PollSignals
 from .config import WatcherConfig
-from .delivery import Delivering
-from .fetching import Fetching
-from .writing import Writing
+from .delivery import DeliveryPool
+from .fetching import Fetcher
+from .flight import InFlight, ReadyBuffer
+from .isolation import Isolation
+from .leases import LeaseBook
+from .maintenance import Maintenance
+from .reports import HeartbeatReports
+from .routing import Router
+from .writing import Completer
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Watcher(Fetching, Delivering, Writing):
+class Watcher:
     """One watcher process's engine. `await watcher.run()` until `watcher.stop()` is called.
 
-    `Watcher(store, processor, config)` (see `WatcherState`), or `Watcher.connect(url, ...)`."""
+    `Watcher(store, processor, config)`, or `Watcher.connect(url, ...)`. `processor`: the watcher's
+    own (`--handler`/`--processor`), a Python `Pipeline`, or None (the queue's pipeline routes every
+    gate); `http_options` make the HTTP processors of a stored pipeline's gates."""
+
+    def __init__(
+        self,
+        store: Store,
+        processor: ProcessorLike | None,
+        config: WatcherConfig | None = None,
+        *,
+        http_options: HTTPOptions | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self._owns_store = False  # True when connect() made the store
+        self.config = config = config or WatcherConfig()
+        if config.batch > 1 and getattr(processor, "request", "json") == "raw":
+            raise ValueError("a raw-request HTTPProcessor sends one item per request: batch must be 1")
+        self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._calls = calls = DatabaseCalls(store)
+        self._signals = signals = PollSignals()
+        self._life = life = Lifecycle(self.id, signals)
+        self._flight = flight = InFlight()
+        self._buffer = buffer = ReadyBuffer(flight)
+        reports = HeartbeatReports()
+        self._router = router = Router(calls, config, self.id, processor, _http_options(http_options, config), buffer)
+        # prometheus-client metrics in a registry of this watcher's own, served by /metrics
+        self.metrics = WatcherMetrics(config.queue, leases_held=lambda: len(leases.owned))
+        self._leases = leases = LeaseBook(
+            calls, config, self.id, life, signals, router, flight, buffer, reports, self.metrics
+        )
+        handler = processor.url if isinstance(processor, HTTPProcessor) else None
+        self._completer = completer = Completer(
+            calls, config, self.id, life, signals, router, leases, flight, reports, self.metrics, handler
+        )
+        self._isolation = isolation = Isolation(calls, self.id, life, signals, leases, flight, buffer, completer)
+        self._pool = DeliveryPool(
+            store,
+            config,
+            self.id,
+            life,
+            signals,
+            router,
+            leases,
+            flight,
+            buffer,
+            isolation,
+            completer,
+            reports,
+            self.metrics,
+        )
+        self._maintenance = maintenance = Maintenance(calls, config, self.id, life, router, leases, flight, completer)
+        self._fetcher = Fetcher(
+            calls, config, self.id, life, signals, router, leases, flight, buffer, isolation, maintenance.maintain
+        )
+
+    # What the rest of feedproc (the CLI, the probes, the tests) reads of a watcher
+
+    @property
+    def processor(self) -> ProcessorLike | None:
+        """The watcher's own processor; None: the queue's pipeline routes every gate."""
+        return self._router.processor
+
+    @property
+    def http_options(self) -> HTTPOptions:
+        """What the HTTP processors of a stored pipeline's gates are made with."""
+        return self._router.http_options
+
+    @property
+    def router(self) -> GateRouter:
+        """The pipeline version followed now (each gate's processor and settings)."""
+        return self._router.current
+
+    @property
+    def queue_settings(self) -> QueueSettings:
+        """The queue's settings as last read (limit, pause, windows)."""
+        return self._router.settings
+
+    @property
+    def owned(self) -> dict[int, Lease]:
+        """The leases held, by partition id."""
+        return self._leases.owned
+
+    @property
+    def inflight(self) -> dict[int, ReadyItem]:
+        """Items fetched whose outcome is not yet written (or dropped), by id."""
+        return self._flight.items
+
+    @property
+    def busy(self) -> set[int]:
+        """Ids of the items a worker is processing now."""
+        return self._flight.busy
+
+    @property
+    def processed(self) -> int:
+        """Outcomes written so far."""
+        return self._completer.processed
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the watcher gave up (its write path or a task died); None while well."""
+        return self._life.fatal
+
+    def stop(self) -> None:
+        """Ask the watcher to stop: no new leases or items; in-flight items get `shutdown_grace`."""
+        self._life.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return self._life.stopping
+
+    @property
+    def database_outage(self) -> str | None:
+        """The database outage this watcher is waiting out (what it is, for how long), or None. The
+        database may answer a ping meanwhile: a read-only one does, and refuses every write."""
+        return self._calls.health.outage()
+
+    @property
+    def heartbeat_age(self) -> float:
+        """Seconds since the leases were last renewed (or the watcher started)."""
+        return self._leases.heartbeat_age
 
     @classmethod
     def connect(
@@ -92,7 +230,7 @@ class Watcher(Fetching, Delivering, Writing):
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(cfg.concurrency + 2, thread_name_prefix="feedproc-process")
         )
-        await self.router.start(self._started_processors, strict=True)  # its own processor: fails the start
+        await self._router.start()  # its own processor: fails the start
         await self._start_up()
         log.info(
             "watcher %s on queue %r: concurrency %d, up to %d partitions, lease %gs",
@@ -113,20 +251,20 @@ class Watcher(Fetching, Delivering, Writing):
                 on_wanted=lambda: loop.call_soon_threadsafe(self._partitions_wanted),
             )
             listener.start()
-        workers = [asyncio.create_task(self._worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
+        workers = [asyncio.create_task(self._pool.worker(), name=f"worker-{n}") for n in range(cfg.concurrency)]
         helpers = [
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-            asyncio.create_task(self._poll_loop(), name="poll"),
+            asyncio.create_task(self._leases.heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._fetcher.poll_loop(), name="poll"),
         ]
-        helpers.append(asyncio.create_task(self._isolation_loop(), name="isolation"))
-        helpers.append(asyncio.create_task(self._schedule_loop(), name="schedules"))
+        helpers.append(asyncio.create_task(self._isolation.loop(self._pool.deliver_one), name="isolation"))
+        helpers.append(asyncio.create_task(self._maintenance.schedule_loop(), name="schedules"))
         if cfg.retention:
-            helpers.append(asyncio.create_task(self._retention_loop(cfg.retention), name="retention"))
-        flusher = asyncio.create_task(self._flush_loop(), name="flush")
+            helpers.append(asyncio.create_task(self._maintenance.retention_loop(cfg.retention), name="retention"))
+        flusher = asyncio.create_task(self._completer.loop(), name="flush")
         for task in [*workers, *helpers, flusher]:
             task.add_done_callback(self._task_ended)
         try:
-            await self._stopping.wait()
+            await self._life.wait()
         finally:
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
@@ -136,20 +274,21 @@ class Watcher(Fetching, Delivering, Writing):
         """Read the queue's settings and pipeline and register this watcher, waiting out a database
         that is unavailable meanwhile (with backoff, as the running loops do) until `stop()`: a
         watcher started during a blip (a reset storm, a failover) waits for it instead of exiting."""
-        cfg = self.config
+        calls, router = self._calls, self._router
         while True:
             try:
-                self.queue_settings = await self._db_call(self._db, self.store.queue_settings, cfg.queue)
-                await self._follow_pipeline()
-                if self.code_pipeline is not None and self.code_pipeline.spec.limits:  # the row gate slots lock
-                    await self._db_call(self._db, self.store.set_queue, cfg.queue, by=self.id)
-                await self._register(self._db)
-                self._health.ok()
+                await router.read_settings()
+                await router.follow_pipeline()
+                code = router.code_pipeline
+                if code is not None and code.spec.limits:  # the row gate slots lock
+                    await calls.call(calls.poll, self.store.set_queue, self.config.queue, by=self.id)
+                await self._leases.register(calls.poll)
+                calls.health.ok()
                 return
             except DatabaseUnavailable as error:
-                self._health.failed("start", error)
+                calls.health.failed("start", error)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=self._outage_delay(5.0))
+                    await asyncio.wait_for(self._life.wait(), timeout=calls.outage_delay(5.0))
                 if self.stopping:
                     raise
 
@@ -161,22 +300,23 @@ class Watcher(Fetching, Delivering, Writing):
         reason = (
             f"{task.get_name()} task died: {type(error).__name__}: {error}" if error else f"{task.get_name()} ended"
         )
-        self._die(reason, error)
+        self._life.die(reason, error)
 
     async def _shutdown(
         self, workers: list[asyncio.Task[Any]], helpers: list[asyncio.Task[Any]], flusher: asyncio.Task[Any]
     ) -> None:
-        self._stopping.set()
-        self._drop_buffered(lambda item: True)
+        calls, flight, completer, leases = self._calls, self._flight, self._completer, self._leases
+        self._life.stop()
+        self._buffer.drop_all()
         for _ in workers:  # each worker finishes its current item, then takes a sentinel and exits
-            self._buffer.put_nowait(None)
+            self._buffer.put(None)
         if self.busy:
             log.info("stopping: waiting up to %gs for %d in-flight items", self.config.shutdown_grace, len(self.busy))
         _, unfinished = await asyncio.wait(workers, timeout=self.config.shutdown_grace)
         # Still running past the grace: abandoned, each charged and recorded with how long it ran. Taken
         # now: cancelling the calls below takes them out of `busy`.
         busy = set(self.busy)
-        abandoned = self._unanswered(lambda item: item.id in busy, ABANDONED)
+        abandoned = flight.unanswered(lambda item: item.id in busy, ABANDONED, answers=completer.results)
         if busy:
             log.warning("abandoned %d items still running after the grace period; they will be redelivered", len(busy))
         for task in [*unfinished, *helpers]:
@@ -184,39 +324,39 @@ class Watcher(Fetching, Delivering, Writing):
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
         # Let the flusher write every answer that arrived (it may be waiting out a database blip);
         # only past the grace period are unwritten answers given up (their items are redelivered).
-        self._closing = True
-        self._results_ready.set()
+        completer.close()
         try:
             await asyncio.wait_for(asyncio.shield(flusher), timeout=max(self.config.shutdown_grace, 1.0))
         except TimeoutError:
-            log.warning("gave up writing %d answers on stop; those items will be delivered again", len(self.results))
+            log.warning("gave up writing %d answers on stop; those items will be delivered again", completer.unwritten)
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
         except Exception as error:
             log.error("writing answers on stop failed: %s", error)
-        if self.results:  # answers that could not be written in time: given back, on record as such
-            unwritten = {o.item_id for o in self.results}
+        if completer.results:  # answers that could not be written in time: given back, on record as such
+            unwritten = {o.item_id for o in completer.results}
             reason = "watcher {watcher} stopped before the answer of delivery {attempt} was written"
-            for pid, given in self._unanswered(lambda item: item.id in unwritten, GIVEN_BACK, reason).items():
+            which = lambda item: item.id in unwritten  # noqa: E731
+            for pid, given in flight.unanswered(which, GIVEN_BACK, reason, answers=completer.results).items():
                 abandoned.setdefault(pid, []).extend(given)
         try:
             # A lease taken by a poll that was cancelled mid-call is in the database, not in `owned`:
             # this read queues behind that call on the same thread, so it sees it.
-            for lease in await self._db_call(self._db, self.store.owned, self.id):
-                self.owned.setdefault(lease.partition_id, lease)
+            for lease in await calls.call(calls.poll, self.store.owned, self.id):
+                leases.owned.setdefault(lease.partition_id, lease)
         except Exception:  # the release below says what went wrong, if anything
             pass
         try:
-            released = await self._db_call(
-                self._db,
+            released = await calls.call(
+                calls.poll,
                 self.store.release,
                 self.id,
-                list(self.owned.values()),
+                list(leases.owned.values()),
                 abandoned=abandoned,
                 max_attempts=self.config.max_attempts,
-                gate_attempts=self.router.attempts,
+                gate_attempts=self._router.current.attempts,
             )
-            await self._db_call(self._db, self.store.unregister_watcher, self.id)
+            await calls.call(calls.poll, self.store.unregister_watcher, self.id)
             log.info(
                 "stopped: released %d partitions",
                 released,
@@ -226,35 +366,31 @@ class Watcher(Fetching, Delivering, Writing):
             log.warning(
                 "could not release leases on stop (%s); they expire after %gs", error, self.config.lease_seconds
             )
-        await close_processors([*self.router.processors, *self._retired])
-        for executor in (self._db, self._writer, self._hb):
-            executor.shutdown(wait=False, cancel_futures=True)
+        await self._router.close()
+        calls.shutdown()
 
     def _work_arrived(self) -> None:
         """A notification: new work in our queue (or a partition handed over to us). Lease it now, not
         at the next poll. Holding nothing, read the leases too: a handed-over partition is found by a
-        fetch (see `_unknown_lease`), and a watcher holding nothing does not fetch."""
-        if self.owned:
-            self._acquire_now = True
+        fetch (see `Fetcher._unknown_lease`), and a watcher holding nothing does not fetch."""
+        if self._leases.owned:
+            self._signals.lease_soon()
         else:
-            self._maintain_now = True
-        self._wake.set()
+            self._signals.maintain_soon()
+        self._signals.wake()
 
     def _partitions_wanted(self) -> None:
         """A notification: another watcher asked for partitions of ours. Read the leases and hand
         them over (once their items in flight are done) now, not at the next poll."""
-        self._maintain_now = True
-        self._wake.set()
+        self._signals.maintain_soon()
+        self._signals.wake()
 
-    async def _retention_loop(self, older_than: float) -> None:
-        """Delete old finished partitions now and then (bounded batches, on a thread of its own)."""
-        while True:
-            try:
-                deleted = await asyncio.to_thread(self.store.cleanup, older_than)
-                if deleted["partitions"]:
-                    log.info("retention: deleted %s", deleted)
-            except DatabaseUnavailable as error:  # an outage: said once, by the loops' health
-                self._health.failed("retention", error)
-            except Exception as error:
-                log.warning("retention cleanup failed: %s", error)
-            await asyncio.sleep(self.config.retention_every)
+
+def _http_options(given: HTTPOptions | Mapping[str, Any] | None, config: WatcherConfig) -> HTTPOptions:
+    """`given`, else the defaults with the watcher's `max_children`; a mapping (the old, untyped
+    form) is taken as HTTPOptions' fields, with a DeprecationWarning."""
+    if isinstance(given, HTTPOptions):
+        return given
+    if given is not None:
+        warnings.warn("http_options as a mapping is deprecated: pass an HTTPOptions", DeprecationWarning, stacklevel=3)
+    return HTTPOptions(**{"max_children": config.max_children, **(given or {})})

@@ -25,50 +25,48 @@ from ..processors import HTTPProcessor
 from ..processors.pipeline import Route
 from ..store import Store
 from ..store.collecting import Collection, Gathered
-from .routing import Routing
 
 #: Seconds a results URL outlives its request's timeout: the answer is written a little after the
 #: request ends (the group commit), and the answer is what ends the URL's delivery.
 URL_GRACE = 5.0
 
 
-class FanIn(Routing):
-    """Preparing a fan-in item's delivery."""
-
-    async def _fan_in(self, route: Route, what: Collects, batch: Sequence[ReadyItem], items: Sequence[Item]) -> None:
-        """Give `items` (of one partition, at one gate; `batch` their ReadyItems) what they collect
-        and the accumulator. Raises RetryLater, a transient failure of their delivery, when that
-        cannot be done: a collection too large for the request and no `--callback-url` to give a
-        results URL on, or the database failing."""
-        processor = route.processor
-        http = processor if isinstance(processor, HTTPProcessor) else None
-        inline = 0 if http is None or http.request == "raw" else COLLECT_INLINE_BYTES
-        urls = None if http is None else http.callback_url
-        seconds = (http.timeout if http is not None else 0.0) + URL_GRACE
-        try:
-            gathered, tokens = await asyncio.to_thread(
-                _gather, self.store, batch, what, inline, http is not None, urls, self.id, seconds
-            )
-        except FeedprocError as error:  # the database away, say: a transient failure of the delivery
-            raise RetryLater(f"could not read what item {batch[0].id} collects: {error}") from error
-        collection = gathered.collection
-        for ready, item in zip(batch, items, strict=True):
-            token = tokens.get(ready.id)
-            url = None
-            if token is not None and urls is not None:
-                after, until = collection.first - 1, collection.last
-                url = f"{urls}/api/v1/items/{ready.id}/collected?token={token}&after={after}&until={until}"
-            item.collected = Collected(
-                what.gate,
-                collection.count,
-                collection.failed,
-                _reader(self.store, collection),
-                gate_name=what.name,
-                inline=gathered.results if http is not None else None,
-                results_url=url,
-                token=token,
-            )
-            item.accumulated = gathered.accumulated
+async def fan_in(
+    store: Store, watcher_id: str, route: Route, what: Collects, batch: Sequence[ReadyItem], items: Sequence[Item]
+) -> None:
+    """Give `items` (of one partition, at one gate; `batch` their ReadyItems) what they collect
+    and the accumulator. Raises RetryLater, a transient failure of their delivery, when that
+    cannot be done: a collection too large for the request and no `--callback-url` to give a
+    results URL on, or the database failing."""
+    processor = route.processor
+    http = processor if isinstance(processor, HTTPProcessor) else None
+    inline = 0 if http is None or http.request == "raw" else COLLECT_INLINE_BYTES
+    urls = None if http is None else http.callback_url
+    seconds = (http.timeout if http is not None else 0.0) + URL_GRACE
+    try:
+        gathered, tokens = await asyncio.to_thread(
+            _gather, store, batch, what, inline, http is not None, urls, watcher_id, seconds
+        )
+    except FeedprocError as error:  # the database away, say: a transient failure of the delivery
+        raise RetryLater(f"could not read what item {batch[0].id} collects: {error}") from error
+    collection = gathered.collection
+    for ready, item in zip(batch, items, strict=True):
+        token = tokens.get(ready.id)
+        url = None
+        if token is not None and urls is not None:
+            after, until = collection.first - 1, collection.last
+            url = f"{urls}/api/v1/items/{ready.id}/collected?token={token}&after={after}&until={until}"
+        item.collected = Collected(
+            what.gate,
+            collection.count,
+            collection.failed,
+            _reader(store, collection),
+            gate_name=what.name,
+            inline=gathered.results if http is not None else None,
+            results_url=url,
+            token=token,
+        )
+        item.accumulated = gathered.accumulated
 
 
 def _gather(

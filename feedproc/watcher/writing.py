@@ -1,8 +1,10 @@
-"""Writing answers: group commits of finished deliveries, an answer that cannot be written isolated
-and replaced by a transient failure, then counters, logs and lease bookkeeping."""
+"""The completer: writes finished deliveries in group commits (`Store.apply`, one fenced transaction
+per batch). An answer that cannot be written is isolated and replaced by a transient failure; then
+counters, logs and lease bookkeeping."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import Counter
@@ -15,22 +17,76 @@ from ..core.errors import DatabaseUnavailable, StaleWrite
 from ..core.policy import outcome_of
 from ..core.records import GIVEN_BACK, Applied, Kind, Outcome, ReadyItem, tally_outcomes
 from ..core.redaction import redact_url
-from .config import FAILED_WRITES_FATAL
-from .state import WatcherState
+from ..metrics import WatcherMetrics
+from .calls import DatabaseCalls, Lifecycle, PollSignals
+from .config import FAILED_WRITES_FATAL, WatcherConfig
+from .flight import InFlight
+from .leases import LeaseBook
+from .reports import HeartbeatReports
+from .routing import Router
 
 log = logging.getLogger("feedproc.watcher")
 
 
-class Writing(WatcherState):
-    """The flush loop and what follows a group commit."""
+class Completer:
+    """The group-commit writer: outcomes queued by the workers (`add`) are written by `loop`, in
+    order, a batch at a time; each written (or given up) outcome leaves the items in flight."""
 
-    async def _flush_loop(self) -> None:
-        """Write answers as they come; after stop(), until none is left."""
+    def __init__(
+        self,
+        calls: DatabaseCalls,
+        config: WatcherConfig,
+        watcher_id: str,
+        lifecycle: Lifecycle,
+        signals: PollSignals,
+        router: Router,
+        leases: LeaseBook,
+        flight: InFlight,
+        reports: HeartbeatReports,
+        metrics: WatcherMetrics,
+        handler: str | None,
+    ) -> None:
+        self._calls, self._store = calls, calls.store
+        self._config = config
+        self._id = watcher_id
+        self._life = lifecycle
+        self._signals = signals
+        self._router = router
+        self._leases = leases
+        self._flight = flight
+        self._reports = reports
+        self._metrics = metrics
+        self._handler = handler  # the `--handler` URL, named in failures' logs
+        self.results: list[Outcome] = []  # answered, not yet written, in the order they came
+        self.processed = 0  # outcomes written
+        self._ready = asyncio.Event()
+        self._closing = False  # stop() was called and the workers are done: flush what is left
+        self._failed_writes = 0  # group commits in a row that wrote nothing for reasons other than an outage
+
+    def add(self, outcome: Outcome) -> None:
+        """Queue a delivery's outcome for the next group commit (`flush_soon` starts it)."""
+        self.results.append(outcome)
+
+    def flush_soon(self) -> None:
+        self._ready.set()
+
+    @property
+    def unwritten(self) -> int:
+        """Outcomes queued, not yet written."""
+        return len(self.results)
+
+    def close(self) -> None:
+        """The workers are done: write what is left, then `loop` returns."""
+        self._closing = True
+        self._ready.set()
+
+    async def loop(self) -> None:
+        """Write answers as they come; after `close()`, until none is left."""
         while True:
-            await self._results_ready.wait()
-            self._results_ready.clear()
+            await self._ready.wait()
+            self._ready.clear()
             await self._flush_all(final=self._closing)
-            self._wake.set()
+            self._signals.wake()
             if self._closing and not self.results:
                 return
 
@@ -44,11 +100,11 @@ class Writing(WatcherState):
         """The next group commit: up to `flush_batch` outcomes, and no more children than one answer
         may add (an outcome alone may have that many). Ten fan-outs at the limit in one commit would
         write a million rows, 10-50 s, their partitions' rows locked and the heartbeat waiting."""
-        batch = self.results[: self.config.flush_batch]
+        batch = self.results[: self._config.flush_batch]
         children = 0
         for n, outcome in enumerate(batch):
             children += len(outcome.children)
-            if children > self.config.max_children and n > 0:
+            if children > self._config.max_children and n > 0:
                 return batch[:n]
         return batch
 
@@ -60,7 +116,7 @@ class Writing(WatcherState):
                 "dropped a batch of %d results: %s; the items will be delivered again",
                 len(batch),
                 error,
-                extra={"event": "write_dropped", "count": len(batch), "error": str(error), "watcher": self.id},
+                extra={"event": "write_dropped", "count": len(batch), "error": str(error), "watcher": self._id},
             )
             self._settled(batch)
             return
@@ -71,7 +127,7 @@ class Writing(WatcherState):
                 type(error).__name__,
                 error,
                 exc_info=error,
-                extra={"event": "write_failed", "count": len(batch), "error": str(error), "watcher": self.id},
+                extra={"event": "write_failed", "count": len(batch), "error": str(error), "watcher": self._id},
             )
             applied = await self._apply_in_parts(batch, final=final)
             if applied.written:
@@ -79,10 +135,10 @@ class Writing(WatcherState):
             else:
                 self._failed_writes += 1
                 if self._failed_writes >= FAILED_WRITES_FATAL:
-                    self._die(f"{self._failed_writes} group commits in a row wrote nothing: {error}", error)
+                    self._life.die(f"{self._failed_writes} group commits in a row wrote nothing: {error}", error)
         else:
             self._failed_writes = 0
-        self._health.ok()
+        self._calls.health.ok()
         self._settled(batch)
         self._account(batch, applied)
 
@@ -92,19 +148,19 @@ class Writing(WatcherState):
             retry=retry_if_exception_type(DatabaseUnavailable),
             wait=wait_exponential(multiplier=0.1, max=5.0),
             # Past a lease length another watcher may own the partitions; the fence would refuse.
-            stop=stop_after_delay(self.config.shutdown_grace if final else self.config.lease_seconds),
-            before_sleep=lambda state: self._health.failed("write", state.outcome.exception()),  # type: ignore[union-attr]
+            stop=stop_after_delay(self._config.shutdown_grace if final else self._config.lease_seconds),
+            before_sleep=lambda state: self._calls.health.failed("write", state.outcome.exception()),  # type: ignore[union-attr]
             reraise=True,
         )
         async for attempt in retrying:
             with attempt, tracing.group_commit(len(batch)):
-                applied: Applied = await self._db_call(
-                    self._writer,
-                    self.store.apply,
-                    self.id,
+                applied = await self._calls.call(
+                    self._calls.writes,
+                    self._store.apply,
+                    self._id,
                     batch,
-                    idle_after=self.config.lease_seconds / 3,
-                    lease_seconds=self.config.lease_seconds,
+                    idle_after=self._config.lease_seconds / 3,
+                    lease_seconds=self._config.lease_seconds,
                 )
         return applied
 
@@ -122,7 +178,7 @@ class Writing(WatcherState):
                 _merge(total, await self._apply(part, final=final))
                 continue
             except (StaleWrite, DatabaseUnavailable):
-                self.metrics.given_up.inc(len(part))
+                self._metrics.given_up.inc(len(part))
                 continue  # dropped: delivered again
             except Exception as error:
                 if len(part) > 1:
@@ -146,11 +202,11 @@ class Writing(WatcherState):
                         "item": outcome.item_id,
                         "gate": outcome.gate,
                         "error": str(failure),
-                        "watcher": self.id,
+                        "watcher": self._id,
                     },
                 )
             except Exception as error:
-                lease = self.owned.get(outcome.partition_id)
+                lease = self._leases.owned.get(outcome.partition_id)
                 key = lease.key if lease else outcome.partition_id
                 log.error(
                     "nothing can be written for item %s of partition %s (%s: %s); letting the partition go",
@@ -164,23 +220,24 @@ class Writing(WatcherState):
                         "key": str(key),
                         "item": outcome.item_id,
                         "error": str(error),
-                        "watcher": self.id,
+                        "watcher": self._id,
                     },
                 )
                 if lease is not None:
                     pid = outcome.partition_id
-                    charged = self._unanswered(partial(_delivered_of, pid, self._answered | self.busy), GIVEN_BACK)
-                    self._forget(pid)
+                    delivered = partial(_delivered_of, pid, self._flight.delivered())
+                    charged = self._flight.unanswered(delivered, GIVEN_BACK, answers=self.results)
+                    self._leases.forget(pid)
                     with contextlib.suppress(Exception):
-                        await self._db_call(
-                            self._writer,
-                            self.store.release,
-                            self.id,
+                        await self._calls.call(
+                            self._calls.writes,
+                            self._store.release,
+                            self._id,
                             [lease],
                             kind="released",
                             abandoned=charged,
-                            max_attempts=self.config.max_attempts,
-                            gate_attempts=self.router.attempts,
+                            max_attempts=self._config.max_attempts,
+                            gate_attempts=self._router.current.attempts,
                             reason="watcher {watcher} could not write the answer of delivery {attempt}: "
                             + f"{type(error).__name__}: {error}",
                         )
@@ -188,11 +245,11 @@ class Writing(WatcherState):
 
     def _unwritable(self, outcome: Outcome, error: BaseException) -> Outcome | None:
         """A transient failure of the outcome's item saying its answer could not be written."""
-        ready = self.inflight.get(outcome.item_id)
+        ready = self._flight.items.get(outcome.item_id)
         if ready is None:
             return None
         cause = RuntimeError(f"the answer could not be written: {type(error).__name__}: {error}")
-        replacement = outcome_of(ready, self._policy_of(ready), error=cause)
+        replacement = outcome_of(ready, self._router.policy_of(ready), error=cause)
         replacement.n, replacement.attempt = outcome.n, outcome.attempt
         replacement.started_us, replacement.duration_us = outcome.started_us, outcome.duration_us
         return replacement
@@ -200,8 +257,7 @@ class Writing(WatcherState):
     def _settled(self, batch: list[Outcome]) -> None:
         """The batch's outcomes are written or given up: their items are no longer in flight here."""
         for outcome in batch:
-            self.inflight.pop(outcome.item_id, None)
-            self._answered.discard(outcome.item_id)
+            self._flight.settled(outcome.item_id)
 
     def _account(self, batch: list[Outcome], applied: Applied) -> None:
         """Counters, logs and lease bookkeeping after a group commit."""
@@ -213,42 +269,42 @@ class Writing(WatcherState):
             counts[outcome.kind] += 1
             if outcome.kind in (Kind.RETRY, Kind.FAIL):
                 self._log_failure(outcome)
-        self.metrics.written(counts)
-        self._tally.update(tally_outcomes(o for o in batch if o.partition_id not in applied.lost))
-        self.metrics.gate_advances.inc(applied.advanced)
+        self._metrics.written(counts)
+        self._reports.count(tally_outcomes(o for o in batch if o.partition_id not in applied.lost))
+        self._metrics.gate_advances.inc(applied.advanced)
         for pid, from_gate, to_gate in applied.advances:
-            lease = self.owned.get(pid)
+            lease = self._leases.owned.get(pid)
             key = lease.key if lease else str(pid)
             log.info(
                 "partition %s advanced from gate %s to gate %s",
                 key,
                 from_gate,
                 to_gate,
-                extra={"event": "gate_advanced", "key": key, "gate": to_gate, "watcher": self.id},
+                extra={"event": "gate_advanced", "key": key, "gate": to_gate, "watcher": self._id},
             )
         if applied.lost or applied.released:
-            self._acquire_now = True  # capacity freed: lease more at once
+            self._signals.lease_soon()  # capacity freed: lease more at once (the loop wakes the poller)
         for pid in applied.lost:
-            lease = self.owned.get(pid)
+            lease = self._leases.owned.get(pid)
             refused = [o for o in batch if o.partition_id == pid]
-            self.metrics.fenced.inc(len(refused))
+            self._metrics.fenced.inc(len(refused))
             if lease is not None and lease.epoch in {o.epoch for o in refused}:  # not a lease we took again since
                 log.warning(
                     "lost the lease on partition %s; its %d late answers were discarded",
                     lease.key,
                     len(refused),
-                    extra={"event": "lease_lost", "key": lease.key, "watcher": self.id, "count": len(refused)},
+                    extra={"event": "lease_lost", "key": lease.key, "watcher": self._id, "count": len(refused)},
                 )
-                self._forget(pid)
+                self._leases.forget(pid)
         for pid in applied.released:
-            lease = self.owned.get(pid)
-            if applied.moves.get(pid) == "fail" and (calls := self._cancel_calls(pid)):
+            lease = self._leases.owned.get(pid)
+            if applied.moves.get(pid) == "fail" and (calls := self._flight.cancel_calls(pid)):
                 # Failed with items still in flight: its gate's tolerance was crossed, they are cancelled.
                 log.info(
                     "partition %s failed: cancelled %d call(s) in progress",
                     lease.key if lease else pid,
                     calls,
-                    extra={"event": "calls_cancelled", "key": lease.key if lease else str(pid), "watcher": self.id},
+                    extra={"event": "calls_cancelled", "key": lease.key if lease else str(pid), "watcher": self._id},
                 )
             if lease is not None:
                 how = applied.moves.get(pid, "idle")
@@ -258,13 +314,13 @@ class Writing(WatcherState):
                     "partition %s %s",
                     lease.key,
                     text,
-                    extra={"event": event, "key": lease.key, "watcher": self.id},
+                    extra={"event": event, "key": lease.key, "watcher": self._id},
                 )
-            self._forget(pid)
+            self._leases.forget(pid)
 
     def _log_failure(self, outcome: Outcome) -> None:
         """One WARNING per retried or failed delivery (rate-limited by the log handler when repetitive)."""
-        lease = self.owned.get(outcome.partition_id)
+        lease = self._leases.owned.get(outcome.partition_id)
         key = lease.key if lease is not None else None
         retry = outcome.kind == Kind.RETRY
         handler = redact_url(self._handler) if self._handler else None
@@ -284,7 +340,7 @@ class Writing(WatcherState):
                 "item": outcome.item_id,
                 "attempt": outcome.attempt or outcome.attempts,
                 "error": outcome.error,
-                "watcher": self.id,
+                "watcher": self._id,
                 "handler": handler,
             },
         )
