@@ -572,7 +572,7 @@ class Feed:
     def listen_ready(self, on_ready: Callable[[], Any]) -> Callable[[], None] | None:
         """Call `on_ready()` (on a thread of its own) whenever a queue may have new work, until the
         returned stop function is called; None where the database cannot notify (SQLite, MariaDB/MySQL)."""
-        if not self.store.postgres:
+        if not self.store.dialect.notifies:
             return None
         from .store.notify import Listener
 

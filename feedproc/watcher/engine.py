@@ -103,7 +103,7 @@ class Watcher(Fetching, Delivering, Writing):
             cfg.lease_seconds,
         )
         listener = None
-        if self.store.postgres:
+        if self.store.dialect.notifies:
             loop = asyncio.get_running_loop()
             listener = Listener(
                 self.store.engine,
