@@ -1,8 +1,8 @@
-"""What differs between SQLite, PostgreSQL and MariaDB/MySQL below the statements.
+"""What SQLite, PostgreSQL and MariaDB/MySQL share below the statements, each in its form per database.
 
 The store writes dialect-neutral SQLAlchemy Core where it can; where the databases need different
-statements, the store's modules keep the twins side by side (chosen by `StoreBase._twin`). This
-module supplies what the statements share:
+statements, each database's `Dialect` (`dialect/`) holds them. This module supplies what the
+statements stand on:
 
 * `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on every engine, and
   `Float64`, `Blob` and `LongText`, whose MySQL forms hold what the others do;
@@ -12,8 +12,7 @@ module supplies what the statements share:
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
   PostgreSQL: psycopg 3, pre-ping so a restarted server is survived; MariaDB/MySQL: PyMySQL,
   READ COMMITTED like PostgreSQL, UTC sessions, ANSI quoting and `||`);
-* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor;
-* `merging_upsert`, an INSERT that merges a number into the row already there (accumulators).
+* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
 """
 
 from __future__ import annotations

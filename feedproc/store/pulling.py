@@ -8,8 +8,8 @@ answer goes through the watchers' writer (`Answers._write_outcomes`) and the gat
 (`_settle`) in one transaction that holds the partition's lock, so the barrier is checked where
 the gate advances, exactly as for a watcher's group commit. Items are claimed only at their
 partition's current gate, never in a partition a watcher holds a lease on, and never while
-another claim holds them (`feedproc_items.claimed_until`); which items those are, per dialect, is
-`claimable.py`.
+another claim holds them (`feedproc_items.claimed_until`); which items those are is the dialect's
+`find_claimable` (`claimable.py` says in what order).
 
 A claim that expires is a delivery that failed: it counts an attempt and is retried with backoff
 (or fails the item when its attempts run out), with a delivery record naming the worker.
