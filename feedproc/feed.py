@@ -90,7 +90,7 @@ class Feed:
     def check_url(url: str) -> None:
         """Raise InvalidInput, one line naming the problem (its password hidden), unless `url` is a
         database URL feedproc can use: `sqlite:///PATH`, `postgresql://...` or `mysql://...`."""
-        from .store.dialects import normalize_url
+        from .store.foundations import normalize_url
 
         normalize_url(url)
 

@@ -27,7 +27,7 @@ from sqlalchemy import event, select
 from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Kind, Outcome, ReadyItem
 from feedproc.store import Store
-from feedproc.store.dialects import DriverStatement
+from feedproc.store.foundations import DriverStatement
 from feedproc.store.schema import claims, events, items, partitions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound, Refused
 from .base import AVAILABLE, CANCELLED, COMPLETE, FAILED, I, P, event
-from .dialects import db_now
 from .escaping import storable
+from .foundations import db_now
 from .gating import GateWriter, change_items
 
 ITEM_ACTIONS = ("retry", "skip", "cancel")

@@ -22,8 +22,8 @@ from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
 from .accumulating import Accumulating, Row, accumulator_rows
 from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
-from .dialects import db_now, seconds_from_now
 from .escaping import storable
+from .foundations import db_now, seconds_from_now
 from .gating import GateWriter
 from .schema import attempts, claims, inflight, items
 

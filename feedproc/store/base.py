@@ -33,7 +33,7 @@ from ..core.errors import (
 from ..core.models import Status
 from ..core.timestamps import iso  # noqa: F401 - the store's modules import it from here
 from .dialect import Dialect, dialect_for
-from .dialects import WRITE_OPTION, db_now, make_engine
+from .foundations import WRITE_OPTION, db_now, make_engine
 from .prefixes import DEFAULT_PREFIX, prefix_from
 from .schema import attempts, claims, events, inflight, items, partitions, queues, watchers
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import bindparam
 
 from .base import IS_AVAILABLE, P
-from .dialects import db_now
+from .foundations import db_now
 
 MAX_CLAIM = 1000  # items per claim call (and answers per call), at most
 

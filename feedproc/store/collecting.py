@@ -37,7 +37,7 @@ from ..core.fanin import COLLECT_INLINE_BYTES, PAGE, PAGE_BYTES, CollectedResult
 from ..core.pipelines import Collects, collects
 from .accumulating import Accumulating
 from .base import AVAILABLE, CANCELLED, C, I, P
-from .dialects import db_now, seconds_from_now, stored_bytes
+from .foundations import db_now, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
 from .schema import claims, items, partitions
 

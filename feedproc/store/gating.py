@@ -34,7 +34,7 @@ from .base import (
     I,
     P,
 )
-from .dialects import db_now
+from .foundations import db_now
 from .schema import attempts, claims, inflight, items, partitions
 from .tolerating import Tolerating
 

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from ..core.errors import WatcherGone
 from ..core.records import Lease, ProgressReport, Unanswered
 from .base import IS_AVAILABLE, NO_LEASE, F, P, W, event
-from .dialects import db_now, seconds_from_now, seconds_until
+from .foundations import db_now, seconds_from_now, seconds_until
 from .lost import LostDeliveries
 from .queues import Queues
 from .schema import inflight, partitions, watchers

@@ -6,7 +6,7 @@ watcher's `Listener` holds one extra connection in LISTEN mode on a thread of it
 on each notification for its queue; polling remains the fallback, and the only mechanism on SQLite
 and MariaDB/MySQL, which have no LISTEN: their dialects' `notify_*` operations send nothing, and no
 listener is started (watchers, `Feed.listen_ready` and `wait` check `store.dialect.notifies`). The
-notifications themselves are PostgreSQL's dialect's (`dialect/postgresql.py`); the channels are here.
+notifications themselves are PostgreSQL's dialect's (`dialect/postgresql/`); the channels are here.
 
 A watcher that asks for a steal sends `NOTIFY feedproc_wanted, '<owner watcher id>'`: the owner
 hands the partition over as soon as its in-flight items are done, instead of at its next poll.

@@ -23,8 +23,8 @@ from ..core.models import check_queue
 from ..core.pipelines import PipelineSpec, from_mapping
 from ..core.policy import RetryPolicy
 from .base import StoreBase
-from .dialects import db_now
 from .escaping import storable
+from .foundations import db_now
 from .schema import items, partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c

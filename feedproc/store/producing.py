@@ -32,7 +32,7 @@ from .base import (
     P,
     this_process,
 )
-from .dialects import db_now
+from .foundations import db_now
 from .gating import CROSSED, GateWriter
 from .schema import items, partitions
 

@@ -33,8 +33,8 @@ from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
-from .dialects import db_now, seconds_from_now, stored_bytes
 from .escaping import storable
+from .foundations import db_now, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
 from .queues import Queues
 from .schema import claims, items, partitions

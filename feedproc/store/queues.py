@@ -40,8 +40,8 @@ from .base import (
     iso,
     utcnow,
 )
-from .dialects import db_now
 from .escaping import storable
+from .foundations import db_now
 from .schema import inflight, partitions, queues, watchers
 
 QUEUE_MODES = ("push", "pull")

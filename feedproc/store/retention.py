@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, func, select
 
 from .base import CANCELLED, COMPLETE, A, C, E, F, I, P, StoreBase
-from .dialects import seconds_from_now
+from .foundations import seconds_from_now
 from .schema import attempts, claims, events, inflight, items, partitions
 
 

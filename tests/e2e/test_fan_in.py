@@ -20,7 +20,7 @@ from sqlalchemy import text
 from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.records import Kind
-from feedproc.store.dialects import db_now
+from feedproc.store.foundations import db_now
 
 from ..api_support import ApiServer, ServeProcess
 from ..support import (

@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from feedproc.core.errors import NotFound
 from feedproc.core.records import ABANDONED, GIVEN_BACK, Kind, Unanswered, decode_inflight, encode_inflight
 from feedproc.store import RECORDS_KEPT, Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import attempts, inflight, partitions
 
 from ..support import A, B, answer, register

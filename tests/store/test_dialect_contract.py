@@ -25,7 +25,7 @@ from feedproc.store.dialect import Dialect, dialect_for
 from feedproc.store.dialect.mysql import MySQLDialect
 from feedproc.store.dialect.postgresql import PostgreSQLDialect
 from feedproc.store.dialect.sqlite import SQLiteDialect
-from feedproc.store.dialects import db_now, seconds_from_now
+from feedproc.store.foundations import db_now, seconds_from_now
 from feedproc.store.schema import accumulators, events, items, partitions, stats
 
 CLASSES = [SQLiteDialect, PostgreSQLDialect, MySQLDialect]

@@ -9,7 +9,7 @@ from sqlalchemy import Boolean, UniqueConstraint, inspect, text
 
 from feedproc.core.errors import SchemaAhead, SchemaMissing
 from feedproc.store import Store, alembic_config
-from feedproc.store.dialects import MYSQL
+from feedproc.store.foundations import MYSQL
 from feedproc.store.schema import metadata
 
 from ..support import run_cli

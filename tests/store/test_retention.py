@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from feedproc import Feed, Processor, Response, Watcher, WatcherConfig
 from feedproc.store import Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import events, items, partitions
 
 from ..support import run_cli, wait_until

@@ -4,7 +4,7 @@ PostgreSQL and MariaDB/MySQL is a named operation of their `Dialect` (`feedproc/
 The modules' syntax trees are read (comments and docstrings may name any database): no flag like
 `self.postgres` or `self.mysql`, no `_twin`, no dialect name in code (`dialect.name == ...`, a hint for
 `"mysql"`, a `postgres=` argument), no statement named after a database (`_PG_...`, `_xxx_mysql`), no
-import of one database's SQLAlchemy dialect. Below the statements, `dialects.py` (column types that
+import of one database's SQLAlchemy dialect. Below the statements, `foundations.py` (column types that
 render per database, the database clock, engine creation) and `schema.py` (per-database index options)
 are dialect-aware by design, as is `notify.py` (PostgreSQL's LISTEN connections, started only where
 `dialect.notifies`); the `dialect` package is where the differences live.
@@ -20,7 +20,7 @@ import pytest
 
 STORE = Path(__file__).resolve().parents[2] / "feedproc" / "store"
 #: Dialect-aware by design (see the module docstring).
-EXEMPT = {"dialects.py", "schema.py", "notify.py"}
+EXEMPT = {"foundations.py", "schema.py", "notify.py"}
 CONCERN_MODULES = sorted(path for path in STORE.glob("*.py") if path.name not in EXEMPT)
 
 DATABASE_WORDS = {"postgres", "postgresql", "pg", "mysql", "mariadb", "sqlite"}
@@ -93,7 +93,7 @@ def test_a_concern_module_does_not_branch_on_the_database(module: Path) -> None:
         "conn.execute(_PG_FETCH_READY)",
         "def _find_ready_sqlite(conn):\n    pass",
         "from sqlalchemy.dialects.postgresql import insert",
-        "from .dialects import is_mysql",
+        "from .foundations import is_mysql",
     ],
 )
 def test_the_check_finds_each_kind_of_branch(line: str) -> None:

@@ -11,9 +11,11 @@ need different statements; they never ask which database they run on
   cursor (`DriverStatement`), LISTEN/NOTIFY;
 * `mysql.MySQLDialect` (MariaDB and MySQL): no RETURNING, no arrays, InnoDB's locking reads.
 
+Each is a package: the class in its `__init__.py`, the statements it runs in `statements.py`.
+
 Where one database runs another's statement, its class says so where the operation is defined (a
 delegation with the reason beside it); nothing falls back silently. Below the statements, what the
-databases share (column types, the database clock, engine creation) is in `dialects.py`. A fourth
+databases share (column types, the database clock, engine creation) is in `foundations.py`. A fourth
 database is a fourth class that passes tests/store (docs/guides/adding-a-database.md).
 """
 

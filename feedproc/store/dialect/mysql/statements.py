@@ -1,17 +1,4 @@
-"""MariaDB's and MySQL's statements: no RETURNING, no arrays, no LATERAL, and InnoDB's locking reads.
-
-What sets them apart from the others, and shapes every statement here:
-
-* an UPDATE returns no rows: what it wrote is read back, the rows locked by the transaction;
-* PyMySQL's executemany sends one statement per row unless VALUES holds nothing but placeholders:
-  rows go in as multi-row INSERTs (`insert_many_mysql`) or as a derived table of one SELECT per row
-  (`mysql_rows`) joined to the table in one UPDATE;
-* InnoDB locks every row a locking read reads, before its sort and LIMIT: an ordered
-  `FOR UPDATE SKIP LOCKED` could lock a whole queue, so rows are picked with a plain read and then
-  locked by primary key (`lock_picked`, `by_id`);
-* the sessions run with ANSI_QUOTES and PIPES_AS_CONCAT (`dialects.MYSQL_SESSION`), so SQLite's
-  standard statements mean the same here: where the class runs one, it says so.
-"""
+"""MariaDB/MySQL's statements, each beside what explains its shape: what `MySQLDialect` runs."""
 
 from __future__ import annotations
 
@@ -19,32 +6,26 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Insert, Row, Select, Table, Update, bindparam, delete, func, insert, literal, select, text
+from sqlalchemy import Select, bindparam, delete, func, literal, select, text
 from sqlalchemy.dialects.mysql import insert as mysql_upsert
 from sqlalchemy.engine import Connection
 
-from ...core.records import Outcome, ProgressReport, ReadyItem
-from ..answers import OUTCOME_COLUMNS, with_results
-from ..base import IS_AVAILABLE, I, P, W
-from ..claimable import CLAIMABLE_PARTITION, MAX_CLAIM, NOT_BLOCKED
-from ..collecting import PAGE_COLUMNS
-from ..dialects import db_minute, db_now, seconds_from_now
-from ..queues import started_of
-from ..schema import accumulators, attempts, items, partitions, stats, watchers
-from . import AccumulatorRow
-from .sqlite import (
+from ....core.records import ReadyItem
+from ...answers import OUTCOME_COLUMNS, with_results
+from ...base import IS_AVAILABLE, I, P, W
+from ...claimable import CLAIMABLE_PARTITION, MAX_CLAIM, NOT_BLOCKED
+from ...collecting import PAGE_COLUMNS
+from ...foundations import db_now, seconds_from_now
+from ...schema import accumulators, items, partitions, watchers
+from ..sqlite import SQLiteDialect
+from ..sqlite.statements import (
     ACQUIRE_CANDIDATES,
     IDLE,
     LEASABLE,
     LEASED_FOR_DISPATCH,
     RENEW,
     RENEW_WRITTEN_LEASES,
-    SET_READY_AT,
     STEAL_CANDIDATE,
-    SQLiteDialect,
-    lease_picked,
-    merge_by_combination,
-    new_item_rows,
 )
 
 #: The statements MariaDB/MySQL shares with SQLite (standard SQL), each named where it is run.
@@ -101,7 +82,7 @@ _MYSQL_UPDATE_ITEMS = """
 """
 
 
-def _update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
+def update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
     if with_results(rows):
         derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW_WITH_RESULT] * len(rows))
         params = [r[c] for r in rows for c in (*OUTCOME_COLUMNS, "result")]
@@ -115,12 +96,12 @@ def _update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id
 
 
 # MariaDB/MySQL has no UPDATE ... RETURNING: the refresh, then what it wrote (the rows are locked).
-_MYSQL_READ_READY_AT = select(P.id, P.ready_at, IDLE, P.gate, P.queue, P.tolerate).where(
+MYSQL_READ_READY_AT = select(P.id, P.ready_at, IDLE, P.gate, P.queue, P.tolerate).where(
     P.id.in_(bindparam("pids", expanding=True))
 )
 
 
-def _find_ready_mysql(
+def find_ready_mysql(
     conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
 ) -> list[ReadyItem]:
     leased = [p for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id}).all() if p.id not in closed]
@@ -179,7 +160,7 @@ _MYSQL_MARK_INFLIGHT = f"""
 """
 
 
-def _mark_inflight_mysql(
+def mark_inflight_mysql(
     conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]
 ) -> set[int]:
     rows = ",".join(["(%s, %s, %s, %s)"] * len(pids))
@@ -206,28 +187,28 @@ def by_id(statement: Select[Any]) -> Select[Any]:
 # above could lock all of a queue's ready partitions, and concurrent acquirers would skip them all.
 # A plain read picks them in lease order; a locking read by id takes those no one else has locked,
 # their conditions checked again on the locked rows (the previous owner read there, under the lock).
-_MYSQL_ACQUIRE_PICK = ACQUIRE_CANDIDATES.with_only_columns(P.id).where(P.id.not_in(bindparam("seen", expanding=True)))
-_MYSQL_ACQUIRE_LOCK = by_id(
+MYSQL_ACQUIRE_PICK = ACQUIRE_CANDIDATES.with_only_columns(P.id).where(P.id.not_in(bindparam("seen", expanding=True)))
+MYSQL_ACQUIRE_LOCK = by_id(
     select(P.id, P.lease_owner).where(P.id.in_(bindparam("ids", expanding=True)), *LEASABLE)
 ).with_for_update(skip_locked=True)
 
 # `request_steals` on MariaDB/MySQL: the victim's partitions to mark, picked, then locked (as above).
 
-_MYSQL_STEAL_PICK = (
+MYSQL_STEAL_PICK = (
     select(P.id)
     .where(*STEAL_CANDIDATE, P.id.not_in(bindparam("seen", expanding=True)))
     .order_by(P.priority, P.created_at.desc())
     .limit(bindparam("limit"))
 )
-_MYSQL_STEAL_LOCK = by_id(
+MYSQL_STEAL_LOCK = by_id(
     select(P.id).where(P.id.in_(bindparam("ids", expanding=True)), *STEAL_CANDIDATE)
 ).with_for_update(skip_locked=True)
 # Watchers dead for a while, on MariaDB/MySQL: read first, then deleted by id. A DELETE that scans
 # waits for the lock of every row it reads, matching or not (InnoDB reads an UPDATE's rows
 # semi-consistently, not a DELETE's): two watchers beating at once, each holding its own row, would
 # deadlock on each other's.
-_DEAD_WATCHERS = select(W.id).where(W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds")))
-_FORGET_WATCHERS = delete(watchers).where(
+DEAD_WATCHERS = select(W.id).where(W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds")))
+FORGET_WATCHERS = delete(watchers).where(
     W.id.in_(bindparam("ids", expanding=True)), W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds"))
 )
 
@@ -236,8 +217,8 @@ _FORGET_WATCHERS = delete(watchers).where(
 # and held its record while it waited for a partition a group commit had locked; that commit then
 # released the partition, which changes that index's record: a deadlock, the heartbeat its victim
 # (a 100,000-child fan-out with a 1.5 s lease, once in a few runs).
-_MYSQL_OWNED = select(P.id).where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
-_MYSQL_RENEW = (
+MYSQL_OWNED = select(P.id).where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
+MYSQL_RENEW = (
     RENEW.where(P.id.in_(bindparam("ids", expanding=True)))
     .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
     .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
@@ -272,20 +253,20 @@ def lock_picked(conn: Connection, pick: Any, lock: Any, params: dict[str, Any], 
 
 # MariaDB/MySQL's twin: one UPDATE joined to the charges (PyMySQL runs an executemany UPDATE as one
 # statement per row), version-guarded alike.
-_MYSQL_CHARGE_LOST = """
+MYSQL_CHARGE_LOST = """
     UPDATE feedproc_items AS i JOIN ({rows}) AS c ON i.id = c.id AND i.version = c.version
     SET i.status = c.status, i.attempts = c.attempts, i.lost = i.lost + 1, i.deliveries = i.deliveries + 1,
         i.last_error = c.error, i.next_attempt_at = UTC_TIMESTAMP(6), i.progress = NULL,
         i.version = i.version + 1, i.updated_at = UTC_TIMESTAMP(6)
     WHERE i.status = 'available'
 """
-_MYSQL_CHARGE_CELLS = (("id", "%s"), ("version", "%s"), ("status", "%s"), ("attempts", "%s"), ("error", "%s"))
+MYSQL_CHARGE_CELLS = (("id", "%s"), ("version", "%s"), ("status", "%s"), ("attempts", "%s"), ("error", "%s"))
 
 # `isolate`'s record on MariaDB/MySQL (MARK_INFLIGHT's ON CONFLICT ... WHERE is PostgreSQL's and
 # SQLite's): ON DUPLICATE KEY UPDATE has no WHERE, so each column keeps its value unless the record is
 # of this lease or an older one, `epoch` assigned last (an assignment sees those made before it). The
 # record is rewritten whole, its "=" kept as on a first insert (decoding ignores it).
-_MYSQL_MARK_ISOLATED = text(
+MYSQL_MARK_ISOLATED = text(
     f"""
     INSERT INTO feedproc_inflight (partition_id, watcher, epoch, entries) VALUES (:pid, :watcher, :epoch, :entries)
     ON DUPLICATE KEY UPDATE
@@ -297,17 +278,17 @@ _MYSQL_MARK_ISOLATED = text(
 
 
 # What `claim` reads back on MariaDB/MySQL, which has no UPDATE ... RETURNING.
-_MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
+MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
 
 
 # MariaDB/MySQL's twin: one UPDATE joined to the reports (PyMySQL runs an executemany UPDATE as one
 # statement per row).
-_MYSQL_STORE_PROGRESS = """
+MYSQL_STORE_PROGRESS = """
     UPDATE feedproc_items AS i JOIN ({rows}) AS r ON i.id = r.id AND i.gate = r.gate
     SET i.progress = COALESCE(r.progress, i.progress), i.started_at = COALESCE(r.started, i.started_at)
     WHERE i.status = 'available'
 """
-_MYSQL_PROGRESS_CELLS = (("id", "%s"), ("gate", "%s"), ("progress", "%s"), ("started", "CAST(%s AS DATETIME(6))"))
+MYSQL_PROGRESS_CELLS = (("id", "%s"), ("gate", "%s"), ("progress", "%s"), ("started", "CAST(%s AS DATETIME(6))"))
 
 
 def mysql_rows(cells: Sequence[tuple[str, str]], count: int) -> str:
@@ -383,7 +364,7 @@ def _mysql_claimable(parts: Sequence[Any], limit: int, seen: Sequence[int]) -> s
     )
 
 
-def _claimable(conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
+def claimable(conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
     """Up to `max_items` claimable items of `queue` in claim order, at gates not `blocked`, locked
     (MariaDB/MySQL: see `_mysql_claimable`). Items other claimers locked are skipped; each round past
     them walks twice as far (the extra items it locks stay untouched until the commit)."""
@@ -412,7 +393,7 @@ def _claimable(conn: Connection, queue: str, max_items: int, blocked: Sequence[i
 
 
 # One page of collected results (`collecting.py`), the primary key forced (FORCE INDEX).
-_MYSQL_PAGE = text(
+MYSQL_PAGE = text(
     f"SELECT {PAGE_COLUMNS.format(length='LENGTH')} FROM feedproc_items FORCE INDEX (PRIMARY)"
     " WHERE id > :after AND id <= :until AND partition_id = :pid AND gate = :gate"
     " AND status IN ('complete', 'failed') ORDER BY id LIMIT :limit"
@@ -420,15 +401,15 @@ _MYSQL_PAGE = text(
 
 
 # The leases a long group commit wrote under, renewed by primary key: the rows it locked (as the
-# heartbeat's `_MYSQL_RENEW`).
-_MYSQL_RENEW_WRITTEN_LEASES = RENEW_WRITTEN_LEASES.with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql").with_hint(
+# heartbeat's `MYSQL_RENEW`).
+MYSQL_RENEW_WRITTEN_LEASES = RENEW_WRITTEN_LEASES.with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql").with_hint(
     "FORCE INDEX (PRIMARY)", dialect_name="mariadb"
 )
 
 # An accumulator's rows inserted, each merged into the row already there (`ON DUPLICATE KEY UPDATE`,
 # with the inserted row's value): by addition, or keeping the lesser or the greater.
 _ACCUMULATOR_UPSERT = mysql_upsert(accumulators)
-_MERGE_ACCUMULATOR = {
+MERGE_ACCUMULATOR = {
     how: _ACCUMULATOR_UPSERT.on_duplicate_key_update({"value": merged})
     for how, merged in (
         ("add", accumulators.c.value + _ACCUMULATOR_UPSERT.inserted.value),
@@ -436,156 +417,3 @@ _MERGE_ACCUMULATOR = {
         ("max", func.greatest(accumulators.c.value, _ACCUMULATOR_UPSERT.inserted.value)),
     )
 }
-
-
-class MySQLDialect:
-    """MariaDB (10.6 or newer) and MySQL (8), through PyMySQL."""
-
-    name = "mysql"
-    notifies = False  # no LISTEN: watchers poll
-    # `single()` is an ordinary write transaction: autocommit is a server setting of the session, so
-    # switching a pooled connection to it and back would cost two round trips where the COMMIT costs
-    # one (and the switch on a connection the server dropped raises outside SQLAlchemy's handling).
-    autocommits_single_statements = False
-    writes_done_narrowly = False  # every answer goes through `update_items`
-    ready_at_rows_carry_settle_facts = False  # no RETURNING: `refresh_ready_at` reads back less
-
-    def insert_stamped(
-        self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], now: tuple[str, ...]
-    ) -> None:
-        if rows:
-            insert_many_mysql(conn, table.name, rows, now=now)
-
-    def add_to_stats(self, conn: Connection, queue: str, source: str, values: Mapping[str, int]) -> None:
-        added = mysql_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-        conn.execute(added.on_duplicate_key_update({k: stats.c[k] + added.inserted[k] for k in values}))
-
-    def insert_partition(self, conn: Connection, statement: Insert) -> int:
-        # No INSERT ... RETURNING: the id InnoDB gave it, as the driver reports it
-        return int(conn.execute(statement).lastrowid)
-
-    def notify_ready(self, conn: Connection, queue: str) -> None:
-        SQLITE.notify_ready(conn, queue)  # no LISTEN/NOTIFY, as on SQLite: watchers poll
-
-    def notify_wanted(self, conn: Connection, owner: str) -> None:
-        SQLITE.notify_wanted(conn, owner)  # no LISTEN/NOTIFY, as on SQLite
-
-    def notify_finished(self, conn: Connection, key: str) -> None:
-        SQLITE.notify_finished(conn, key)  # no LISTEN/NOTIFY, as on SQLite
-
-    def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
-        return SQLITE.lock_held_leases(conn, pids, watcher_id)  # SQLite's SELECT ... FOR UPDATE, by key
-
-    def complete_items(
-        self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
-    ) -> int:
-        raise NotImplementedError("MariaDB/MySQL writes every answer with update_items (writes_done_narrowly is False)")
-
-    def update_items(self, conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-        return _update_items_mysql(conn, rows, watcher_id)
-
-    def bump_version(self, conn: Connection, statement: Update, matched_version: int) -> int | None:
-        # no UPDATE ... RETURNING: the version it set is the one it matched, plus one
-        return matched_version + 1 if conn.execute(statement).rowcount == 1 else None
-
-    def refresh_ready_at(self, conn: Connection, pids: list[int], idle_after: float) -> Sequence[Row[Any]]:
-        # no UPDATE ... RETURNING: the refresh, then what it wrote
-        params = {"pids": pids, "idle_after": float(idle_after)}
-        conn.execute(SET_READY_AT, params)
-        return conn.execute(_MYSQL_READ_READY_AT, params).all()
-
-    def renew_written_leases(self, conn: Connection, pids: list[int], watcher_id: str, seconds: float) -> None:
-        conn.execute(_MYSQL_RENEW_WRITTEN_LEASES, {"pids": pids, "watcher": watcher_id, "seconds": float(seconds)})
-
-    def merge_accumulators(self, conn: Connection, rows: list[AccumulatorRow]) -> None:
-        merge_by_combination(conn, rows, _MERGE_ACCUMULATOR)  # one statement per combination, as on SQLite
-
-    def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
-    ) -> list[ReadyItem]:
-        return _find_ready_mysql(conn, watcher_id, limit, excluded, closed)
-
-    def mark_inflight(
-        self, conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]
-    ) -> set[int]:
-        return _mark_inflight_mysql(conn, watcher_id, pids, epochs, entries)
-
-    def mark_isolated(self, conn: Connection, params: dict[str, Any]) -> None:
-        conn.execute(_MYSQL_MARK_ISOLATED, params)
-
-    def insert_new_items(
-        self, conn: Connection, pid: int, gates: list[int], data: list[bytes], collects: list[int | None] | None
-    ) -> None:
-        self.insert_item_rows(conn, new_item_rows(pid, gates, data, collects))
-
-    def insert_item_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        insert_many_mysql(conn, items.name, rows, now=("next_attempt_at", "created_at", "updated_at"))
-
-    def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
-    ) -> Sequence[Row[Any]]:
-        """The candidates picked, then locked row by row (`lock_picked`); then leased as on SQLite."""
-        candidates = lock_picked(conn, _MYSQL_ACQUIRE_PICK, _MYSQL_ACQUIRE_LOCK, {"queue": queue}, limit)
-        return lease_picked(self, conn, candidates, watcher_id, lease_seconds)
-
-    def renew_leases(self, conn: Connection, watcher_id: str, seconds: float) -> None:
-        owned = list(conn.execute(_MYSQL_OWNED, {"watcher": watcher_id}).scalars())  # by primary key: see _MYSQL_OWNED
-        if owned:
-            conn.execute(_MYSQL_RENEW, {"ids": owned, "watcher": watcher_id, "seconds": float(seconds)})
-
-    def forget_dead_watchers(self, conn: Connection, lease_seconds: float) -> None:
-        dead = list(conn.execute(_DEAD_WATCHERS, {"lease_seconds": float(lease_seconds)}).scalars())
-        if dead:
-            conn.execute(_FORGET_WATCHERS, {"ids": dead, "lease_seconds": float(lease_seconds)})
-
-    def pick_partitions_to_steal(self, conn: Connection, victim: str, take: int) -> list[int]:
-        return [r.id for r in lock_picked(conn, _MYSQL_STEAL_PICK, _MYSQL_STEAL_LOCK, {"victim": victim}, take)]
-
-    def lock_leases(self, conn: Connection, watcher_id: str, pairs: list[tuple[int, int]]) -> list[int]:
-        # By id, the epochs compared here: a row-value IN may scan the table (see `by_id`).
-        held = conn.execute(
-            by_id(select(P.id, P.lease_epoch))
-            .where(P.id.in_(sorted({pid for pid, _ in pairs})), P.lease_owner == watcher_id)
-            .order_by(P.id)
-            .with_for_update()
-        ).all()
-        ours = set(pairs)
-        return [r.id for r in held if (r.id, r.lease_epoch) in ours]
-
-    def charge_lost(self, conn: Connection, updates: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
-        keys = ("b_id", "b_version", "b_status", "b_attempts", "b_error")
-        charges = mysql_rows(_MYSQL_CHARGE_CELLS, len(updates))
-        conn.exec_driver_sql(_MYSQL_CHARGE_LOST.format(rows=charges), tuple(u[k] for u in updates for k in keys))
-        # one multi-row INSERT (PyMySQL's executemany runs a statement per row when VALUES hold SQL)
-        conn.execute(insert(attempts).values([{**r, "ended_at": db_now()} for r in records]))
-
-    def store_progress(self, conn: Connection, reports: Sequence[ProgressReport]) -> None:
-        # (the driver's own parameters: a start as a naive UTC DATETIME, as UTCDateTime binds it)
-        values = [v for r in reports for v in (r.item_id, r.gate, r.fraction, started_of(r, naive=True))]
-        rows = mysql_rows(_MYSQL_PROGRESS_CELLS, len(reports))
-        conn.exec_driver_sql(_MYSQL_STORE_PROGRESS.format(rows=rows), tuple(values))
-
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-        return _claimable(conn, queue, max_items, blocked)
-
-    def claim_items(self, conn: Connection, claiming: Update, ids: list[int]) -> Sequence[Any]:
-        # no UPDATE ... RETURNING: read back (the rows are locked by this transaction)
-        conn.execute(claiming)
-        return conn.execute(_MYSQL_CLAIMED, {"ids": ids}).all()
-
-    def claims_of(self, conn: Connection, tokens: list[str]) -> list[Any]:
-        return SQLITE.claims_of(conn, tokens)  # an IN list, as on SQLite
-
-    def items_of(self, conn: Connection, ids: list[int]) -> list[Any]:
-        return SQLITE.items_of(conn, ids)  # an IN list, as on SQLite
-
-    def end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
-        SQLITE.end_claims(conn, tokens, state)  # an IN list, as on SQLite
-
-    def read_collected(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
-        return conn.execute(_MYSQL_PAGE, params).all()
-
-    def deletable(self, chunk: Select[Any]) -> Select[Any]:
-        # No LIMIT in an IN subquery there, nor a DELETE reading its own table: the chunk goes
-        # through a derived table (materialized: its LIMIT keeps it unmerged).
-        return select(chunk.subquery("chunk").c[0])

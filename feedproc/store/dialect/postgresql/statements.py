@@ -1,36 +1,28 @@
-"""PostgreSQL's statements: arrays (bound as text literals, `pg_bigint_array`), LATERAL, data-modifying
-CTEs, SKIP LOCKED, LISTEN/NOTIFY; the watcher's hot path (the fetch, its in-flight record, the common
-"done") on the driver's own cursor (`DriverStatement`). Each statement here was made narrow by
-measurement: the comments above them say what it saved. Where standard SQL serves, the class runs
-SQLite's statement and says so.
-"""
+"""PostgreSQL's statements, each beside what explains its shape: what `PostgreSQLDialect` runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Insert, Row, Select, Table, Update, text
-from sqlalchemy.dialects.postgresql import insert as pg_upsert
-from sqlalchemy.engine import Connection
+from sqlalchemy import text
 
-from ...core.records import Outcome, ProgressReport, ReadyItem
-from ..answers import OUTCOME_COLUMNS, with_results
-from ..base import P
-from ..collecting import PAGE_COLUMNS
-from ..dialects import DriverStatement, db_minute, pg_bigint_array
-from ..gating import ITEM_COLUMNS, SETTLE_COLUMNS, gate_facts
-from ..notify import CHANNEL, FINISHED_CHANNEL, WANTED_CHANNEL
-from ..schema import stats
-from . import AccumulatorRow
-from .sqlite import APPEND_OR_REPLACE, REFRESH_READY_AT, SQLiteDialect
+from ...answers import OUTCOME_COLUMNS, with_results
+from ...base import P
+from ...collecting import PAGE_COLUMNS
+from ...foundations import DriverStatement, pg_bigint_array
+from ...gating import SETTLE_COLUMNS, gate_facts
+from ...notify import CHANNEL, FINISHED_CHANNEL, WANTED_CHANNEL
+from .. import AccumulatorRow
+from ..sqlite import SQLiteDialect
+from ..sqlite.statements import APPEND_OR_REPLACE, REFRESH_READY_AT
 
 #: The statements PostgreSQL shares with SQLite (standard SQL), each named where it is run.
 SQLITE = SQLiteDialect()
 
-_NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
-_NOTIFY_WANTED = text(f"SELECT pg_notify('{WANTED_CHANNEL}', :watcher)")
-_NOTIFY_FINISHED = text(f"SELECT pg_notify('{FINISHED_CHANNEL}', :key)")
+NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
+NOTIFY_WANTED = text(f"SELECT pg_notify('{WANTED_CHANNEL}', :watcher)")
+NOTIFY_FINISHED = text(f"SELECT pg_notify('{FINISHED_CHANNEL}', :key)")
 
 # PostgreSQL: the batch's rows in one statement on the driver's cursor, each merged by its own
 # combination. SQLAlchemy's INSERT ... ON CONFLICT, one per combination, cost 0.36-0.41 ms of CPU
@@ -49,7 +41,7 @@ _PG_MERGE = """INSERT INTO feedproc_accumulators AS a (partition_id, name, value
         WHEN 'max' THEN GREATEST(a.value, excluded.value)
         ELSE a.value + excluded.value
     END"""
-_PG_UPSERT = DriverStatement(f"WITH {_PG_ROWS}\n    {_PG_MERGE}")
+PG_UPSERT = DriverStatement(f"WITH {_PG_ROWS}\n    {_PG_MERGE}")
 #: The WITH clause that merges rows (`pg_accumulator_params`) before the statement it begins: a
 #: group commit's merge rides on its item update, not a round trip of its own (which, on two busy
 #: cores, waited for the server's process to be scheduled: 17% of the group commit's time, sampled).
@@ -73,7 +65,7 @@ def pg_accumulator_params(rows: list[AccumulatorRow]) -> dict[str, Any]:
 # key (`id = ANY(...)`), but on a small or never-analyzed table the planner prices a hash join over
 # a sequential scan below a few hundred index look-ups, and each batch then reads the whole table:
 # O(table) per batch (measured: 30,000 items, 200 answers: 12 ms instead of 6).
-_PG_LOCK_HELD_LEASES = text(
+PG_LOCK_HELD_LEASES = text(
     """
     SELECT p.id, p.lease_epoch
     FROM (SELECT set_config('enable_seqscan', 'off', true)) AS planner, feedproc_partitions AS p
@@ -108,10 +100,10 @@ _PG_COMPLETE_ITEMS_SQL = """
                 CAST(:duration AS bigint[])) AS v(id, version, started, duration)
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
-_PG_COMPLETE_ITEMS = DriverStatement(_PG_COMPLETE_ITEMS_SQL)
+PG_COMPLETE_ITEMS = DriverStatement(_PG_COMPLETE_ITEMS_SQL)
 # The same, merging the batch's accumulate numbers first (`PG_ACCUMULATING`): exactly
 # once all the same, as a version that does not match rolls the whole group commit back.
-_PG_COMPLETE_ITEMS_ACCUMULATING = DriverStatement(PG_ACCUMULATING + _PG_COMPLETE_ITEMS_SQL)
+PG_COMPLETE_ITEMS_ACCUMULATING = DriverStatement(PG_ACCUMULATING + _PG_COMPLETE_ITEMS_SQL)
 
 # Every answer ends the item's claim, if a pull worker or a callback handler held one (`pulling.py`).
 # Every other answer (its columns: `answers.OUTCOME_COLUMNS`). One statement per batch of answers on
@@ -148,8 +140,8 @@ _PG_UPDATE_ITEMS_SQL = """
         AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration{result_name})
     WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
     """
-_PG_UPDATE_ITEMS = text(_PG_UPDATE_ITEMS_SQL.format(result="", result_array="", result_name=""))
-_PG_UPDATE_ITEMS_WITH_RESULT = text(
+PG_UPDATE_ITEMS = text(_PG_UPDATE_ITEMS_SQL.format(result="", result_array="", result_name=""))
+PG_UPDATE_ITEMS_WITH_RESULT = text(
     _PG_UPDATE_ITEMS_SQL.format(
         result="\n        result = COALESCE(v.result, i.result),",
         result_array=", CAST(:result AS bytea[])",
@@ -160,10 +152,10 @@ _PG_UPDATE_ITEMS_WITH_RESULT = text(
 # PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
 # needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
 # turn the facts' correlated subqueries into questions about the items' own columns.)
-_PG_REFRESH_READY_AT = REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
+PG_REFRESH_READY_AT = REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
 
 # The leases a long group commit wrote under, renewed before it commits (`Answers._renew`).
-_PG_RENEW_LEASES = text(
+PG_RENEW_LEASES = text(
     """
     UPDATE feedproc_partitions
     SET lease_expires_at = statement_timestamp() + CAST(:seconds AS double precision) * interval '1 second'
@@ -242,7 +234,7 @@ PG_FETCH_READY = DriverStatement(
 # record cost 8 us of database CPU per item. It commits without waiting for its WAL flush: a record
 # lost in a database crash means a delivery not charged, nothing worse.
 # Its ON CONFLICT clause is the one SQLite runs (`sqlite.APPEND_OR_REPLACE`).
-_PG_MARK_INFLIGHT = DriverStatement(
+PG_MARK_INFLIGHT = DriverStatement(
     f"""
     INSERT INTO feedproc_inflight AS f (partition_id, watcher, epoch, entries)
     SELECT m.pid, :watcher, m.epoch, m.entries
@@ -257,7 +249,7 @@ _PG_MARK_INFLIGHT = DriverStatement(
 )
 
 # A producer's new items of one partition: the partition once, the gates and data as arrays.
-_PG_INSERT_NEW_ITEMS = text(
+PG_INSERT_NEW_ITEMS = text(
     """
     INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at)
     SELECT :pid, u.gate, 'available', u.data, now(), now(), now()
@@ -267,8 +259,8 @@ _PG_INSERT_NEW_ITEMS = text(
 )
 # Any item rows (`gating.ITEM_COLUMNS`: children carry their parent): one statement for the whole
 # chunk, arrays in, unnest.
-_PG_INT_COLUMNS = ("partition_id", "gate", "parent_id", "parent_gate", "seq")  # never NULL: the rows are children
-_PG_INSERT_ITEMS = text(
+PG_INT_COLUMNS = ("partition_id", "gate", "parent_id", "parent_gate", "seq")  # never NULL: the rows are children
+PG_INSERT_ITEMS = text(
     """
     INSERT INTO feedproc_items
         (partition_id, gate, status, data, parent_id, parent_gate, seq, next_attempt_at, created_at, updated_at)
@@ -282,7 +274,7 @@ _PG_INSERT_ITEMS = text(
 )
 # Items that collect an earlier gate's results (`collect`, fan-in on a queue without a pipeline)
 # go in by twins with that column: a chunk without any binds nothing more than before.
-_PG_INSERT_NEW_COLLECTING = text(
+PG_INSERT_NEW_COLLECTING = text(
     """
     INSERT INTO feedproc_items (partition_id, gate, status, data, collect, next_attempt_at, created_at, updated_at)
     SELECT :pid, u.gate, 'available', u.data, u.collect, now(), now(), now()
@@ -291,7 +283,7 @@ _PG_INSERT_NEW_COLLECTING = text(
     ORDER BY u.n
     """
 )
-_PG_INSERT_COLLECTING = text(
+PG_INSERT_COLLECTING = text(
     """
     INSERT INTO feedproc_items (partition_id, gate, status, data, parent_id, parent_gate, seq, collect,
                                 next_attempt_at, created_at, updated_at)
@@ -305,7 +297,7 @@ _PG_INSERT_COLLECTING = text(
 )
 
 
-def _pg_int_array(values: Iterable[int | None]) -> str:
+def pg_int_array(values: Iterable[int | None]) -> str:
     """`pg_bigint_array` for integers that may be missing (NULL)."""
     return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
 
@@ -313,7 +305,7 @@ def _pg_int_array(values: Iterable[int | None]) -> str:
 # `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
 # snapshot and commit together), one round trip: the path from a notification to dispatch.
 # RETURNING sees the new epoch; `c.lease_owner` is the previous owner. Never in a queue in pull mode.
-_PG_ACQUIRE = text(
+PG_ACQUIRE = text(
     """
     WITH candidates AS (
         SELECT id, lease_owner FROM feedproc_partitions
@@ -352,14 +344,14 @@ _PG_ACQUIRE = text(
 
 # The reads of claims and items, and the claims' end, with arrays instead of one bound parameter per
 # value (an answer batch of 100: 1.9 and 2.2 ms for the expanded IN lists, measured with engine events).
-_PG_CLAIMS_OF = text(
+PG_CLAIMS_OF = text(
     """
     SELECT token, item_id, partition_id, queue, worker, gate, version, weight, lease_seconds, state,
            claimed_at, expires_at, expires_at > now() AS live
     FROM feedproc_claims WHERE token = ANY(CAST(:tokens AS varchar[]))
     """
 )
-_PG_ITEMS_OF = text(
+PG_ITEMS_OF = text(
     """
     SELECT i.id, i.version, i.partition_id, i.gate, i.status, i.attempts, i.deliveries, i.lost, p.key, p.queue,
            p.status AS partition_status
@@ -367,7 +359,7 @@ _PG_ITEMS_OF = text(
     WHERE i.id = ANY(CAST(:ids AS bigint[]))
     """
 )
-_PG_END_CLAIMS = text(
+PG_END_CLAIMS = text(
     "UPDATE feedproc_claims SET state = :state, ended_at = now() WHERE token = ANY(CAST(:tokens AS varchar[]))"
 )
 
@@ -377,7 +369,7 @@ _PG_END_CLAIMS = text(
 # concurrent claimers never wait for each other nor take the same item. There is deliberately no
 # ORDER BY over the join: the nested loop yields the partitions in order, and the LIMIT stops it as
 # soon as it has enough (an outer sort would walk and lock every ready partition's items first).
-_PG_CANDIDATES = text(
+PG_CANDIDATES = text(
     """
     SELECT i.id, i.version, i.partition_id, p.key, p.queue, i.gate, i.attempts, i.data, p.weight,
            i.deliveries, i.lost, p.windows, p.window_tz, p.rank, i.collect
@@ -403,188 +395,21 @@ _PG_CANDIDATES = text(
 )
 
 # One page of collected results (`collecting.py`: why the partition and gate terms are off the indexes).
-_PG_PAGE = text(
+PG_PAGE = text(
     f"SELECT {PAGE_COLUMNS.format(length='octet_length')} FROM feedproc_items"
     " WHERE id > :after AND id <= :until AND partition_id + 0 = :pid AND gate + 0 = :gate"
     " AND status IN ('complete', 'failed') ORDER BY id LIMIT :limit"
 )
 
 
-def _update_items_params(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def update_items_params(rows: list[dict[str, Any]]) -> dict[str, Any]:
     columns = (*OUTCOME_COLUMNS, "result") if with_results(rows) else OUTCOME_COLUMNS
     return {c: [r[c] for r in rows] for c in columns}
 
 
-def _micros_array(values: Iterable[int | None]) -> str:
+def micros_array(values: Iterable[int | None]) -> str:
     """`pg_bigint_array` for values that may be missing (outcomes written without a record)."""
     values = list(values)
     if None not in values:
         return "{" + ",".join(map(str, values)) + "}"
     return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
-
-
-class PostgreSQLDialect:
-    """PostgreSQL (psycopg 3)."""
-
-    name = "postgresql"
-    notifies = True  # LISTEN/NOTIFY: `notify.Listener`, `notify.FinishedListener`
-    # One round trip instead of three (BEGIN, the statement, COMMIT): what a watcher's latency path
-    # is made of (`StoreBase.single`).
-    autocommits_single_statements = True
-    writes_done_narrowly = True  # `complete_items`: four arrays instead of twelve
-    ready_at_rows_carry_settle_facts = True  # `_PG_REFRESH_READY_AT`
-
-    def insert_stamped(
-        self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], now: tuple[str, ...]
-    ) -> None:
-        SQLITE.insert_stamped(conn, table, rows, now)  # an executemany of one INSERT, as SQLite's
-
-    def add_to_stats(self, conn: Connection, queue: str, source: str, values: Mapping[str, int]) -> None:
-        statement = pg_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-        excluded = statement.excluded
-        conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["bucket", "queue", "source"],
-                set_={k: stats.c[k] + excluded[k] for k in values},
-            )
-        )
-
-    def insert_partition(self, conn: Connection, statement: Insert) -> int:
-        return SQLITE.insert_partition(conn, statement)  # INSERT ... RETURNING, as SQLite's
-
-    def notify_ready(self, conn: Connection, queue: str) -> None:
-        conn.execute(_NOTIFY, {"queue": queue})
-
-    def notify_wanted(self, conn: Connection, owner: str) -> None:
-        conn.execute(_NOTIFY_WANTED, {"watcher": owner})
-
-    def notify_finished(self, conn: Connection, key: str) -> None:
-        conn.execute(_NOTIFY_FINISHED, {"key": key})
-
-    def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
-        return dict(conn.execute(_PG_LOCK_HELD_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())
-
-    def complete_items(
-        self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
-    ) -> int:
-        params = {
-            "id": pg_bigint_array(o.item_id for o in completed),
-            "version": pg_bigint_array(o.version for o in completed),
-            "started": _micros_array(o.started_us for o in completed),
-            "duration": _micros_array(o.duration_us for o in completed),
-            "watcher": watcher_id,
-        }
-        statement = _PG_COMPLETE_ITEMS
-        if accumulate:  # merged by this statement
-            params.update(pg_accumulator_params(accumulate))
-            statement = _PG_COMPLETE_ITEMS_ACCUMULATING
-        return statement.run(conn, params)
-
-    def update_items(self, conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-        statement = _PG_UPDATE_ITEMS_WITH_RESULT if with_results(rows) else _PG_UPDATE_ITEMS
-        return int(conn.execute(statement, {**_update_items_params(rows), "watcher": watcher_id}).rowcount)
-
-    def bump_version(self, conn: Connection, statement: Update, matched_version: int) -> int | None:
-        return SQLITE.bump_version(conn, statement, matched_version)  # UPDATE ... RETURNING, as SQLite's
-
-    def refresh_ready_at(self, conn: Connection, pids: list[int], idle_after: float) -> Sequence[Row[Any]]:
-        return conn.execute(_PG_REFRESH_READY_AT, {"pids": pids, "idle_after": float(idle_after)}).all()
-
-    def renew_written_leases(self, conn: Connection, pids: list[int], watcher_id: str, seconds: float) -> None:
-        params = {"pids": pg_bigint_array(pids), "watcher": watcher_id, "seconds": float(seconds)}
-        conn.execute(_PG_RENEW_LEASES, params)
-
-    def merge_accumulators(self, conn: Connection, rows: list[AccumulatorRow]) -> None:
-        _PG_UPSERT.run(conn, pg_accumulator_params(rows))
-
-    def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
-    ) -> list[ReadyItem]:
-        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit}
-        params["closed"] = pg_bigint_array(closed)
-        # fetchall and positional rows: the columns are ReadyItem's fields, in order.
-        return [ReadyItem(*row) for row in PG_FETCH_READY.rows(conn, params)]
-
-    def mark_inflight(
-        self, conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]
-    ) -> set[int]:
-        params = {
-            "watcher": watcher_id,
-            "pids": pg_bigint_array(pids),
-            "epochs": pg_bigint_array(epochs),
-            "entries": entries,
-        }
-        return {row[0] for row in _PG_MARK_INFLIGHT.rows(conn, params)}
-
-    def mark_isolated(self, conn: Connection, params: dict[str, Any]) -> None:
-        SQLITE.mark_isolated(conn, params)  # `sqlite.MARK_INFLIGHT`: standard ON CONFLICT ... WHERE
-
-    def insert_new_items(
-        self, conn: Connection, pid: int, gates: list[int], data: list[bytes], collects: list[int | None] | None
-    ) -> None:
-        # One statement, two arrays (the gates as a text literal: see pg_bigint_array).
-        if collects is not None:
-            params = {"pid": pid, "gate": pg_bigint_array(gates), "data": data, "collect": _pg_int_array(collects)}
-            conn.execute(_PG_INSERT_NEW_COLLECTING, params)
-            return
-        conn.execute(_PG_INSERT_NEW_ITEMS, {"pid": pid, "gate": pg_bigint_array(gates), "data": data})
-
-    def insert_item_rows(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        params: dict[str, Any] = {column: [row[column] for row in rows] for column in ITEM_COLUMNS}
-        # The integers as text literals (pg_bigint_array): for 100,000 children, 0.06 s against 0.22 s
-        # in psycopg's list dumper.
-        for column in _PG_INT_COLUMNS:
-            params[column] = pg_bigint_array(params[column])
-        if "collect" in rows[0]:
-            params["collect"] = _pg_int_array(row["collect"] for row in rows)
-            conn.execute(_PG_INSERT_COLLECTING, params)
-            return
-        conn.execute(_PG_INSERT_ITEMS, params)
-
-    def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
-    ) -> Sequence[Row[Any]]:
-        params = {"queue": queue, "limit": limit, "watcher": watcher_id, "seconds": float(lease_seconds)}
-        return conn.execute(_PG_ACQUIRE, params).all()
-
-    def renew_leases(self, conn: Connection, watcher_id: str, seconds: float) -> None:
-        SQLITE.renew_leases(conn, watcher_id, seconds)  # one UPDATE by owner, as SQLite's
-
-    def forget_dead_watchers(self, conn: Connection, lease_seconds: float) -> None:
-        SQLITE.forget_dead_watchers(conn, lease_seconds)  # one DELETE, as SQLite's
-
-    def pick_partitions_to_steal(self, conn: Connection, victim: str, take: int) -> list[int]:
-        return SQLITE.pick_partitions_to_steal(conn, victim, take)  # SQLite's query, its SKIP LOCKED rendered here
-
-    def lock_leases(self, conn: Connection, watcher_id: str, pairs: list[tuple[int, int]]) -> list[int]:
-        return SQLITE.lock_leases(conn, watcher_id, pairs)  # a row-value IN, FOR UPDATE: as SQLite's
-
-    def charge_lost(self, conn: Connection, updates: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
-        SQLITE.charge_lost(conn, updates, records)  # an executemany UPDATE and INSERT, as SQLite's
-
-    def store_progress(self, conn: Connection, reports: Sequence[ProgressReport]) -> None:
-        SQLITE.store_progress(conn, reports)  # an executemany UPDATE, as SQLite's
-
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-        params = {"queue": queue, "max": max_items, "blocked": pg_bigint_array(sorted(blocked))}
-        rows = list(conn.execute(_PG_CANDIDATES, params).all())
-        rows.sort(key=lambda r: (r.rank, r.id))  # see _PG_CANDIDATES: no sort in the database
-        return rows
-
-    def claim_items(self, conn: Connection, claiming: Update, ids: list[int]) -> Sequence[Any]:
-        return SQLITE.claim_items(conn, claiming, ids)  # UPDATE ... RETURNING, as SQLite's
-
-    def claims_of(self, conn: Connection, tokens: list[str]) -> list[Any]:
-        return list(conn.execute(_PG_CLAIMS_OF, {"tokens": tokens}))
-
-    def items_of(self, conn: Connection, ids: list[int]) -> list[Any]:
-        return list(conn.execute(_PG_ITEMS_OF, {"ids": pg_bigint_array(ids)}))
-
-    def end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
-        conn.execute(_PG_END_CLAIMS, {"tokens": tokens, "state": state})
-
-    def read_collected(self, conn: Connection, params: dict[str, Any]) -> Sequence[Row[Any]]:
-        return conn.execute(_PG_PAGE, params).all()
-
-    def deletable(self, chunk: Select[Any]) -> Select[Any]:
-        return SQLITE.deletable(chunk)  # an IN subquery with a LIMIT, as SQLite's
