@@ -55,7 +55,7 @@ def _naive_utc(value: Any) -> Any:
     return value
 
 
-# MariaDB/MySQL's twin: arrays are PostgreSQL's, and an UPDATE per row is a round trip per answer
+# An answer's write (`update_items`): arrays are PostgreSQL's, and an UPDATE per row is a round trip per answer
 # (PyMySQL batches only INSERTs), so the outcomes arrive as a derived table of one SELECT per row
 # (UNION ALL), joined to the items in one multi-table UPDATE. Its row count is the rows matched (the
 # dialect connects with CLIENT_FOUND_ROWS), what the version guard compares.
@@ -142,7 +142,7 @@ def find_ready_mysql(
     ]
 
 
-# MariaDB/MySQL's twin: one multi-row upsert (ON DUPLICATE KEY UPDATE has no WHERE: each assignment
+# The in-flight record (`mark_inflight`): one multi-row upsert (ON DUPLICATE KEY UPDATE has no WHERE: each assignment
 # keeps the old value unless the record is of this lease or an older one; `epoch` is assigned last,
 # since assignments see the values assigned before them). Which records are this lease's is read
 # back: the upsert's row count cannot tell a record kept from one written.
@@ -182,7 +182,7 @@ def by_id(statement: Select[Any]) -> Select[Any]:
     )
 
 
-# MariaDB/MySQL's twin takes the candidates in two steps (`lock_picked`): InnoDB locks every row a
+# `acquire_leases` takes the candidates in two steps (`lock_picked`): InnoDB locks every row a
 # locking read reads, before its sort and LIMIT, so `FOR UPDATE SKIP LOCKED` on the ordered query
 # above could lock all of a queue's ready partitions, and concurrent acquirers would skip them all.
 # A plain read picks them in lease order; a locking read by id takes those no one else has locked,
@@ -251,7 +251,7 @@ def lock_picked(conn: Connection, pick: Any, lock: Any, params: dict[str, Any], 
     return taken
 
 
-# MariaDB/MySQL's twin: one UPDATE joined to the charges (PyMySQL runs an executemany UPDATE as one
+# Lost deliveries charged (`charge_lost`): one UPDATE joined to the charges (PyMySQL runs an executemany UPDATE as one
 # statement per row), version-guarded alike.
 MYSQL_CHARGE_LOST = """
     UPDATE feedproc_items AS i JOIN ({rows}) AS c ON i.id = c.id AND i.version = c.version
@@ -281,7 +281,7 @@ MYSQL_MARK_ISOLATED = text(
 MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
 
 
-# MariaDB/MySQL's twin: one UPDATE joined to the reports (PyMySQL runs an executemany UPDATE as one
+# Progress reports (`store_progress`): one UPDATE joined to the reports (PyMySQL runs an executemany UPDATE as one
 # statement per row).
 MYSQL_STORE_PROGRESS = """
     UPDATE feedproc_items AS i JOIN ({rows}) AS r ON i.id = r.id AND i.gate = r.gate
@@ -300,7 +300,7 @@ def mysql_rows(cells: Sequence[tuple[str, str]], count: int) -> str:
     return first + (" UNION ALL SELECT " + ", ".join(cell for _, cell in cells)) * (count - 1)
 
 
-# MariaDB/MySQL's twin, in steps, all plain reads but the last: it has no LATERAL, and InnoDB locks
+# Claimable items (`find_claimable`), in steps, all plain reads but the last: it has no LATERAL, and InnoDB locks
 # every row a locking read reads before its sort and LIMIT (a locking ordered join would lock every
 # claimable item of the queue, and concurrent claimers would skip them all). First the partitions in
 # lease order that have a claimable item (`_MYSQL_CLAIMABLE_PARTITIONS`), then each one's claimable

@@ -113,7 +113,7 @@ PG_COMPLETE_ITEMS_ACCUMULATING = DriverStatement(PG_ACCUMULATING + _PG_COMPLETE_
 # statistics PostgreSQL would read every available item through the items' index and hash them all,
 # per batch (O(backlog)); `id = ANY(...)` instead makes it look up the batch's own rows.
 # Answers that carry a `result` (fan-in: what the item produced, kept apart from its data) are
-# written by a twin with one more column: the common batch binds no array of NULLs for it. A result
+# written by a form with one more column: the common batch binds no array of NULLs for it. A result
 # replaces the item's previous one; an answer without one keeps it (as `data`).
 _PG_UPDATE_ITEMS_SQL = """
     UPDATE feedproc_items AS i SET
@@ -165,7 +165,7 @@ PG_RENEW_LEASES = text(
 
 # The ready items of a watcher's partitions, in dispatch order, in one statement that walks the
 # leased partitions in order (priority, then age) and stops once it has `limit` items, as SQLite's
-# twin does: the recursive `walk` takes from each partition, in due order on feedproc_items_by_gate
+# `find_ready` does: the recursive `walk` takes from each partition, in due order on feedproc_items_by_gate
 # (ids only: an index-only scan), what is still wanted, and the items are joined back to their rows
 # for the data. The previous form (LATERAL per partition, each up to `limit`, then a sort) read
 # partitions x limit index entries to keep `limit` of them: 4,000 for 200 items with 20 partitions
@@ -273,7 +273,7 @@ PG_INSERT_ITEMS = text(
     """
 )
 # Items that collect an earlier gate's results (`collect`, fan-in on a queue without a pipeline)
-# go in by twins with that column: a chunk without any binds nothing more than before.
+# go in by statements with that column: a chunk without any binds nothing more than before.
 PG_INSERT_NEW_COLLECTING = text(
     """
     INSERT INTO feedproc_items (partition_id, gate, status, data, collect, next_attempt_at, created_at, updated_at)
