@@ -6,7 +6,7 @@ each form below updates `BATCH` items (version-guarded, as the group commit does
 
 * `per-row`: one UPDATE per item (executemany): a round trip per answer;
 * `union-all`: one multi-table UPDATE joined to a derived table of one SELECT per outcome (what
-  `answers._update_items_mysql` does);
+  `MySQLDialect.update_items` does, in `feedproc/store/dialect/mysql.py`);
 * `json-table`: the same UPDATE joined to JSON_TABLE over one JSON document of the outcomes
   (MariaDB >= 10.6, MySQL >= 8.0; the data travels as base64);
 * `upsert`: INSERT ... ON DUPLICATE KEY UPDATE on the items' primary key, the guard in IF()s.

@@ -90,7 +90,7 @@ class Feed:
     def check_url(url: str) -> None:
         """Raise InvalidInput, one line naming the problem (its password hidden), unless `url` is a
         database URL feedproc can use: `sqlite:///PATH`, `postgresql://...` or `mysql://...`."""
-        from .store.dialects import normalize_url
+        from .store.foundations import normalize_url
 
         normalize_url(url)
 
@@ -572,7 +572,7 @@ class Feed:
     def listen_ready(self, on_ready: Callable[[], Any]) -> Callable[[], None] | None:
         """Call `on_ready()` (on a thread of its own) whenever a queue may have new work, until the
         returned stop function is called; None where the database cannot notify (SQLite, MariaDB/MySQL)."""
-        if not self.store.postgres:
+        if not self.store.dialect.notifies:
             return None
         from .store.notify import Listener
 

@@ -59,7 +59,7 @@ def wait_final(store: Store, key: str, timeout: float | None = None, *, poll_int
 
 def _listen(store: Store) -> Any:
     """A FinishedListener on PostgreSQL, or None (SQLite, MariaDB/MySQL, or notifications unavailable)."""
-    if not store.postgres:
+    if not store.dialect.notifies:
         return None
     from .store.notify import FinishedListener
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Applied, Kind, Outcome, ReadyItem
 from feedproc.store import Store
-from feedproc.store.dialects import DriverStatement
+from feedproc.store.foundations import DriverStatement
 from feedproc.store.schema import claims, events, items, partitions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -41,7 +41,7 @@ def fill_collected(url: str, key: str, count: int) -> None:
     so the run does not measure the fill's own hint-bit writes and checkpoint I/O."""
     from sqlalchemy import text
 
-    from ..store.dialects import db_now
+    from ..store.foundations import db_now
 
     own = engine(url)
     name = own.dialect.name

@@ -27,7 +27,7 @@ def engine(url: str, **options: Any) -> Engine:
 
     parsed = engine_url(url)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
-        from ..store.dialects import MYSQL_SESSION
+        from ..store.foundations import MYSQL_SESSION
 
         options.setdefault("connect_args", {"init_command": MYSQL_SESSION, "charset": "utf8mb4"})
     return create_engine(parsed, poolclass=NullPool, **options)

@@ -149,7 +149,7 @@ def _count_statements() -> Counter[str]:
 
     # The hot path's statements run on the driver's cursor, out of the engine events' sight: the
     # runtime offers this hook for them (and nothing else of the runtime's internals is used here).
-    from ..store.dialects import DriverStatement
+    from ..store.foundations import DriverStatement
 
     counts: Counter[str] = Counter()
     lock = threading.Lock()

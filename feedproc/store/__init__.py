@@ -26,8 +26,9 @@ row too, so an item added at the current gate can never race a gate advance. The
 `Store` is one class composed of one mixin per concern over `base.StoreBase` (the engine and its
 transactions): callers keep a single object and its method names, the concerns share the lock,
 history and gate-rule writers without passing a connection layer around, and each module reads on
-its own. SQLite, PostgreSQL and MariaDB/MySQL differ in `dialects.py` (database clock, engine set-up, the driver's
-cursor) and in the statements each module keeps side by side as twins, chosen by `StoreBase._twin`.
+its own. SQLite, PostgreSQL and MariaDB/MySQL differ in `foundations.py` (column types, database clock,
+engine set-up, the driver's cursor) and in their `Dialect` (`dialect/`, `StoreBase.dialect`): every
+statement and decision that differs, as named operations the concerns call.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -25,7 +24,7 @@ from sqlalchemy.engine import Connection
 from ..core.fanin import combine, refusal
 from ..core.records import Kind, Outcome
 from .base import Q
-from .dialects import DriverStatement, merging_upsert, pg_bigint_array
+from .dialect import AccumulatorRow
 from .pipelines import PIPELINE_READ_SECONDS, cached_pipeline
 from .queues import stored_operations
 from .schema import accumulators
@@ -85,15 +84,14 @@ class Accumulating(Tolerating):
         self._upsert_accumulators(conn, *accumulator_rows(outcomes))
 
     def _upsert_accumulators(self, conn: Connection, rows: list[Row], others: list[Row]) -> None:
-        upsert = self._twin(_upsert_pg, _upsert)
         if rows:
-            upsert(conn, rows)
+            self.dialect.merge_accumulators(conn, rows)
         for row in others:  # rare: each on its own (a statement may not update one row twice)
-            upsert(conn, [row])
+            self.dialect.merge_accumulators(conn, [row])
 
 
 #: An accumulator's row to merge: (partition id, name, combination (add, min, max), value).
-Row = tuple[int, str, str, float]
+Row = AccumulatorRow
 
 
 def accumulator_rows(outcomes: Sequence[Outcome]) -> tuple[list[Row], list[Row]]:
@@ -120,50 +118,3 @@ def accumulator_rows(outcomes: Sequence[Outcome]) -> tuple[list[Row], list[Row]]
             else:
                 others.append((o.partition_id, name, combination, step))
     return [(pid, name, how, value) for (pid, name), (how, value) in sorted(merged.items())], others
-
-
-# PostgreSQL: the batch's rows in one statement on the driver's cursor, each merged by its own
-# combination. SQLAlchemy's INSERT ... ON CONFLICT, one per combination, cost 0.36-0.41 ms of CPU
-# per group commit of 200 answers with two names (sum and max), this 0.20-0.26 (most of it the
-# merge in Python). The group commit runs it inside its first item update (`PG_ACCUMULATING`).
-_PG_ROWS = """acc_rows AS (
-        SELECT * FROM unnest(CAST(:acc_pids AS bigint[]), CAST(:acc_names AS varchar[]),
-                             CAST(:acc_values AS double precision[]), CAST(:acc_hows AS varchar[]))
-            AS r(partition_id, name, value, how)
-    )"""
-_PG_MERGE = """INSERT INTO feedproc_accumulators AS a (partition_id, name, value)
-    SELECT partition_id, name, value FROM acc_rows
-    ON CONFLICT (partition_id, name) DO UPDATE SET value = CASE (
-        SELECT r.how FROM acc_rows AS r WHERE r.partition_id = excluded.partition_id AND r.name = excluded.name)
-        WHEN 'min' THEN LEAST(a.value, excluded.value)
-        WHEN 'max' THEN GREATEST(a.value, excluded.value)
-        ELSE a.value + excluded.value
-    END"""
-_PG_UPSERT = DriverStatement(f"WITH {_PG_ROWS}\n    {_PG_MERGE}")
-#: The WITH clause that merges rows (`pg_accumulator_params`) before the statement it begins: a
-#: group commit's merge rides on its item update, not a round trip of its own (which, on two busy
-#: cores, waited for the server's process to be scheduled: 17% of the group commit's time, sampled).
-PG_ACCUMULATING = f"WITH {_PG_ROWS},\n    merged AS ({_PG_MERGE})\n"
-
-
-def pg_accumulator_params(rows: list[Row]) -> dict[str, Any]:
-    """The parameters of `PG_ACCUMULATING` (and the standalone upsert) for `rows`."""
-    return {
-        "acc_pids": pg_bigint_array(r[0] for r in rows),
-        "acc_names": [r[1] for r in rows],
-        "acc_values": [r[3] for r in rows],
-        "acc_hows": [r[2] for r in rows],
-    }
-
-
-def _upsert_pg(conn: Connection, rows: list[Row]) -> None:
-    _PG_UPSERT.run(conn, pg_accumulator_params(rows))
-
-
-def _upsert(conn: Connection, rows: list[Row]) -> None:
-    """SQLite and MariaDB/MySQL: one upsert per combination (`dialects.merging_upsert`)."""
-    by_combination: dict[str, list[dict[str, object]]] = {}
-    for pid, name, how, value in rows:
-        by_combination.setdefault(how, []).append({"partition_id": pid, "name": name, "value": value})
-    for how, values in sorted(by_combination.items()):
-        conn.execute(merging_upsert(conn, accumulators, "value", how), values)

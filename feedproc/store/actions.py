@@ -18,10 +18,9 @@ from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput, NotFound, Refused
 from .base import AVAILABLE, CANCELLED, COMPLETE, FAILED, I, P, event
-from .dialects import db_now
 from .escaping import storable
+from .foundations import db_now
 from .gating import GateWriter, change_items
-from .notify import notify_wanted
 
 ITEM_ACTIONS = ("retry", "skip", "cancel")
 _ELIGIBLE = {"retry": (FAILED, AVAILABLE), "skip": (FAILED, AVAILABLE), "cancel": (FAILED, AVAILABLE)}
@@ -108,7 +107,7 @@ class ItemActions(GateWriter):
                     self._touch(conn, pid, status=AVAILABLE)
                 self._settle(conn, pid, failed_now=False)
                 if partition.lease_owner is not None:  # its watcher cancels a call of a skipped or cancelled item
-                    notify_wanted(conn, partition.lease_owner)
+                    self.dialect.notify_wanted(conn, partition.lease_owner)
             return {
                 "action": action,
                 "items": sum(changed.values()),

@@ -1,9 +1,9 @@
 """Answers: a watcher's batch of outcomes written in one fenced transaction (a group commit), the
 delivery records they leave, and the settling of the partitions they touched.
 
-The statements are built once: a statement built per call costs more Python than the database
-spends running it. Each PostgreSQL statement sits directly above its SQLite twin, and the MariaDB/MySQL
-twin below them where it needs its own.
+The statements that differ between the databases are the dialect's (`dialect/`: `lock_held_leases`,
+`complete_items`, `update_items`, `refresh_ready_at`, ...), built once: a statement built per call
+costs more Python than the database spends running it.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Float, bindparam, case, delete, func, insert, select, text, tuple_, update
+from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from ..core.errors import StaleWrite
 from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
-from .accumulating import PG_ACCUMULATING, Accumulating, Row, accumulator_rows, pg_accumulator_params
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, insert_many_mysql
-from .dialects import DriverStatement, db_now, pg_bigint_array, seconds_from_now
+from .accumulating import Accumulating, Row, accumulator_rows
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
 from .escaping import storable
-from .gating import SETTLE_COLUMNS, GateWriter, gate_facts
-from .schema import attempts, claims, inflight, items, partitions
+from .foundations import db_now, seconds_from_now
+from .gating import GateWriter
+from .schema import attempts, claims, inflight, items
 
 # A claimed item falls due this long after its claim ends, not at once: time for a watcher's sweep
 # (once a second) or the queue's next claim to settle the expiry (an attempt counted, the retry's
@@ -35,75 +35,12 @@ SETTLE_GRACE = 3.0
 RECORDS_KEPT = 10  # per item, the first and the last this many delivery records are kept
 RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its traceback): its end
 
-# The partitions a batch answers for, locked, with their epochs: the fence.
-# On PostgreSQL the lock also turns sequential scans off for the rest of the transaction, in the
-# same round trip (set_config(..., true) is SET LOCAL as a function; it runs whenever a lease is
-# held, the only case in which more statements follow). The batch statements find their rows by
-# key (`id = ANY(...)`), but on a small or never-analyzed table the planner prices a hash join over
-# a sequential scan below a few hundred index look-ups, and each batch then reads the whole table:
-# O(table) per batch (measured: 30,000 items, 200 answers: 12 ms instead of 6).
-_PG_LOCK_HELD_LEASES = text(
-    """
-    SELECT p.id, p.lease_epoch
-    FROM (SELECT set_config('enable_seqscan', 'off', true)) AS planner, feedproc_partitions AS p
-    WHERE p.id = ANY(CAST(:pids AS bigint[])) AND p.lease_owner = :watcher AND p.status = 'available'
-    ORDER BY p.id
-    FOR UPDATE OF p
-    """
-)
-_LOCK_HELD_LEASES = (
-    select(P.id, P.lease_epoch)
-    .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
-    .order_by(P.id)
-    .with_for_update()
-)
-
-
-def _lock_held_pg(conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
-    return dict(conn.execute(_PG_LOCK_HELD_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())
-
-
-def _lock_held_sqlite(conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
-    return dict(conn.execute(_LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
-
-
-# The common answer, "done" without new data, on PostgreSQL: four arrays instead of twelve, all
-# bound as text literals (pg_bigint_array): the start time and duration in microseconds, because
-# formatting floats cost 1 us each (2.9 us of watcher CPU per item, sampled with py-spy). They are
-# turned into a time by interval arithmetic, exact to the microsecond, not `to_timestamp(x / 1e6)`:
-# that divides in numeric (0.57 against 0.26 s per million rows, with the duration's division).
-# `attempts` stays: a complete item's failed deliveries at its gate, as the contract defines them.
-# (SQLite writes it with the general update below.)
-_PG_COMPLETE_ITEMS_SQL = """
-    UPDATE feedproc_items AS i SET
-        status = 'complete',
-        last_error = NULL,
-        next_attempt_at = now(),
-        progress = NULL,
-        deliveries = i.deliveries + 1,
-        lost = 0,
-        started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
-        duration = v.duration * CAST(1e-6 AS double precision),
-        delivered_by = :watcher,
-        claimed_until = NULL,
-        version = i.version + 1,
-        updated_at = now()
-    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:started AS bigint[]),
-                CAST(:duration AS bigint[])) AS v(id, version, started, duration)
-    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
-    """
-_PG_COMPLETE_ITEMS = DriverStatement(_PG_COMPLETE_ITEMS_SQL)
-# The same, merging the batch's accumulate numbers first (`accumulating.PG_ACCUMULATING`): exactly
-# once all the same, as a version that does not match rolls the whole group commit back.
-_PG_COMPLETE_ITEMS_ACCUMULATING = DriverStatement(PG_ACCUMULATING + _PG_COMPLETE_ITEMS_SQL)
-# Every answer ends the item's claim, if a pull worker or a callback handler held one (`pulling.py`).
-# Every other answer. One statement per batch of answers on PostgreSQL: the outcomes arrive as
-# arrays. The version match is the guard (every change of an item's status bumps its version, so an
-# item dispatched while available is still available if its version is unchanged). There is
-# deliberately no `status = 'available'` term: before the table has statistics PostgreSQL would read
-# every available item through the items' index and hash them all, per batch (O(backlog));
-# `id = ANY(...)` instead makes it look up the batch's own rows.
-_OUTCOME_COLUMNS = (
+#: An answer's row as `Dialect.update_items` writes it (`_write_outcomes` makes them): what the item
+#: becomes (status, gate, data, attempts, error or clearing it, due in `delay` seconds, progress) and
+#: its delivery (started and duration in microseconds), guarded by its version. Answers that carry a
+#: `result` (fan-in: what the item produced, kept apart from its data) add a "result" to every row of
+#: their batch; a result replaces the item's previous one, an answer without one keeps it (as `data`).
+OUTCOME_COLUMNS = (
     "id",
     "version",
     "status",
@@ -117,172 +54,11 @@ _OUTCOME_COLUMNS = (
     "started",
     "duration",
 )
-# Answers that carry a `result` (fan-in: what the item produced, kept apart from its data) are
-# written by a twin with one more column: the common batch binds no array of NULLs for it. A result
-# replaces the item's previous one; an answer without one keeps it (as `data`).
-_PG_UPDATE_ITEMS_SQL = """
-    UPDATE feedproc_items AS i SET
-        status = v.status,
-        gate = v.gate,
-        data = COALESCE(v.data, i.data),{result}
-        attempts = v.attempts,
-        last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
-        next_attempt_at = now() + v.delay * interval '1 second',
-        progress = v.progress,  -- kept only by a 'not yet' answer that carries it
-        deliveries = i.deliveries + 1,
-        lost = 0,
-        started_at = TIMESTAMPTZ 'epoch' + v.started * INTERVAL '1 microsecond',
-        duration = v.duration * CAST(1e-6 AS double precision),
-        delivered_by = :watcher,
-        claimed_until = NULL,
-        version = i.version + 1,
-        updated_at = now()
-    FROM unnest(CAST(:id AS bigint[]), CAST(:version AS bigint[]), CAST(:status AS varchar[]),
-                CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:attempts AS integer[]),
-                CAST(:error AS text[]), CAST(:clear AS boolean[]), CAST(:delay AS double precision[]),
-                CAST(:progress AS double precision[]), CAST(:started AS bigint[]),
-                CAST(:duration AS bigint[]){result_array})
-        AS v(id, version, status, gate, data, attempts, error, clear, delay, progress, started, duration{result_name})
-    WHERE i.id = ANY(CAST(:id AS bigint[])) AND i.id = v.id AND i.version = v.version
-    """
-_PG_UPDATE_ITEMS = text(_PG_UPDATE_ITEMS_SQL.format(result="", result_array="", result_name=""))
-_PG_UPDATE_ITEMS_WITH_RESULT = text(
-    _PG_UPDATE_ITEMS_SQL.format(
-        result="\n        result = COALESCE(v.result, i.result),",
-        result_array=", CAST(:result AS bytea[])",
-        result_name=", result",
-    )
-)
-# SQLite's twin: one row per execution (SQLite runs executemany in-process).
-_UPDATE_ITEM = (
-    update(items)
-    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
-    .values(
-        status=bindparam("b_status"),
-        gate=bindparam("b_gate"),
-        data=func.coalesce(bindparam("b_data", type_=items.c.data.type), I.data),
-        attempts=bindparam("b_attempts"),
-        last_error=case(
-            (bindparam("b_error", type_=items.c.last_error.type).is_not(None), bindparam("b_error")),
-            (bindparam("b_clear", type_=Boolean()).is_(True), None),
-            else_=I.last_error,
-        ),
-        next_attempt_at=seconds_from_now(bindparam("b_delay")),
-        progress=bindparam("b_progress", type_=items.c.progress.type),  # kept only by a "not yet" answer with it
-        deliveries=I.deliveries + 1,
-        lost=0,
-        started_at=bindparam("b_started", type_=items.c.started_at.type),
-        duration=bindparam("b_duration", type_=items.c.duration.type),
-        delivered_by=bindparam("b_watcher"),
-        claimed_until=None,
-        version=I.version + 1,
-        updated_at=db_now(),
-    )
-)
-_UPDATE_ITEM_WITH_RESULT = _UPDATE_ITEM.values(
-    result=func.coalesce(bindparam("b_result", type_=items.c.result.type), I.result)
-)
 
 
-def _with_results(rows: list[dict[str, Any]]) -> bool:
+def with_results(rows: list[dict[str, Any]]) -> bool:
     """Whether any of the outcome rows carries a result (then every row has a "result" key)."""
     return "result" in rows[0]
-
-
-def _update_items_pg(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-    columns = (*_OUTCOME_COLUMNS, "result") if _with_results(rows) else _OUTCOME_COLUMNS
-    params: dict[str, Any] = {c: [r[c] for r in rows] for c in columns}
-    statement = _PG_UPDATE_ITEMS_WITH_RESULT if _with_results(rows) else _PG_UPDATE_ITEMS
-    return int(conn.execute(statement, {**params, "watcher": watcher_id}).rowcount)
-
-
-def _update_items_sqlite(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-    for r in rows:
-        r["started"] = _from_micros(r["started"])
-        r["duration"] = None if r["duration"] is None else r["duration"] / 1e6
-    params = [{"b_watcher": watcher_id, **{f"b_{k}": v for k, v in r.items()}} for r in rows]
-    statement = _UPDATE_ITEM_WITH_RESULT if _with_results(rows) else _UPDATE_ITEM
-    return int(conn.execute(statement, params).rowcount)
-
-
-# MariaDB/MySQL's twin: arrays are PostgreSQL's, and an UPDATE per row is a round trip per answer
-# (PyMySQL batches only INSERTs), so the outcomes arrive as a derived table of one SELECT per row
-# (UNION ALL), joined to the items in one multi-table UPDATE. Its row count is the rows matched (the
-# dialect connects with CLIENT_FOUND_ROWS), what the version guard compares.
-_MYSQL_OUTCOME_ROW = "SELECT " + ", ".join(f"%s AS {c}" for c in _OUTCOME_COLUMNS)
-_MYSQL_OUTCOME_ROW_WITH_RESULT = _MYSQL_OUTCOME_ROW + ", %s AS result"
-_MYSQL_UPDATE_ITEMS = """
-    UPDATE feedproc_items AS i JOIN ({rows}) AS v ON i.id = v.id AND i.version = v.version SET
-        i.status = v.status,
-        i.gate = v.gate,
-        i.data = COALESCE(v.data, i.data),{result}
-        i.attempts = v.attempts,
-        i.last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
-        i.next_attempt_at = TIMESTAMPADD(MICROSECOND, CAST(ROUND(v.delay * 1000000) AS SIGNED), UTC_TIMESTAMP(6)),
-        i.progress = v.progress,
-        i.deliveries = i.deliveries + 1,
-        i.lost = 0,
-        i.started_at = TIMESTAMPADD(MICROSECOND, v.started, TIMESTAMP('1970-01-01')),
-        i.duration = v.duration / 1000000.0,
-        i.delivered_by = %s,
-        i.claimed_until = NULL,
-        i.version = i.version + 1,
-        i.updated_at = UTC_TIMESTAMP(6)
-    WHERE i.status = 'available'
-"""
-
-
-def _update_items_mysql(conn: Connection, rows: list[dict[str, Any]], watcher_id: str) -> int:
-    if _with_results(rows):
-        derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW_WITH_RESULT] * len(rows))
-        params = [r[c] for r in rows for c in (*_OUTCOME_COLUMNS, "result")]
-        result = "\n        i.result = COALESCE(v.result, i.result),"
-        statement = _MYSQL_UPDATE_ITEMS.format(rows=derived, result=result)
-    else:
-        derived = " UNION ALL ".join([_MYSQL_OUTCOME_ROW] * len(rows))
-        params = [r[c] for r in rows for c in _OUTCOME_COLUMNS]
-        statement = _MYSQL_UPDATE_ITEMS.format(rows=derived, result="")
-    return int(conn.exec_driver_sql(statement, (*params, watcher_id)).rowcount)
-
-
-# Each answered partition's ready_at, from the earliest available item at its gate (NULL: drained).
-_SET_READY_AT = (
-    update(partitions)
-    .where(P.id.in_(bindparam("pids", expanding=True)))
-    .values(
-        ready_at=select(func.min(I.next_attempt_at))
-        .where(I.partition_id == P.id, I.gate == P.gate, I.status == IS_AVAILABLE)
-        .scalar_subquery()
-    )
-)
-_IDLE = (P.ready_at > seconds_from_now(bindparam("idle_after", type_=Float()))).label("idle")
-# With the columns that say whether a failure may cross its gate's tolerance.
-_REFRESH_READY_AT = _SET_READY_AT.returning(P.id, P.ready_at, _IDLE, P.gate, P.queue, P.tolerate)
-# PostgreSQL: also what _settle reads, for the partitions whose gate drained (ready_at NULL), so it
-# needs no query of its own for them. (SQLite renders RETURNING columns unqualified, which would
-# turn the facts' correlated subqueries into questions about the items' own columns.)
-_PG_REFRESH_READY_AT = _REFRESH_READY_AT.returning(*SETTLE_COLUMNS, *gate_facts(P.id, P.gate))
-# MariaDB/MySQL has no UPDATE ... RETURNING: the refresh, then what it wrote (the rows are locked).
-_MYSQL_READ_READY_AT = select(P.id, P.ready_at, _IDLE, P.gate, P.queue, P.tolerate).where(
-    P.id.in_(bindparam("pids", expanding=True))
-)
-
-
-# The leases a long group commit wrote under, renewed before it commits (`Answers._renew`).
-_PG_RENEW_LEASES = text(
-    """
-    UPDATE feedproc_partitions
-    SET lease_expires_at = statement_timestamp() + CAST(:seconds AS double precision) * interval '1 second'
-    WHERE id = ANY(CAST(:pids AS bigint[])) AND lease_owner = :watcher AND status = 'available'
-    """
-)
-_RENEW_LEASES = (
-    update(partitions)
-    .where(P.id.in_(bindparam("pids", expanding=True)), P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
-    .values(lease_expires_at=seconds_from_now(bindparam("seconds", type_=Float())))
-    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")  # the rows it locked, by key (as the heartbeat)
-    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
-)
 
 
 class Answers(GateWriter, Accumulating):
@@ -329,7 +105,7 @@ class Answers(GateWriter, Accumulating):
         began = time.monotonic()
         with self.write() as conn:
             pids = sorted({o.partition_id for o in outcomes})
-            held = self._twin(_lock_held_pg, _lock_held_sqlite)(conn, pids, watcher_id)
+            held = self.dialect.lock_held_leases(conn, pids, watcher_id)
             kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
@@ -352,19 +128,15 @@ class Answers(GateWriter, Accumulating):
         their rows locked, so the watcher's heartbeat waits behind it, and the leases could end
         meanwhile: a watcher polling the moment it commits would take them over. The rows are locked
         and fenced here: this watcher is their owner (the ones settled and released stay released)."""
-        params = {"pids": pids, "watcher": watcher_id, "seconds": float(lease_seconds)}
-        if self.postgres:
-            conn.execute(_PG_RENEW_LEASES, {**params, "pids": pg_bigint_array(pids)})
-        else:
-            conn.execute(_RENEW_LEASES, params)
+        self.dialect.renew_written_leases(conn, pids, watcher_id, lease_seconds)
 
     def _write_outcomes(self, conn: Connection, kept: list[Outcome], watcher_id: str) -> None:
         """Update the answered items (version-guarded), merge their accumulate numbers, add their
         children, record each delivery that did not complete its item (the completing one is recorded
         on the item row) and failures."""
         rows, completed, history, records, trimmed = [], [], [], [], []
-        results = False  # whether any answer carries a result (fan-in): written by the statements' twins
-        narrow_done = self.postgres  # PostgreSQL writes the common answer with a narrow statement
+        results = False  # whether any answer carries a result (fan-in): then every row has one
+        narrow_done = self.dialect.writes_done_narrowly  # the common answer by `complete_items`
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
         if accepted:
             kept = [o for o in kept if o.kind != Kind.ACCEPTED]
@@ -408,7 +180,7 @@ class Answers(GateWriter, Accumulating):
                         "attempt": o.attempt,
                         "gate": o.gate,
                         "watcher": watcher_id,
-                        "started_at": _from_micros(o.started_us),
+                        "started_at": from_micros(o.started_us),
                         "duration": None if o.duration_us is None else o.duration_us / 1e6,
                         "outcome": RECORD_OUTCOMES[o.kind],
                         "error": _record_error(o) if failure else None,
@@ -425,28 +197,17 @@ class Answers(GateWriter, Accumulating):
                 history.append(event(o.partition_id, kind, item_id=o.item_id, watcher=watcher_id, detail=detail))
         matched = 0
         if completed:
-            params = {
-                "id": pg_bigint_array(o.item_id for o in completed),
-                "version": pg_bigint_array(o.version for o in completed),
-                "started": _micros_array(o.started_us for o in completed),
-                "duration": _micros_array(o.duration_us for o in completed),
-                "watcher": watcher_id,
-            }
-            statement = _PG_COMPLETE_ITEMS
-            if accumulating:  # merged by this statement (rows and others: see below)
-                rows_, others = accumulator_rows(accumulating)
-                if rows_:
-                    params.update(pg_accumulator_params(rows_))
-                    statement = _PG_COMPLETE_ITEMS_ACCUMULATING
-                accumulating, later = [], others
-            matched += statement.run(conn, params)
+            merged: list[Row] = []
+            if accumulating:  # merged by the same statement (rows and others: see below)
+                merged, later = accumulator_rows(accumulating)
+                accumulating = []
+            matched += self.dialect.complete_items(conn, completed, watcher_id, merged)
         if rows:
             if results:  # every row then has one (None keeps the item's)
                 by_id: dict[Any, bytes | None] = {o.item_id: o.result for o in kept}
                 for row in rows:
                     row["result"] = by_id[row["id"]]
-            update_items = self._twin(_update_items_pg, _update_items_sqlite, mysql=_update_items_mysql)
-            matched += update_items(conn, rows, watcher_id)
+            matched += self.dialect.update_items(conn, rows, watcher_id)
         if accepted:
             matched += self._accept(conn, accepted, watcher_id)
         if matched != len(kept) + len(accepted):
@@ -459,10 +220,7 @@ class Answers(GateWriter, Accumulating):
             self._upsert_accumulators(conn, [], later)
         if any(o.children for o in kept):
             self._insert_rows(conn, _child_rows(kept))
-        if records and self.mysql:
-            insert_many_mysql(conn, attempts.name, records, now=("ended_at",))
-        elif records:
-            conn.execute(insert(attempts).values(ended_at=db_now()), records)
+        self.dialect.insert_stamped(conn, attempts, records, ("ended_at",))
         if trimmed:
             conn.execute(delete(attempts).where(tuple_(A.item_id, A.n).in_([tuple_(i, n) for i, n in trimmed])))
         self._events(conn, history)
@@ -483,10 +241,7 @@ class Answers(GateWriter, Accumulating):
                     updated_at=db_now(),
                 )
             )
-            if self.mysql:  # no UPDATE ... RETURNING: the version it set is the one it matched, plus one
-                version = o.version + 1 if conn.execute(claim).rowcount == 1 else None
-            else:
-                version = conn.execute(claim.returning(I.version)).scalar_one_or_none()
+            version = self.dialect.bump_version(conn, claim, o.version)
             if version is None:
                 continue
             matched += 1
@@ -507,7 +262,7 @@ class Answers(GateWriter, Accumulating):
                     lease_seconds=o.delay,
                     state="active",
                     callback=True,
-                    claimed_at=_from_micros(o.started_us) or db_now(),
+                    claimed_at=from_micros(o.started_us) or db_now(),
                     expires_at=seconds_from_now(o.delay),
                 )
             )
@@ -528,17 +283,13 @@ class Answers(GateWriter, Accumulating):
         starve partitions with work ready elsewhere."""
         pids = sorted({o.partition_id for o in kept})
         failing = {o.partition_id for o in kept if o.kind == Kind.FAIL}
-        params = {"pids": pids, "idle_after": float(idle_after)}
-        if self.mysql:  # no UPDATE ... RETURNING: the refresh, then what it wrote
-            conn.execute(_SET_READY_AT, params)
-            rows = conn.execute(_MYSQL_READ_READY_AT, params).all()
-        else:
-            rows = conn.execute(self._twin(_PG_REFRESH_READY_AT, _REFRESH_READY_AT), params).all()
+        rows = self.dialect.refresh_ready_at(conn, pids, idle_after)
+        carries_facts = self.dialect.ready_at_rows_carry_settle_facts
         moves: dict[int, Move] = {}
         idle = []
         for row in rows:
-            # PostgreSQL's refresh returned what _settle reads; on SQLite _settle reads it itself.
-            known = row if self.postgres else None
+            # Where the refresh returned what _settle reads, it reads nothing more; else it reads it itself.
+            known = row if carries_facts else None
             if row.ready_at is None:
                 moves[row.id] = self._settle(conn, row.id, watcher=watcher_id, advanced=advanced, row=known)
                 continue
@@ -585,13 +336,5 @@ def _record_error(o: Outcome) -> str:
     return text if len(text) <= RECORD_ERROR_LIMIT else "..." + text[-(RECORD_ERROR_LIMIT - 3) :]
 
 
-def _from_micros(micros: int | None) -> datetime | None:
+def from_micros(micros: int | None) -> datetime | None:
     return None if micros is None else datetime.fromtimestamp(micros / 1e6, UTC)
-
-
-def _micros_array(values: Iterable[int | None]) -> str:
-    """`pg_bigint_array` for values that may be missing (outcomes written without a record)."""
-    values = list(values)
-    if None not in values:
-        return "{" + ",".join(map(str, values)) + "}"
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"

@@ -4,8 +4,8 @@ its history).
 
 Every concern of the store is a mixin over `StoreBase` (see `__init__.py`): they all run their SQL
 through `write()`, `single()` and `read()` here, so a driver error becomes one of feedproc's own
-errors in one place, and `_twin` is the one place a statement is chosen for its database (PostgreSQL,
-SQLite, or MariaDB/MySQL, which takes SQLite's twin unless it has its own).
+errors in one place. What differs between the databases is `self.dialect` (`dialect/`): the
+concerns call its named operations and never ask which database they run on.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Row, insert, literal_column, select, text, update
+from sqlalchemy import ColumnElement, Row, literal_column, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -32,9 +32,10 @@ from ..core.errors import (
 )
 from ..core.models import Status
 from ..core.timestamps import iso  # noqa: F401 - the store's modules import it from here
-from .dialects import WRITE_OPTION, db_minute, db_now, is_mysql, is_postgres, make_engine
+from .dialect import Dialect, dialect_for
+from .foundations import WRITE_OPTION, db_now, make_engine
 from .prefixes import DEFAULT_PREFIX, prefix_from
-from .schema import attempts, claims, events, inflight, items, partitions, queues, stats, watchers
+from .schema import attempts, claims, events, inflight, items, partitions, queues, watchers
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -58,8 +59,6 @@ PULL: ColumnElement[str] = literal_column("'pull'")
 #: A partition's columns with no lease on it (released, deferred, finished, cancelled).
 NO_LEASE: Mapping[str, None] = {"lease_owner": None, "lease_expires_at": None, "wanted_by": None}
 
-T = TypeVar("T")
-
 
 class StoreBase:
     """The engine and its transactions. Thread-safe: each call takes its own pooled connection."""
@@ -69,9 +68,8 @@ class StoreBase:
         #: Whose tables these are (`prefixes.py`): given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`.
         self.table_prefix = prefix_from(table_prefix)
         self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping, table_prefix=self.table_prefix)
-        self.postgres = is_postgres(self.engine)
-        #: MariaDB or MySQL.
-        self.mysql = is_mysql(self.engine)
+        #: Every statement and decision that differs between the databases, as named operations.
+        self.dialect: Dialect = dialect_for(self.engine)
         #: queue -> (when read, its pipeline or None), for pull claims and settles (`pipelines.cached_pipeline`)
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
         #: queue -> (when read, its accumulate declaration), for pull answers (`accumulating.py`)
@@ -110,13 +108,11 @@ class StoreBase:
 
     @contextmanager
     def single(self) -> Iterator[Connection]:
-        """A connection for ONE statement that is its own transaction. On PostgreSQL it runs in
-        autocommit mode: one round trip instead of three (BEGIN, the statement, COMMIT), which is
-        what a watcher's latency path is made of. Elsewhere, an ordinary write transaction: on
-        MariaDB/MySQL autocommit is a server setting of the session, so switching a pooled
-        connection to it and back would cost two round trips where the COMMIT costs one (and the
-        switch on a connection the server dropped raises outside SQLAlchemy's error handling)."""
-        if not self.postgres:
+        """A connection for ONE statement that is its own transaction: in autocommit mode where the
+        dialect `autocommits_single_statements` (PostgreSQL: one round trip instead of three, BEGIN,
+        the statement, COMMIT, which is what a watcher's latency path is made of), else an ordinary
+        write transaction (the dialects say why)."""
+        if not self.dialect.autocommits_single_statements:
             with self._tx(write=True) as conn:
                 yield conn
             return
@@ -126,13 +122,6 @@ class StoreBase:
     def read(self) -> AbstractContextManager[Connection]:
         """A read-only transaction."""
         return self._tx(write=False)
-
-    def _twin(self, postgresql: T, sqlite: T, mysql: T | None = None) -> T:
-        """The PostgreSQL, the SQLite or the MariaDB/MySQL twin of a statement, or of a function that
-        runs one; MariaDB/MySQL takes SQLite's where it has none of its own (standard SQL)."""
-        if self.postgres:
-            return postgresql
-        return mysql if self.mysql and mysql is not None else sqlite
 
     # ------------------------------------------------------------ schema
 
@@ -181,11 +170,8 @@ class StoreBase:
         return row
 
     def _touch(self, conn: Connection, pids: int | Sequence[int], *where: ColumnElement[bool], **values: Any) -> int:
-        """Change partitions (one id, or several), bumping their version and `updated_at` as every
-        change of a partition does; `where` narrows the rows. Returns how many changed."""
-        which = P.id == pids if isinstance(pids, int) else P.id.in_(pids)
-        statement = update(partitions).where(which, *where)
-        return conn.execute(statement.values(version=P.version + 1, updated_at=db_now(), **values)).rowcount
+        """`touch`."""
+        return touch(conn, pids, *where, **values)
 
     def _event(
         self,
@@ -202,10 +188,7 @@ class StoreBase:
 
     def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Append history entries (rows made by `event`), stamped with the database's clock."""
-        if rows and self.mysql:
-            insert_many_mysql(conn, events.name, rows, now=("at",))
-        elif rows:
-            conn.execute(insert(events).values(at=db_now()), rows)
+        self.dialect.insert_stamped(conn, events, rows, ("at",))
 
     def _tally(self, conn: Connection, queue: str, source: str, counts: Mapping[str, int]) -> None:
         """Add `counts` (added, processed, completed, failed) to `source`'s row of `queue` for the
@@ -213,48 +196,15 @@ class StoreBase:
         values = {k: int(v) for k, v in counts.items() if k in TALLIED and v}
         if not values:
             return
-        if self.mysql:
-            from sqlalchemy.dialects.mysql import insert as mysql_upsert
-
-            added = mysql_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-            conn.execute(added.on_duplicate_key_update({k: stats.c[k] + added.inserted[k] for k in values}))
-            return
-        if self.postgres:
-            from sqlalchemy.dialects.postgresql import insert as upsert
-        else:
-            from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-        statement = upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-        excluded = statement.excluded
-        conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["bucket", "queue", "source"],
-                set_={k: stats.c[k] + excluded[k] for k in values},
-            )
-        )
+        self.dialect.add_to_stats(conn, queue, source, values)
 
 
-#: Rows per multi-row INSERT on MariaDB/MySQL (`insert_many_mysql`).
-MYSQL_INSERT_CHUNK = 1000
-
-
-def insert_many_mysql(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]], *, now: Sequence[str]) -> None:
-    """Insert `rows` (all with the same keys) into `table` with multi-row INSERTs, the `now` columns
-    set to the database clock. PyMySQL's executemany sends one INSERT per row unless VALUES holds
-    nothing but placeholders, and the clock is SQL: an executemany of 2,000 items was 2,000 round
-    trips. Times are bound as naive UTC, as `UTCDateTime` stores them."""
-    columns = list(rows[0])
-    names = ", ".join(f'"{c}"' for c in [*columns, *now])
-    one = "(" + ", ".join(["%s"] * len(columns) + ["UTC_TIMESTAMP(6)"] * len(now)) + ")"
-    for start in range(0, len(rows), MYSQL_INSERT_CHUNK):
-        chunk = rows[start : start + MYSQL_INSERT_CHUNK]
-        params = [_naive_utc(row[c]) for row in chunk for c in columns]
-        conn.exec_driver_sql(f'INSERT INTO "{table}" ({names}) VALUES {", ".join([one] * len(chunk))}', tuple(params))
-
-
-def _naive_utc(value: Any) -> Any:
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(UTC).replace(tzinfo=None)
-    return value
+def touch(conn: Connection, pids: int | Sequence[int], *where: ColumnElement[bool], **values: Any) -> int:
+    """Change partitions (one id, or several), bumping their version and `updated_at` as every
+    change of a partition does; `where` narrows the rows. Returns how many changed."""
+    which = P.id == pids if isinstance(pids, int) else P.id.in_(pids)
+    statement = update(partitions).where(which, *where)
+    return int(conn.execute(statement.values(version=P.version + 1, updated_at=db_now(), **values)).rowcount)
 
 
 #: The counters of `feedproc_stats`.

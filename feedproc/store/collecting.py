@@ -37,7 +37,7 @@ from ..core.fanin import COLLECT_INLINE_BYTES, PAGE, PAGE_BYTES, CollectedResult
 from ..core.pipelines import Collects, collects
 from .accumulating import Accumulating
 from .base import AVAILABLE, CANCELLED, C, I, P
-from .dialects import db_now, seconds_from_now, stored_bytes
+from .foundations import db_now, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
 from .schema import claims, items, partitions
 
@@ -59,30 +59,16 @@ _COUNTS = text(
     GROUP BY status
     """
 )
-# One page: the primary key walked from `after` to `until`, a window of ids at a time (`WINDOW`,
+# One page (each dialect's `read_collected`, its columns these with the database's byte `{length}`):
+# the primary key walked from `after` to `until`, a window of ids at a time (`WINDOW`,
 # doubled while the partition's items are sparse in it). The partition and gate terms are kept off
 # every index (`+ 0`, SQLite's unary `+`, MariaDB's FORCE INDEX): on the items' index the planner
 # would read the whole gate and sort it, for every page. And the window bounds what a page reads
 # whatever the plan: over the whole range PostgreSQL, misjudging those terms, read and sorted every
 # row of it per page (a million results: 0.2-0.4 s a page, 180 s in all; 7 s with windows).
-_PAGE_COLUMNS = (
+PAGE_COLUMNS = (
     "id, status, CASE WHEN {length}(result) <= :small THEN result END AS small, {length}(result) AS size,"
     " CASE WHEN status = 'failed' THEN last_error END AS error"
-)
-_PG_PAGE = text(
-    f"SELECT {_PAGE_COLUMNS.format(length='octet_length')} FROM feedproc_items"
-    " WHERE id > :after AND id <= :until AND partition_id + 0 = :pid AND gate + 0 = :gate"
-    " AND status IN ('complete', 'failed') ORDER BY id LIMIT :limit"
-)
-_SQLITE_PAGE = text(
-    f"SELECT {_PAGE_COLUMNS.format(length='length')} FROM feedproc_items"
-    " WHERE id > :after AND id <= :until AND +partition_id = :pid AND +gate = :gate"
-    " AND status IN ('complete', 'failed') ORDER BY id LIMIT :limit"
-)
-_MYSQL_PAGE = text(
-    f"SELECT {_PAGE_COLUMNS.format(length='LENGTH')} FROM feedproc_items FORCE INDEX (PRIMARY)"
-    " WHERE id > :after AND id <= :until AND partition_id = :pid AND gate = :gate"
-    " AND status IN ('complete', 'failed') ORDER BY id LIMIT :limit"
 )
 _LARGE_RESULTS = select(I.id, I.result).where(I.id.in_(bindparam("ids", expanding=True)))
 
@@ -160,14 +146,13 @@ class Collecting(Accumulating, Pipelines):
     def _page(
         self, conn: Connection, pid: int, gate: int, after: int, until: int, limit: int, max_bytes: int
     ) -> list[CollectedResult]:
-        statement = self._twin(_PG_PAGE, _SQLITE_PAGE, mysql=_MYSQL_PAGE)
         kept: list[Any] = []
         used, full, window = 0, False, WINDOW
         while not full and len(kept) < limit and after < until:  # PAGE rows a statement: 4 MB of small results at most
             want = min(limit - len(kept), PAGE)
             upto = min(until, after + window)
             params = {"pid": pid, "gate": gate, "after": after, "until": upto, "small": SMALL_RESULT, "limit": want}
-            rows = conn.execute(statement, params).all()
+            rows = self.dialect.read_collected(conn, params)
             for row in rows:
                 size = 24 + (row.size or 0) + len(row.error or "")
                 if kept and used + size > max_bytes:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, delete, exists, func, insert, literal, select, text, update
+from sqlalchemy import ColumnElement, Row, and_, delete, exists, func, insert, literal, select, update
 from sqlalchemy.engine import Connection
 
 from ..core import gates
@@ -23,7 +23,6 @@ from ..core.gates import GateFacts, Move
 from ..core.models import NewItem
 from .base import (
     ACTIVE_CLAIM,
-    AVAILABLE,
     CANCELLED,
     COMPLETE,
     FAILED,
@@ -34,10 +33,8 @@ from .base import (
     F,
     I,
     P,
-    insert_many_mysql,
 )
-from .dialects import db_now, pg_bigint_array
-from .notify import notify_finished, notify_ready, notify_wanted
+from .foundations import db_now
 from .schema import attempts, claims, inflight, items, partitions
 from .tolerating import Tolerating
 
@@ -89,114 +86,8 @@ def _to_gate_facts(partition: Row[Any], facts: Row[Any]) -> GateFacts:
     )
 
 
-# A producer's new items of one partition: the partition once, the gates and data as arrays.
-_PG_INSERT_NEW_ITEMS = text(
-    """
-    INSERT INTO feedproc_items (partition_id, gate, status, data, next_attempt_at, created_at, updated_at)
-    SELECT :pid, u.gate, 'available', u.data, now(), now(), now()
-    FROM unnest(CAST(:gate AS integer[]), CAST(:data AS bytea[])) WITH ORDINALITY AS u(gate, data, n)
-    ORDER BY u.n
-    """
-)
-# Any item rows (children carry their parent): one statement for the whole chunk, arrays in, unnest.
-_ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
-_PG_INT_COLUMNS = ("partition_id", "gate", "parent_id", "parent_gate", "seq")  # never NULL: the rows are children
-_PG_INSERT_ITEMS = text(
-    """
-    INSERT INTO feedproc_items
-        (partition_id, gate, status, data, parent_id, parent_gate, seq, next_attempt_at, created_at, updated_at)
-    SELECT u.partition_id, u.gate, u.status, u.data, u.parent_id, u.parent_gate, u.seq, now(), now(), now()
-    FROM unnest(CAST(:partition_id AS bigint[]), CAST(:gate AS integer[]), CAST(:status AS varchar[]),
-                CAST(:data AS bytea[]), CAST(:parent_id AS bigint[]), CAST(:parent_gate AS integer[]),
-                CAST(:seq AS integer[]))
-        WITH ORDINALITY AS u(partition_id, gate, status, data, parent_id, parent_gate, seq, n)
-    ORDER BY u.n
-    """
-)
-# Items that collect an earlier gate's results (`collect`, fan-in on a queue without a pipeline)
-# go in by twins with that column: a chunk without any binds nothing more than before.
-_PG_INSERT_NEW_COLLECTING = text(
-    """
-    INSERT INTO feedproc_items (partition_id, gate, status, data, collect, next_attempt_at, created_at, updated_at)
-    SELECT :pid, u.gate, 'available', u.data, u.collect, now(), now(), now()
-    FROM unnest(CAST(:gate AS integer[]), CAST(:data AS bytea[]), CAST(:collect AS integer[]))
-        WITH ORDINALITY AS u(gate, data, collect, n)
-    ORDER BY u.n
-    """
-)
-_PG_INSERT_COLLECTING = text(
-    """
-    INSERT INTO feedproc_items (partition_id, gate, status, data, parent_id, parent_gate, seq, collect,
-                                next_attempt_at, created_at, updated_at)
-    SELECT u.partition_id, u.gate, u.status, u.data, u.parent_id, u.parent_gate, u.seq, u.collect, now(), now(), now()
-    FROM unnest(CAST(:partition_id AS bigint[]), CAST(:gate AS integer[]), CAST(:status AS varchar[]),
-                CAST(:data AS bytea[]), CAST(:parent_id AS bigint[]), CAST(:parent_gate AS integer[]),
-                CAST(:seq AS integer[]), CAST(:collect AS integer[]))
-        WITH ORDINALITY AS u(partition_id, gate, status, data, parent_id, parent_gate, seq, collect, n)
-    ORDER BY u.n
-    """
-)
-# SQLite's twin of both: its executemany runs in C against a local file, as fast as it gets there.
-_INSERT_ITEMS = insert(items).values(next_attempt_at=db_now(), created_at=db_now(), updated_at=db_now())
-
-
-def _pg_int_array(values: Iterable[int | None]) -> str:
-    """`pg_bigint_array` for integers that may be missing (NULL)."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
-
-
-def _insert_new_pg(
-    conn: Connection, pid: int, gates_: list[int], data: list[bytes], collects: list[int | None] | None = None
-) -> None:
-    # One statement, two arrays (the gates as a text literal: see pg_bigint_array).
-    if collects is not None:
-        params = {"pid": pid, "gate": pg_bigint_array(gates_), "data": data, "collect": _pg_int_array(collects)}
-        conn.execute(_PG_INSERT_NEW_COLLECTING, params)
-        return
-    conn.execute(_PG_INSERT_NEW_ITEMS, {"pid": pid, "gate": pg_bigint_array(gates_), "data": data})
-
-
-def _new_rows(
-    pid: int, gates_: list[int], data: list[bytes], collects: list[int | None] | None
-) -> list[dict[str, Any]]:
-    rows = [{"partition_id": pid, "gate": g, "status": AVAILABLE, "data": d} for g, d in zip(gates_, data, strict=True)]
-    if collects is not None:
-        for row, collect in zip(rows, collects, strict=True):
-            row["collect"] = collect
-    return rows
-
-
-def _insert_new_sqlite(
-    conn: Connection, pid: int, gates_: list[int], data: list[bytes], collects: list[int | None] | None = None
-) -> None:
-    _insert_rows_sqlite(conn, _new_rows(pid, gates_, data, collects))
-
-
-def _insert_new_mysql(
-    conn: Connection, pid: int, gates_: list[int], data: list[bytes], collects: list[int | None] | None = None
-) -> None:
-    _insert_rows_mysql(conn, _new_rows(pid, gates_, data, collects))
-
-
-def _insert_rows_mysql(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    insert_many_mysql(conn, items.name, rows, now=("next_attempt_at", "created_at", "updated_at"))
-
-
-def _insert_rows_pg(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    params: dict[str, Any] = {column: [row[column] for row in rows] for column in _ITEM_COLUMNS}
-    # The integers as text literals (pg_bigint_array): for 100,000 children, 0.06 s against 0.22 s
-    # in psycopg's list dumper.
-    for column in _PG_INT_COLUMNS:
-        params[column] = pg_bigint_array(params[column])
-    if "collect" in rows[0]:
-        params["collect"] = _pg_int_array(row["collect"] for row in rows)
-        conn.execute(_PG_INSERT_COLLECTING, params)
-        return
-    conn.execute(_PG_INSERT_ITEMS, params)
-
-
-def _insert_rows_sqlite(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    conn.execute(_INSERT_ITEMS, rows)
+#: The columns of a child's item row (`_insert_rows`; `collect` too where one collects).
+ITEM_COLUMNS = ("partition_id", "gate", "status", "data", "parent_id", "parent_gate", "seq")
 
 
 def change_items(
@@ -265,10 +156,10 @@ class GateWriter(Tolerating):
     ) -> tuple[int, int]:
         """Insert items in multi-row chunks, refusing any below `partition_gate` (rule 4; None: a new
         partition). Returns (count, the gate a new partition starts at by rule 1)."""
-        insert_new = self._twin(_insert_new_pg, _insert_new_sqlite, mysql=_insert_new_mysql)
+        insert_new = self.dialect.insert_new_items
         count, lowest_per_chunk, gates_, data = 0, [], [], []
         collects: list[int | None] = []
-        collecting = False  # a chunk with an item that collects goes in by the twin with that column
+        collecting = False  # a chunk with an item that collects goes in with that column
         for n, value in enumerate(new_items, start=1):
             item = NewItem.coerce(value, where=f"item {n}: ")
             if partition_gate is not None and (reason := gates.check_not_below(item.gate, partition_gate)):
@@ -288,13 +179,13 @@ class GateWriter(Tolerating):
         return count, gates.initial_gate(lowest_per_chunk)
 
     def _insert_rows(self, conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert children's item rows, each with every column of `_ITEM_COLUMNS` (none NULL) and
+        """Insert children's item rows, each with every column of `ITEM_COLUMNS` (none NULL) and
         `collect` where a child collects an earlier gate's results,
         INSERT_CHUNK per statement, taking them from `rows` a chunk at a time: an answer's 100,000
         children are never 100,000 row dicts at once (made all at once, with a copy per row for the
         statement, they added 135 MB to a watcher writing 100,000 on SQLite, 91 MB on PostgreSQL; 8
         and 5 MB now)."""
-        insert_rows = self._twin(_insert_rows_pg, _insert_rows_sqlite, mysql=_insert_rows_mysql)
+        insert_rows = self.dialect.insert_item_rows
         pending = iter(rows)
         while chunk := list(itertools.islice(pending, INSERT_CHUNK)):
             if any("collect" in row for row in chunk):  # children that collect (fan-in): every row says
@@ -355,7 +246,7 @@ class GateWriter(Tolerating):
             conn.execute(update(partitions).where(P.id == pid).values(ready_at=earliest_due(pid, row.gate)))
         if outcome.move in (Move.ADVANCE, Move.STAY):
             if watcher is None:  # a producer made work ready: wake the queue's watchers
-                notify_ready(conn, row.queue)
+                self.dialect.notify_ready(conn, row.queue)
             return Move.STAY
         if watcher:  # WAIT, FAIL or COMPLETE: its lease holder lets it go
             conn.execute(delete(inflight).where(F.partition_id == pid))
@@ -369,11 +260,11 @@ class GateWriter(Tolerating):
                 detail.update(self._cross(conn, row, facts, watcher))
             self._touch(conn, pid, status=FAILED, ready_at=None, **NO_LEASE)
             self._event(conn, pid, "failed", watcher=watcher, detail=detail)
-            notify_finished(conn, row.key)
+            self.dialect.notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
             self._touch(conn, pid, status=COMPLETE, ready_at=None, **NO_LEASE)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
-            notify_finished(conn, row.key)
+            self.dialect.notify_finished(conn, row.key)
         return outcome.move
 
     def _cross(self, conn: Connection, row: Row[Any], facts: GateFacts, watcher: str | None) -> dict[str, Any]:
@@ -399,7 +290,7 @@ class GateWriter(Tolerating):
             )
             cancelled = changed.get(row.id, 0)
             if row.lease_owner is not None and row.lease_owner != watcher:  # its calls of them are cancelled
-                notify_wanted(conn, row.lease_owner)
+                self.dialect.notify_wanted(conn, row.lease_owner)
         return {
             "tolerate": str(tolerance),
             "failed": facts.failed,

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from ..core.errors import NotFound
 from ..core.records import decode_inflight
 from .base import ACTIVE_CLAIM, AVAILABLE, COMPLETE, IS_AVAILABLE, A, C, E, F, I, P, StoreBase, iso
-from .dialects import db_now
+from .foundations import db_now
 from .schema import claims, items, partitions, stats
 
 RUNNING_SHOWN = 200  # items in the running view

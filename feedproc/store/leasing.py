@@ -12,29 +12,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Float,
     Row,
-    Select,
-    and_,
-    bindparam,
     delete,
-    exists,
     func,
     insert,
-    or_,
     select,
-    text,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import Connection
 
 from ..core.errors import WatcherGone
 from ..core.records import Lease, ProgressReport, Unanswered
-from .base import IS_AVAILABLE, NO_LEASE, PULL, F, P, Q, W, event
-from .dialects import db_now, seconds_from_now, seconds_until
+from .base import IS_AVAILABLE, NO_LEASE, F, P, W, event
+from .foundations import db_now, seconds_from_now, seconds_until
 from .lost import LostDeliveries
-from .notify import notify_ready, notify_wanted
 from .queues import Queues
 from .schema import inflight, partitions, watchers
 
@@ -56,164 +47,6 @@ def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
         row.window_tz,
         (row.pending_watcher, entries) if entries else None,
     )
-
-
-# `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
-# snapshot and commit together), one round trip: the path from a notification to dispatch.
-# RETURNING sees the new epoch; `c.lease_owner` is the previous owner. Never in a queue in pull mode.
-_PG_ACQUIRE = text(
-    """
-    WITH candidates AS (
-        SELECT id, lease_owner FROM feedproc_partitions
-        WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
-          AND (not_before IS NULL OR not_before <= now())
-          AND (lease_owner IS NULL OR lease_expires_at < now())
-          AND NOT EXISTS (SELECT 1 FROM feedproc_queues WHERE name = :queue AND mode = 'pull')
-        ORDER BY priority DESC, created_at, id
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    ), leased AS (
-        UPDATE feedproc_partitions AS p SET
-            lease_owner = :watcher,
-            lease_epoch = p.lease_epoch + 1,
-            lease_expires_at = now() + CAST(:seconds AS double precision) * interval '1 second',
-            wanted_by = NULL,
-            version = p.version + 1,
-            updated_at = now()
-        FROM candidates AS c
-        WHERE p.id = c.id
-        RETURNING p.id, p.key, p.lease_epoch, p.weight, p.item_timeout, p.windows, p.window_tz,
-                  EXTRACT(EPOCH FROM (p.lease_expires_at - now())) AS remaining, c.lease_owner AS previous
-    ), logged AS (
-        INSERT INTO feedproc_events (partition_id, item_id, kind, watcher, detail, at)
-        SELECT id, NULL, CASE WHEN previous IS NULL THEN 'leased' ELSE 'expired' END, :watcher,
-               CASE WHEN previous IS NULL THEN NULL ELSE '{"previous": ' || to_json(previous)::text || '}' END, now()
-        FROM leased
-    )
-    SELECT l.id, l.key, l.lease_epoch, l.weight, l.item_timeout, l.windows, l.window_tz, l.remaining,
-           f.watcher AS pending_watcher, f.entries AS pending_entries
-    FROM leased AS l LEFT JOIN feedproc_inflight AS f ON f.partition_id = l.id AND f.epoch < l.lease_epoch
-    ORDER BY l.id
-    """
-)
-
-
-def by_id(statement: Select[Any]) -> Select[Any]:
-    """`statement`, a locking read of partitions by id, reading them by primary key on MariaDB/MySQL
-    whatever the optimizer thinks of a small table: a locking read that scans waits for (or, with
-    SKIP LOCKED, skips) the lock of every row it reads, whether it matches or not."""
-    return statement.with_hint(partitions, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
-        partitions, "FORCE INDEX (PRIMARY)", "mariadb"
-    )
-
-
-# A partition of `:queue` a watcher may lease now.
-_LEASABLE = (
-    P.queue == bindparam("queue"),
-    P.status == IS_AVAILABLE,
-    P.ready_at.is_not(None),
-    P.ready_at <= db_now(),
-    or_(P.not_before.is_(None), P.not_before <= db_now()),
-    or_(P.lease_owner.is_(None), P.lease_expires_at < db_now()),
-    ~exists().where(Q.name == bindparam("queue"), Q.mode == PULL),  # workers claim its items
-)
-# SQLite's twin, in three statements of one write transaction: the candidates, their leasing (and
-# history, `Leasing._acquire_sqlite`), the leases with what their previous holder left in flight.
-_ACQUIRE_CANDIDATES = (
-    select(P.id, P.lease_owner)
-    .where(*_LEASABLE)
-    .order_by(P.priority.desc(), P.created_at, P.id)
-    .limit(bindparam("limit"))
-)
-# MariaDB/MySQL's twin takes the candidates in two steps (`lock_picked`): InnoDB locks every row a
-# locking read reads, before its sort and LIMIT, so `FOR UPDATE SKIP LOCKED` on the ordered query
-# above could lock all of a queue's ready partitions, and concurrent acquirers would skip them all.
-# A plain read picks them in lease order; a locking read by id takes those no one else has locked,
-# their conditions checked again on the locked rows (the previous owner read there, under the lock).
-_MYSQL_ACQUIRE_PICK = _ACQUIRE_CANDIDATES.with_only_columns(P.id).where(P.id.not_in(bindparam("seen", expanding=True)))
-_MYSQL_ACQUIRE_LOCK = by_id(
-    select(P.id, P.lease_owner).where(P.id.in_(bindparam("ids", expanding=True)), *_LEASABLE)
-).with_for_update(skip_locked=True)
-_ACQUIRED = (
-    select(
-        P.id,
-        P.key,
-        P.lease_epoch,
-        *_LEASE_SCHEDULE,
-        _REMAINING,
-        F.watcher.label("pending_watcher"),
-        F.entries.label("pending_entries"),
-    )
-    .select_from(partitions.outerjoin(inflight, and_(F.partition_id == P.id, F.epoch < P.lease_epoch)))
-    .where(P.id.in_(bindparam("ids", expanding=True)))
-    .order_by(P.id)
-)
-# `request_steals` on MariaDB/MySQL: the victim's partitions to mark, picked, then locked (as above).
-_STEAL_CANDIDATE = (
-    P.lease_owner == bindparam("victim"),
-    P.status == IS_AVAILABLE,
-    P.wanted_by.is_(None),
-    P.ready_at.is_not(None),
-)
-_MYSQL_STEAL_PICK = (
-    select(P.id)
-    .where(*_STEAL_CANDIDATE, P.id.not_in(bindparam("seen", expanding=True)))
-    .order_by(P.priority, P.created_at.desc())
-    .limit(bindparam("limit"))
-)
-_MYSQL_STEAL_LOCK = by_id(
-    select(P.id).where(P.id.in_(bindparam("ids", expanding=True)), *_STEAL_CANDIDATE)
-).with_for_update(skip_locked=True)
-# Watchers dead for a while, on MariaDB/MySQL: read first, then deleted by id. A DELETE that scans
-# waits for the lock of every row it reads, matching or not (InnoDB reads an UPDATE's rows
-# semi-consistently, not a DELETE's): two watchers beating at once, each holding its own row, would
-# deadlock on each other's.
-_DEAD_WATCHERS = select(W.id).where(W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds")))
-_FORGET_WATCHERS = delete(watchers).where(
-    W.id.in_(bindparam("ids", expanding=True)), W.expires_at < seconds_from_now(-10 * bindparam("lease_seconds"))
-)
-# A heartbeat's renewal of its watcher's leases. On MariaDB/MySQL the partitions are read first,
-# then renewed by primary key: the UPDATE by owner went through a secondary index (status, updated_at)
-# and held its record while it waited for a partition a group commit had locked; that commit then
-# released the partition, which changes that index's record: a deadlock, the heartbeat its victim
-# (a 100,000-child fan-out with a 1.5 s lease, once in a few runs).
-_RENEW = (
-    update(partitions)
-    .where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
-    .values(lease_expires_at=seconds_from_now(bindparam("seconds", type_=Float())))
-)
-_MYSQL_OWNED = select(P.id).where(P.lease_owner == bindparam("watcher"), P.status == IS_AVAILABLE)
-_MYSQL_RENEW = (
-    _RENEW.where(P.id.in_(bindparam("ids", expanding=True)))
-    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mysql")
-    .with_hint("FORCE INDEX (PRIMARY)", dialect_name="mariadb")
-)
-#: Rounds of picking and locking on MariaDB/MySQL (`lock_picked`) before settling for fewer rows than
-#: asked: each round past rows that concurrent transactions locked meanwhile looks twice as far.
-LOCK_ROUNDS = 3
-
-
-def lock_picked(conn: Connection, pick: Any, lock: Any, params: dict[str, Any], limit: int) -> list[Any]:
-    """MariaDB/MySQL's `SELECT ... ORDER BY ... LIMIT :limit FOR UPDATE SKIP LOCKED`, in two steps:
-    up to `limit` rows picked by `pick` (a plain read, bound `:limit` and `:seen`, the ids picked in
-    earlier rounds) and locked by `lock` (bound `:ids`; SKIP LOCKED, its conditions checked again on
-    the locked rows), the first of them in the pick's order taken. Only picked rows are ever locked,
-    whatever the plan of the ordered read (a later round's extra ones until the commit, untouched)."""
-    taken: list[Any] = []
-    seen: list[int] = []
-    for n in range(LOCK_ROUNDS):
-        want = limit - len(taken)
-        walk = want << n
-        ids = list(conn.execute(pick, {**params, "limit": walk, "seen": seen}).scalars())
-        if not ids:
-            break
-        order = {pid: i for i, pid in enumerate(ids)}
-        locked = sorted(conn.execute(lock, {**params, "ids": ids}), key=lambda r: order[r.id])
-        taken += locked[:want]
-        if len(ids) < walk or len(taken) >= limit:  # no more to pick, or enough
-            break
-        seen += ids
-    return taken
 
 
 class Leasing(LostDeliveries, Queues):
@@ -276,19 +109,9 @@ class Leasing(LostDeliveries, Queues):
             ).rowcount
             if not alive:  # reaped while we were stalled: come back
                 raise WatcherGone(watcher_id)
-            if self.mysql:  # by primary key: see _MYSQL_OWNED
-                owned = list(conn.execute(_MYSQL_OWNED, {"watcher": watcher_id}).scalars())
-                if owned:
-                    conn.execute(_MYSQL_RENEW, {"ids": owned, "watcher": watcher_id, "seconds": float(lease_seconds)})
-            else:
-                conn.execute(_RENEW, {"watcher": watcher_id, "seconds": float(lease_seconds)})
+            self.dialect.renew_leases(conn, watcher_id, lease_seconds)
             # Forget watchers that have been dead for a while (their leases expire on their own).
-            if self.mysql:
-                dead = list(conn.execute(_DEAD_WATCHERS, {"lease_seconds": float(lease_seconds)}).scalars())
-                if dead:
-                    conn.execute(_FORGET_WATCHERS, {"ids": dead, "lease_seconds": float(lease_seconds)})
-            else:
-                conn.execute(delete(watchers).where(W.expires_at < seconds_from_now(-10 * lease_seconds)))
+            self.dialect.forget_dead_watchers(conn, lease_seconds)
             leases = self._owned(conn, watcher_id)
             if progress:  # the renewal above locked this watcher's partition rows: the fence holds
                 self._store_progress(conn, leases, progress)
@@ -326,55 +149,8 @@ class Leasing(LostDeliveries, Queues):
         oldest, first; unleased ones and ones whose lease expired (a takeover)."""
         if limit <= 0:
             return []
-        acquire = self._twin(self._acquire_pg, self._acquire_sqlite, mysql=self._acquire_mysql)
-        return acquire(watcher_id, queue, limit, lease_seconds)
-
-    def _acquire_pg(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
-        with self.single() as conn:
-            params = {"queue": queue, "limit": limit, "watcher": watcher_id, "seconds": float(lease_seconds)}
-            return [_lease(r, None) for r in conn.execute(_PG_ACQUIRE, params)]
-
-    def _acquire_sqlite(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
-        return self._acquire_locked(watcher_id, queue, limit, lease_seconds)
-
-    def _acquire_mysql(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
-        return self._acquire_locked(watcher_id, queue, limit, lease_seconds, mysql=True)
-
-    def _acquire_locked(
-        self, watcher_id: str, queue: str, limit: int, lease_seconds: float, *, mysql: bool = False
-    ) -> list[Lease]:
-        """`acquire` in one write transaction, the candidates locked: by SQLite's database lock, or
-        row by row on MariaDB/MySQL (`lock_picked`)."""
-        with self.write() as conn:
-            candidates: Sequence[Any]
-            if mysql:
-                candidates = lock_picked(conn, _MYSQL_ACQUIRE_PICK, _MYSQL_ACQUIRE_LOCK, {"queue": queue}, limit)
-            else:
-                candidates = conn.execute(_ACQUIRE_CANDIDATES, {"queue": queue, "limit": limit}).all()
-            if not candidates:
-                return []
-            ids = [c.id for c in candidates]
-            self._touch(
-                conn,
-                ids,
-                lease_owner=watcher_id,
-                lease_epoch=P.lease_epoch + 1,
-                lease_expires_at=seconds_from_now(lease_seconds),
-                wanted_by=None,
-            )
-            self._events(
-                conn,
-                [
-                    event(
-                        c.id,
-                        "expired" if c.lease_owner else "leased",
-                        watcher=watcher_id,
-                        detail={"previous": c.lease_owner} if c.lease_owner else None,
-                    )
-                    for c in candidates
-                ],
-            )
-            return [_lease(r, None) for r in conn.execute(_ACQUIRED, {"ids": ids})]
+        with self.single() as conn:  # PostgreSQL: one statement, autocommit; elsewhere a write transaction
+            return [_lease(r, None) for r in self.dialect.acquire_leases(conn, watcher_id, queue, limit, lease_seconds)]
 
     def fair_share(self, queue: str) -> int | None:
         """Partitions with work in `queue` per live watcher of it, rounded up (what `request_steals`
@@ -433,17 +209,7 @@ class Leasing(LostDeliveries, Queues):
             take = min(most, room, victim_count - active // live, (victim_count - mine) // 2)
             if take <= 0:
                 return 0
-            if self.mysql:
-                ids = [r.id for r in lock_picked(conn, _MYSQL_STEAL_PICK, _MYSQL_STEAL_LOCK, {"victim": victim}, take)]
-            else:
-                chosen = (
-                    select(P.id)
-                    .where(*_STEAL_CANDIDATE)
-                    .order_by(P.priority, P.created_at.desc())
-                    .limit(take)
-                    .with_for_update(skip_locked=True)  # SQLite renders none: its write transaction holds the lock
-                )
-                ids = list(conn.execute(chosen, {"victim": victim}).scalars())
+            ids = self.dialect.pick_partitions_to_steal(conn, victim, take)
             if not ids:
                 return 0
             marked = conn.execute(
@@ -452,7 +218,7 @@ class Leasing(LostDeliveries, Queues):
                 .values(wanted_by=watcher_id, version=P.version + 1)
             ).rowcount
             if marked:
-                notify_wanted(conn, victim)
+                self.dialect.notify_wanted(conn, victim)
             return marked
 
     def hand_over(self, watcher_id: str, lease: Lease, lease_seconds: float) -> str | None:
@@ -485,7 +251,8 @@ class Leasing(LostDeliveries, Queues):
             )
             self._event(conn, lease.partition_id, "stolen", watcher=row.wanted_by, detail={"from": watcher_id})
             conn.execute(delete(inflight).where(F.partition_id == lease.partition_id))  # nothing was in flight
-            notify_ready(conn, conn.execute(select(P.queue).where(P.id == lease.partition_id)).scalar_one())
+            queue = conn.execute(select(P.queue).where(P.id == lease.partition_id)).scalar_one()
+            self.dialect.notify_ready(conn, queue)
             thief: str | None = row.wanted_by
             return thief
 
@@ -513,24 +280,7 @@ class Leasing(LostDeliveries, Queues):
             return 0
         with self.write() as conn:
             pairs = [(lease.partition_id, lease.epoch) for lease in leases]
-            if self.mysql:
-                # By id, the epochs compared here: a row-value IN may scan the table (see `by_id`).
-                held = conn.execute(
-                    by_id(select(P.id, P.lease_epoch))
-                    .where(P.id.in_(sorted({pid for pid, _ in pairs})), P.lease_owner == watcher_id)
-                    .order_by(P.id)
-                    .with_for_update()
-                ).all()
-                ours = set(pairs)
-                ids = [r.id for r in held if (r.id, r.lease_epoch) in ours]
-            else:
-                ids = list(
-                    conn.execute(
-                        select(P.id)
-                        .where(tuple_(P.id, P.lease_epoch).in_(pairs), P.lease_owner == watcher_id)
-                        .with_for_update()
-                    ).scalars()
-                )
+            ids = self.dialect.lock_leases(conn, watcher_id, pairs)
             if not ids:
                 return 0
             epochs = dict(pairs)
@@ -548,5 +298,5 @@ class Leasing(LostDeliveries, Queues):
             self._touch(conn, ids, P.lease_owner == watcher_id, **NO_LEASE)
             self._events(conn, [event(pid, kind, watcher=watcher_id) for pid in ids])
             for queue in set(conn.execute(select(P.queue).where(P.id.in_(ids))).scalars()):
-                notify_ready(conn, queue)  # another watcher can take them at once
+                self.dialect.notify_ready(conn, queue)  # another watcher can take them at once
             return len(ids)

@@ -9,60 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, insert, select, text, tuple_, update
+from sqlalchemy import delete, exists, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..core.records import LOST, Lease, ReadyItem, Unanswered, decode_inflight, encode_inflight
-from .answers import RECORDS_KEPT, _from_micros
+from .answers import RECORDS_KEPT, from_micros
 from .base import AVAILABLE, FAILED, IS_AVAILABLE, A, F, I, P, event
-from .dialects import db_now
-from .dispatch import MARK_INFLIGHT
 from .escaping import storable
 from .gating import GateWriter
-from .queues import mysql_rows
-from .schema import attempts, inflight, items
-
-# A lost delivery charged (version-guarded: an item answered meanwhile is left alone).
-_CHARGE_LOST = (
-    update(items)
-    .where(I.id == bindparam("b_id"), I.version == bindparam("b_version"), I.status == IS_AVAILABLE)
-    .values(
-        status=bindparam("b_status"),
-        attempts=bindparam("b_attempts"),
-        lost=I.lost + 1,
-        deliveries=I.deliveries + 1,
-        last_error=bindparam("b_error"),
-        next_attempt_at=db_now(),
-        progress=None,
-        version=I.version + 1,
-        updated_at=db_now(),
-    )
-)
-# MariaDB/MySQL's twin: one UPDATE joined to the charges (PyMySQL runs an executemany UPDATE as one
-# statement per row), version-guarded alike.
-_MYSQL_CHARGE_LOST = """
-    UPDATE feedproc_items AS i JOIN ({rows}) AS c ON i.id = c.id AND i.version = c.version
-    SET i.status = c.status, i.attempts = c.attempts, i.lost = i.lost + 1, i.deliveries = i.deliveries + 1,
-        i.last_error = c.error, i.next_attempt_at = UTC_TIMESTAMP(6), i.progress = NULL,
-        i.version = i.version + 1, i.updated_at = UTC_TIMESTAMP(6)
-    WHERE i.status = 'available'
-"""
-_MYSQL_CHARGE_CELLS = (("id", "%s"), ("version", "%s"), ("status", "%s"), ("attempts", "%s"), ("error", "%s"))
-
-# `isolate`'s record on MariaDB/MySQL (MARK_INFLIGHT's ON CONFLICT ... WHERE is PostgreSQL's and
-# SQLite's): ON DUPLICATE KEY UPDATE has no WHERE, so each column keeps its value unless the record is
-# of this lease or an older one, `epoch` assigned last (an assignment sees those made before it). The
-# record is rewritten whole, its "=" kept as on a first insert (decoding ignores it).
-_MYSQL_NEWER_OR_SAME = "feedproc_inflight.epoch <= VALUES(epoch)"
-_MYSQL_MARK_ISOLATED = text(
-    f"""
-    INSERT INTO feedproc_inflight (partition_id, watcher, epoch, entries) VALUES (:pid, :watcher, :epoch, :entries)
-    ON DUPLICATE KEY UPDATE
-        entries = IF({_MYSQL_NEWER_OR_SAME}, VALUES(entries), feedproc_inflight.entries),
-        watcher = IF({_MYSQL_NEWER_OR_SAME}, VALUES(watcher), feedproc_inflight.watcher),
-        epoch = IF({_MYSQL_NEWER_OR_SAME}, VALUES(epoch), feedproc_inflight.epoch)
-    """
-)
+from .schema import attempts, inflight
 
 
 class LostDeliveries(GateWriter):
@@ -183,7 +138,7 @@ class LostDeliveries(GateWriter):
                     "attempt": attempt,
                     "gate": r.gate,
                     "watcher": watcher,
-                    "started_at": _from_micros(delivery.started_us),
+                    "started_at": from_micros(delivery.started_us),
                     "duration": None if delivery.duration_us is None else delivery.duration_us / 1e6,
                     "outcome": delivery.outcome,
                     "error": error,
@@ -199,15 +154,7 @@ class LostDeliveries(GateWriter):
             )
         if not updates:
             return charged
-        if self.mysql:
-            keys = ("b_id", "b_version", "b_status", "b_attempts", "b_error")
-            charges = mysql_rows(_MYSQL_CHARGE_CELLS, len(updates))
-            conn.exec_driver_sql(_MYSQL_CHARGE_LOST.format(rows=charges), tuple(u[k] for u in updates for k in keys))
-            # one multi-row INSERT (PyMySQL's executemany runs a statement per row when VALUES hold SQL)
-            conn.execute(insert(attempts).values([{**r, "ended_at": db_now()} for r in records]))
-        else:
-            conn.execute(_CHARGE_LOST, updates)
-            conn.execute(insert(attempts).values(ended_at=db_now()), records)
+        self.dialect.charge_lost(conn, updates, records)  # version-guarded: an item answered meanwhile is left alone
         if trimmed:
             conn.execute(delete(attempts).where(tuple_(A.item_id, A.n).in_([tuple_(i, n) for i, n in trimmed])))
         self._events(conn, history)
@@ -233,5 +180,5 @@ class LostDeliveries(GateWriter):
                 return False
             entries = "=" + encode_inflight([(item.id, item.version)], alone=True)
             params = {"pid": item.partition_id, "watcher": watcher_id, "epoch": item.epoch, "entries": entries}
-            conn.execute(self._twin(MARK_INFLIGHT, MARK_INFLIGHT, _MYSQL_MARK_ISOLATED), params)
+            self.dialect.mark_isolated(conn, params)
             return True

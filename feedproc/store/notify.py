@@ -4,8 +4,9 @@ Producers (and watchers, when they hand a partition over) send `NOTIFY feedproc_
 in the same transaction as the change, so it is delivered exactly when the change is visible. A
 watcher's `Listener` holds one extra connection in LISTEN mode on a thread of its own and calls back
 on each notification for its queue; polling remains the fallback, and the only mechanism on SQLite
-and MariaDB/MySQL, which have no LISTEN: every `notify_*` below is a no-op there, and no listener is
-started (watchers, `Feed.listen_ready` and `wait` check `store.postgres`).
+and MariaDB/MySQL, which have no LISTEN: their dialects' `notify_*` operations send nothing, and no
+listener is started (watchers, `Feed.listen_ready` and `wait` check `store.dialect.notifies`). The
+notifications themselves are PostgreSQL's dialect's (`dialect/postgresql/`); the channels are here.
 
 A watcher that asks for a steal sends `NOTIFY feedproc_wanted, '<owner watcher id>'`: the owner
 hands the partition over as soon as its in-flight items are done, instead of at its next poll.
@@ -23,36 +24,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import Connection
+from sqlalchemy import Engine
 
 from .prefixes import prefix_of, qualify
 
 log = logging.getLogger("feedproc.store.notify")
 CHANNEL = "feedproc_ready"
-_NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :queue)")
 WANTED_CHANNEL = "feedproc_wanted"
-_NOTIFY_WANTED = text(f"SELECT pg_notify('{WANTED_CHANNEL}', :watcher)")
 FINISHED_CHANNEL = "feedproc_finished"
-_NOTIFY_FINISHED = text(f"SELECT pg_notify('{FINISHED_CHANNEL}', :key)")
-
-
-def notify_ready(conn: Connection, queue: str) -> None:
-    """Tell listening watchers that `queue` has new work (delivered at commit; PostgreSQL only)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(_NOTIFY, {"queue": queue})
-
-
-def notify_wanted(conn: Connection, owner: str) -> None:
-    """Tell watcher `owner` that partitions of its are wanted by another (at commit; PostgreSQL only)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(_NOTIFY_WANTED, {"watcher": owner})
-
-
-def notify_finished(conn: Connection, key: str) -> None:
-    """Tell waiters that partition `key` reached a final state (delivered at commit; PostgreSQL only)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(_NOTIFY_FINISHED, {"key": key})
 
 
 def _dsn(engine: Engine) -> str:

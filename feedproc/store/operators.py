@@ -13,8 +13,8 @@ from sqlalchemy.engine import Connection
 
 from ..core.errors import InvalidInput
 from .base import IS_AVAILABLE, IS_FAILED, I, P, W, iso
-from .dialects import db_now
 from .escaping import storable
+from .foundations import db_now
 from .reading import MAX_PAGE, add_count, count_items, count_partitions, zero_counts
 from .schema import items, partitions
 from .tolerating import Tolerating

@@ -11,7 +11,7 @@ from sqlalchemy import and_, bindparam, case, func, select, update
 
 from ..core.errors import InvalidInput, NotFound
 from .base import IS_AVAILABLE, I, P, StoreBase
-from .dialects import UTCDateTime, seconds_until
+from .foundations import UTCDateTime, seconds_until
 from .schema import items, partitions
 
 #: When an available partition's current gate has work due: its earliest item's time, or its

@@ -23,9 +23,8 @@ from ..core.models import check_queue
 from ..core.pipelines import PipelineSpec, from_mapping
 from ..core.policy import RetryPolicy
 from .base import StoreBase
-from .dialects import db_now
 from .escaping import storable
-from .notify import notify_ready
+from .foundations import db_now
 from .schema import items, partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c
@@ -57,7 +56,7 @@ class Pipelines(StoreBase):
             else:
                 conn.execute(update(pipelines).where(PL.queue == spec.queue).values(**values))
             self._keep_schedules(conn, spec)
-            notify_ready(conn, spec.queue)  # watchers of the queue look again now
+            self.dialect.notify_ready(conn, spec.queue)  # watchers of the queue look again now
             return spec.with_version(version)
 
     def _keep_schedules(self, conn: Connection, spec: PipelineSpec) -> None:
@@ -77,7 +76,7 @@ class Pipelines(StoreBase):
         with self.write() as conn:
             conn.execute(delete(schedules).where(SC.queue == queue))
             done = conn.execute(delete(pipelines).where(PL.queue == queue)).rowcount
-            notify_ready(conn, queue)
+            self.dialect.notify_ready(conn, queue)
             return bool(done)
 
     def pipeline(self, queue: str) -> PipelineSpec | None:

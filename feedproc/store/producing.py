@@ -32,9 +32,8 @@ from .base import (
     P,
     this_process,
 )
-from .dialects import db_now
+from .foundations import db_now
 from .gating import CROSSED, GateWriter
-from .notify import notify_finished, notify_wanted
 from .schema import items, partitions
 
 NewItems = Iterable[NewItem | tuple[int, bytes] | dict[str, Any]]
@@ -127,8 +126,7 @@ class Producing(GateWriter):
             updated_at=db_now(),
             **(schedule or _schedule_values(1, None, None, None)),
         )
-        # MySQL has no INSERT ... RETURNING: the id InnoDB gave it, as the driver reports it
-        pid = int(conn.execute(created).lastrowid) if self.mysql else conn.execute(created.returning(P.id)).scalar_one()
+        pid = self.dialect.insert_partition(conn, created)
         count, first_gate = self._insert_items(conn, pid, new_items, partition_gate=None)
         if first_gate != 0:  # inserted at gate 0, where most partitions start
             conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
@@ -202,9 +200,9 @@ class Producing(GateWriter):
             ).rowcount
             self._touch(conn, row.id, status=CANCELLED, ready_at=None, **NO_LEASE)
             self._event(conn, row.id, "cancelled", detail={"items": count})
-            notify_finished(conn, key)
+            self.dialect.notify_finished(conn, key)
             if row.lease_owner is not None:  # its watcher reads its leases now, and cancels the calls running
-                notify_wanted(conn, row.lease_owner)
+                self.dialect.notify_wanted(conn, row.lease_owner)
 
     def checkpoint(self, key: str) -> int:
         """Advance a manual-checkpoint partition whose gate has drained; returns the new gate."""

@@ -8,8 +8,8 @@ answer goes through the watchers' writer (`Answers._write_outcomes`) and the gat
 (`_settle`) in one transaction that holds the partition's lock, so the barrier is checked where
 the gate advances, exactly as for a watcher's group commit. Items are claimed only at their
 partition's current gate, never in a partition a watcher holds a lease on, and never while
-another claim holds them (`feedproc_items.claimed_until`); which items those are, per dialect, is
-`claimable.py`.
+another claim holds them (`feedproc_items.claimed_until`); which items those are is the dialect's
+`find_claimable` (`claimable.py` says in what order).
 
 A claim that expires is a delivery that failed: it counts an attempt and is retried with backoff
 (or fails the item when its attempts run out), with a delivery record naming the worker.
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
@@ -33,9 +33,8 @@ from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
-from .claimable import claimable
-from .dialects import db_now, pg_bigint_array, seconds_from_now, stored_bytes
 from .escaping import storable
+from .foundations import db_now, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
 from .queues import Queues
 from .schema import claims, items, partitions
@@ -45,10 +44,8 @@ ClaimAnswer = tuple[int, str, Response | None, BaseException | None]
 EXPIRED_PER_SWEEP = 200  # expired claims settled per transaction
 WORKER_LIMIT = 120  # characters of a worker's name that its claims keep (feedproc_claims.worker)
 
-# What `claim` reads back on MariaDB/MySQL, which has no UPDATE ... RETURNING.
-_MYSQL_CLAIMED = select(I.id, I.version, I.claimed_until).where(I.id.in_(bindparam("ids", expanding=True)))
-
-_CLAIM_COLUMNS = (
+#: A claim as `claim`, answers and expiry read it (`Dialect.claims_of`).
+CLAIM_COLUMNS = (
     C.token,
     C.item_id,
     C.partition_id,
@@ -62,28 +59,6 @@ _CLAIM_COLUMNS = (
     C.claimed_at,
     C.expires_at,
     (C.expires_at > db_now()).label("live"),
-)
-
-
-# The same reads and the claims' end on PostgreSQL, with arrays instead of one bound parameter per
-# value (an answer batch of 100: 1.9 and 2.2 ms for the expanded IN lists, measured with engine events).
-_PG_CLAIMS_OF = text(
-    """
-    SELECT token, item_id, partition_id, queue, worker, gate, version, weight, lease_seconds, state,
-           claimed_at, expires_at, expires_at > now() AS live
-    FROM feedproc_claims WHERE token = ANY(CAST(:tokens AS varchar[]))
-    """
-)
-_PG_ITEMS_OF = text(
-    """
-    SELECT i.id, i.version, i.partition_id, i.gate, i.status, i.attempts, i.deliveries, i.lost, p.key, p.queue,
-           p.status AS partition_status
-    FROM feedproc_items AS i JOIN feedproc_partitions AS p ON p.id = i.partition_id
-    WHERE i.id = ANY(CAST(:ids AS bigint[]))
-    """
-)
-_PG_END_CLAIMS = text(
-    "UPDATE feedproc_claims SET state = :state, ended_at = now() WHERE token = ANY(CAST(:tokens AS varchar[]))"
 )
 
 
@@ -125,7 +100,7 @@ class Pulling(Answers, Queues, Pipelines):
                 gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
             blocked = {gate for gate, free in gate_room.items() if free <= 0}
             blocked.update(spec.closed_gates(now) if spec is not None else ())
-            rows = claimable(conn, queue, max_items, sorted(blocked), postgres=self.postgres, mysql=self.mysql)
+            rows = self.dialect.find_claimable(conn, queue, max_items, sorted(blocked))
             chosen = _within_limits(rows, now, room, gate_room, gate_limits)
             if not chosen:
                 return []
@@ -139,11 +114,7 @@ class Pulling(Answers, Queues, Pipelines):
                     version=I.version + 1,
                 )
             )
-            if self.mysql:  # no UPDATE ... RETURNING: read back (the rows are locked by this transaction)
-                conn.execute(claiming)
-                claimed = conn.execute(_MYSQL_CLAIMED, {"ids": ids}).all()
-            else:
-                claimed = conn.execute(claiming.returning(I.id, I.version, I.claimed_until)).all()
+            claimed = self.dialect.claim_items(conn, claiming, ids)
             held = {r.id: (r.version, r.claimed_until) for r in claimed}
             tokens = {r.id: secrets.token_urlsafe(24) for r in chosen}
             conn.execute(
@@ -294,7 +265,7 @@ class Pulling(Answers, Queues, Pipelines):
         """Settle up to `limit` claims (of `queue`, or every queue) that ran out without an answer:
         each counts an attempt and is retried with backoff, or fails its item when its attempts
         run out (its gate's attempts in the queue's pipeline, else `policy`'s). Returns how many were settled."""
-        query = select(*_CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
+        query = select(*CLAIM_COLUMNS).where(C.state == ACTIVE_CLAIM, C.expires_at < db_now())
         if queue is not None:
             query = query.where(C.queue == queue)
         query = query.order_by(C.expires_at).limit(limit)
@@ -307,7 +278,7 @@ class Pulling(Answers, Queues, Pipelines):
                 return 0
             pids = sorted({c.partition_id for c in found})
             conn.execute(select(P.id).where(P.id.in_(pids)).order_by(P.id).with_for_update()).all()
-            rows = {r.id: r for r in conn.execute(_item_rows([c.item_id for c in found])).all()}
+            rows = {r.id: r for r in conn.execute(item_rows([c.item_id for c in found])).all()}
             policy_of = self._gate_policies(conn, {c.queue for c in found}, policy)
             finished: list[tuple[Any, Any, Outcome]] = []
             for claim in found:
@@ -333,11 +304,11 @@ class Pulling(Answers, Queues, Pipelines):
         """The claim `token` on `item_id` and the item, the partition locked; raises NotFound for
         an unknown token and StaleClaim when it no longer holds the item."""
         token = storable(token)  # (a token with a NUL in it matches none, as any other wrong token)
-        claim = conn.execute(select(*_CLAIM_COLUMNS).where(C.token == token)).one_or_none()
+        claim = conn.execute(select(*CLAIM_COLUMNS).where(C.token == token)).one_or_none()
         if claim is None or claim.item_id != item_id:
             raise NotFound(f"item {item_id} has no claim with this token")
         conn.execute(select(P.id).where(P.id == claim.partition_id).with_for_update()).all()
-        item = conn.execute(_item_rows([item_id])).one_or_none()
+        item = conn.execute(item_rows([item_id])).one_or_none()
         refusal = _refusal(item_id, claim, item)
         if refusal is not None:
             raise refusal
@@ -362,20 +333,13 @@ class Pulling(Answers, Queues, Pipelines):
         self._end_claims(conn, [claim.token for claim, _, _ in done], state)
 
     def _end_claims(self, conn: Connection, tokens: list[str], state: str) -> None:
-        if self.postgres:
-            conn.execute(_PG_END_CLAIMS, {"tokens": tokens, "state": state})
-        else:
-            conn.execute(update(claims).where(C.token.in_(tokens)).values(state=state, ended_at=db_now()))
+        self.dialect.end_claims(conn, tokens, state)
 
     def _claims_of(self, conn: Connection, tokens: list[str]) -> list[Any]:
-        if self.postgres:
-            return list(conn.execute(_PG_CLAIMS_OF, {"tokens": tokens}))
-        return list(conn.execute(select(*_CLAIM_COLUMNS).where(C.token.in_(tokens))))
+        return self.dialect.claims_of(conn, tokens)
 
     def _items_of(self, conn: Connection, ids: list[int]) -> list[Any]:
-        if self.postgres:
-            return list(conn.execute(_PG_ITEMS_OF, {"ids": pg_bigint_array(ids)}))
-        return list(conn.execute(_item_rows(ids)))
+        return self.dialect.items_of(conn, ids)
 
 
 def _within_limits(
@@ -412,7 +376,8 @@ def _by_queue_and_worker(done: Sequence[tuple[Any, Any, Outcome]]) -> dict[tuple
     return grouped
 
 
-def _item_rows(ids: list[int]) -> Any:
+def item_rows(ids: list[int]) -> Any:
+    """Items `ids` with what answering their claims checks of them and their partition."""
     return (
         select(
             I.id,

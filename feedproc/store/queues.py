@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, case, delete, func, insert, literal, select, update
+from sqlalchemy import Row, case, delete, func, insert, literal, select, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
@@ -40,40 +40,11 @@ from .base import (
     iso,
     utcnow,
 )
-from .dialects import db_now
 from .escaping import storable
-from .notify import notify_ready
-from .schema import inflight, items, partitions, queues, watchers
+from .foundations import db_now
+from .schema import inflight, partitions, queues, watchers
 
 QUEUE_MODES = ("push", "pull")
-
-# A report without a fraction (or a start) keeps the stored one. A start is written for a delivery
-# still running at a heartbeat: the running view's "elapsed" (the answer overwrites it).
-_STORE_PROGRESS = (
-    update(items)
-    .where(I.id == bindparam("b_id"), I.gate == bindparam("b_gate"), I.status == IS_AVAILABLE)
-    .values(
-        progress=func.coalesce(bindparam("b_progress", type_=items.c.progress.type), I.progress),
-        started_at=func.coalesce(bindparam("b_started", type_=items.c.started_at.type), I.started_at),
-    )
-)
-# MariaDB/MySQL's twin: one UPDATE joined to the reports (PyMySQL runs an executemany UPDATE as one
-# statement per row).
-_MYSQL_STORE_PROGRESS = """
-    UPDATE feedproc_items AS i JOIN ({rows}) AS r ON i.id = r.id AND i.gate = r.gate
-    SET i.progress = COALESCE(r.progress, i.progress), i.started_at = COALESCE(r.started, i.started_at)
-    WHERE i.status = 'available'
-"""
-_MYSQL_PROGRESS_CELLS = (("id", "%s"), ("gate", "%s"), ("progress", "%s"), ("started", "CAST(%s AS DATETIME(6))"))
-
-
-def mysql_rows(cells: Sequence[tuple[str, str]], count: int) -> str:
-    """`count` rows of bound values as a derived table for MariaDB/MySQL, its columns named as `cells`
-    (name, placeholder expression) say: `SELECT %s AS a, %s AS b UNION ALL SELECT %s, %s ...`, for a
-    statement run with `exec_driver_sql` (a table value constructor is VALUES on MariaDB and VALUES ROW
-    on MySQL; this is both's)."""
-    first = "SELECT " + ", ".join(f"{cell} AS {name}" for name, cell in cells)
-    return first + (" UNION ALL SELECT " + ", ".join(cell for _, cell in cells)) * (count - 1)
 
 
 class Queues(StoreBase):
@@ -136,7 +107,7 @@ class Queues(StoreBase):
                 conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
             else:
                 conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
-            notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
+            self.dialect.notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
             return self._queue(conn, name)
 
     def queue_settings(self, name: str) -> QueueSettings:
@@ -256,16 +227,9 @@ class Queues(StoreBase):
         kept = [r for r in reports if epochs.get(r.partition_id) == r.epoch]
         if not kept:
             return
-        if self.mysql:
-            # (the driver's own parameters: a start as a naive UTC DATETIME, as UTCDateTime binds it)
-            values = [v for r in kept for v in (r.item_id, r.gate, r.fraction, _started(r, naive=True))]
-            rows = mysql_rows(_MYSQL_PROGRESS_CELLS, len(kept))
-            conn.exec_driver_sql(_MYSQL_STORE_PROGRESS.format(rows=rows), tuple(values))
-            return
-        conn.execute(
-            _STORE_PROGRESS,
-            [{"b_id": r.item_id, "b_gate": r.gate, "b_progress": r.fraction, "b_started": _started(r)} for r in kept],
-        )
+        # A report without a fraction (or a start) keeps the stored one. A start is written for a
+        # delivery still running at a heartbeat: the running view's "elapsed" (the answer overwrites it).
+        self.dialect.store_progress(conn, kept)
 
     def _schedule_status(self, conn: Connection, row: Row[Any], counts: dict[str, dict[str, int]]) -> dict[str, Any]:
         """The `status KEY` keys on scheduling: `schedule` (weight, item timeout, windows and when the
@@ -315,7 +279,7 @@ def stored_operations(text: str | None) -> tuple[tuple[str, str], ...]:
         return ()
 
 
-def _started(report: ProgressReport, *, naive: bool = False) -> datetime | None:
+def started_of(report: ProgressReport, *, naive: bool = False) -> datetime | None:
     """When a report's delivery started (UTC), if it says."""
     if report.started_us is None:
         return None

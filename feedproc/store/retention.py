@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, func, select
 
 from .base import CANCELLED, COMPLETE, A, C, E, F, I, P, StoreBase
-from .dialects import seconds_from_now
+from .foundations import seconds_from_now
 from .schema import attempts, claims, events, inflight, items, partitions
 
 
@@ -61,10 +61,7 @@ class Retention(StoreBase):
                 while True:
                     with self.write() as conn:
                         chunk = select(row_key).where(column.in_(ids)).limit(batch)
-                        if self.mysql:
-                            # No LIMIT in an IN subquery there, nor a DELETE reading its own table: the
-                            # chunk goes through a derived table (materialized: its LIMIT keeps it unmerged).
-                            chunk = select(chunk.subquery("chunk").c[0])
+                        chunk = self.dialect.deletable(chunk)  # MariaDB/MySQL: through a derived table
                         removed = conn.execute(delete(table).where(row_key.in_(chunk.scalar_subquery()))).rowcount
                     deleted[key] += removed
                     if removed < batch:

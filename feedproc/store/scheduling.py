@@ -21,7 +21,7 @@ from ..core.errors import DatabaseRefused, InvalidInput
 from ..core.models import check_queue
 from ..core.pipelines import PipelineSpec, ScheduleSpec
 from .base import P, iso
-from .dialects import db_now
+from .foundations import db_now
 from .pipelines import Pipelines
 from .producing import Producing
 from .schema import pipelines, schedules

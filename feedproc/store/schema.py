@@ -22,7 +22,7 @@ from sqlalchemy import (
     text,
 )
 
-from .dialects import Blob, Float64, LongText, UTCDateTime
+from .foundations import Blob, Float64, LongText, UTCDateTime
 
 metadata = MetaData()
 

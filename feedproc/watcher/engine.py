@@ -241,7 +241,7 @@ class Watcher:
             cfg.lease_seconds,
         )
         listener = None
-        if self.store.postgres:
+        if self.store.dialect.notifies:
             loop = asyncio.get_running_loop()
             listener = Listener(
                 self.store.engine,

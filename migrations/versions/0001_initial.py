@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import Blob, LongText, UTCDateTime, table_options
+from feedproc.store.foundations import Blob, LongText, UTCDateTime, table_options
 
 revision = "0001"
 down_revision = None

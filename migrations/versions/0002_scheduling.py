@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import Float64, LongText, UTCDateTime, table_options
+from feedproc.store.foundations import Float64, LongText, UTCDateTime, table_options
 
 revision = "0002"
 down_revision = "0001"

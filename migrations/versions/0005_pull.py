@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import Float64, UTCDateTime, table_options
+from feedproc.store.foundations import Float64, UTCDateTime, table_options
 
 revision = "0005"
 down_revision = "0004"

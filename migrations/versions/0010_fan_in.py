@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from feedproc.store.dialects import Blob, Float64, LongText, table_options
+from feedproc.store.foundations import Blob, Float64, LongText, table_options
 
 revision = "0010"
 down_revision = "0009"

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import update
 
 from feedproc import Feed
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import partitions
 
 from ..support import run_cli

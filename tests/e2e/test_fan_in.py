@@ -22,7 +22,7 @@ from sqlalchemy import text
 from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.records import Kind
-from feedproc.store.dialects import db_now
+from feedproc.store.foundations import db_now
 
 from ..api_support import ApiServer, ServeProcess
 from ..support import (
@@ -122,11 +122,11 @@ def complete_items(feed: Feed, key: str, gate: int, count: int) -> None:
     with store.write() as conn:
         pid = conn.execute(text('SELECT id FROM feedproc_partitions WHERE "key" = :key'), {"key": key}).scalar_one()
         params = {"pid": pid, "gate": gate, "count": count}
-        if store.postgres:
+        if store.dialect.name == "postgresql":
             series = "generate_series(1, :count) AS s(n)"
             result = "convert_to('{\"n\":' || n || '}', 'UTF8')"
             data = "'\\x7b7d'::bytea"
-        elif store.mysql:
+        elif store.dialect.name == "mysql":
             series = f"seq_1_to_{int(count)} AS s"
             result, data = "CONCAT('{\"n\":', s.seq, '}')", "'{}'"
         else:

@@ -318,7 +318,7 @@ def test_sigterm_commits_in_flight_answers_and_yields_to_a_running_watcher_withi
     assert leased_after and leased_after[0]["watcher"] == b.id, events
     gap = leased_after[0]["at"] - yielded[0]["at"]
     print(f"a stopped {took:.2f}s after SIGTERM; b leased the partition {gap * 1000:.0f} ms after a yielded it")
-    limit = 0.25 if feed.store.postgres else poll + 0.35  # PostgreSQL: NOTIFY, not the next poll
+    limit = 0.25 if feed.store.dialect.notifies else poll + 0.35  # PostgreSQL: NOTIFY, not the next poll
     assert gap <= limit, f"b leased the partition {gap:.3f}s after a yielded it (at most {limit}s)"
 
     in_flight = [c for c in calls(handler) if c.watcher == "a" and c.start < term.at]

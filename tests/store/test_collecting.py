@@ -12,7 +12,7 @@ from feedproc.core.pipelines import Collects
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import Kind, ReadyItem
 from feedproc.store import Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import claims, items, partitions
 
 from ..support import A, answer, lease_and_fetch, register

@@ -28,7 +28,7 @@ from feedproc.core.records import (
     encode_inflight,
 )
 from feedproc.store import RECORDS_KEPT, Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import attempts, inflight, partitions
 
 from ..support import A, B, answer, register

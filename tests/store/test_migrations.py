@@ -13,7 +13,7 @@ from sqlalchemy import Boolean, Column, ColumnClause, Index, Inspector, UniqueCo
 
 from feedproc.core.errors import SchemaAhead, SchemaMissing
 from feedproc.store import Store, alembic_config
-from feedproc.store.dialects import MYSQL
+from feedproc.store.foundations import MYSQL
 from feedproc.store.schema import metadata
 
 from ..support import run_cli

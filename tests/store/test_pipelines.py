@@ -13,7 +13,7 @@ from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import SlotClaim
 from feedproc.store import Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import claims, pipelines
 
 from ..support import register, statements_observed

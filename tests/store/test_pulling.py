@@ -14,7 +14,7 @@ from sqlalchemy import update
 from feedproc import Feed
 from feedproc.core.errors import InvalidInput, NotFound, Refused, StaleClaim
 from feedproc.core.policy import RetryPolicy
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import claims
 
 from ..support import A, register

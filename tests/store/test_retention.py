@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 
 from feedproc import Feed, Item, Processor, Response, Watcher, WatcherConfig
 from feedproc.store import Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import events, items, partitions
 
 from ..support import run_cli, wait_until

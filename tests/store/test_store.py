@@ -18,7 +18,7 @@ from feedproc.core.errors import DatabaseUnavailable, DuplicateKey, InvalidInput
 from feedproc.core.models import MAX_CHILDREN, NewItem
 from feedproc.core.records import Kind, Lease
 from feedproc.store import INSERT_CHUNK, Store
-from feedproc.store.dispatch import PG_FETCH_READY
+from feedproc.store.dialect.postgresql import PG_FETCH_READY
 from feedproc.store.schema import items, partitions
 
 from ..support import A, B, answer, fail, lease_and_fetch, register, statements_observed, wait_until, work_off
@@ -43,7 +43,7 @@ def history(store: Store, key: str, kind: str | None = None) -> list[dict[str, A
 
 def db_clock(store: Store) -> datetime:
     with store.read() as conn:
-        if store.postgres:
+        if store.dialect.name == "postgresql":
             return conn.execute(select(func.now())).scalar_one()
     return datetime.now(UTC)
 
@@ -1093,7 +1093,7 @@ def sent_statements(store: Store, seen: list[str]) -> Iterator[None]:
     """Record every statement sent to the server: on MariaDB/MySQL those the driver sends (PyMySQL
     turns an executemany it cannot batch into one statement per row, which SQLAlchemy's events see
     as one), elsewhere those SQLAlchemy executes."""
-    if not store.mysql:
+    if store.dialect.name != "mysql":
         with statements_observed(store, lambda conn, statement: seen.append(statement)):
             yield
         return

@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from feedproc import Feed
 from feedproc.core.errors import DatabaseRefused, NotFound
 from feedproc.core.policy import RetryPolicy
-from feedproc.store.dialects import db_now
+from feedproc.store.foundations import db_now
 from feedproc.store.schema import claims
 
 QUEUE = "gpu"

@@ -16,7 +16,7 @@ from feedproc.core.errors import InvalidInput, Refused, StaleClaim
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import Kind
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import partitions
 
 from ..support import A, B, answer, db_state, fail, history_of, lease_and_fetch, register

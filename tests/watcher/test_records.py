@@ -14,7 +14,7 @@ from sqlalchemy import make_url, select, text, update
 
 from feedproc import Feed, Item, Processor, Response
 from feedproc.store import Store
-from feedproc.store.dialects import seconds_from_now
+from feedproc.store.foundations import seconds_from_now
 from feedproc.store.schema import inflight, partitions, watchers
 
 from ..support import A, register, wait_status, wait_until, watching

@@ -209,7 +209,7 @@ def test_a_dead_watchers_slots_come_back_when_its_registration_expires(feed: Fee
     from sqlalchemy import update
 
     from feedproc.core.records import SlotClaim
-    from feedproc.store.dialects import seconds_from_now
+    from feedproc.store.foundations import seconds_from_now
     from feedproc.store.schema import watchers
 
     feed.set_queue("default", limit=2)

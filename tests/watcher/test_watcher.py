@@ -24,7 +24,7 @@ from sqlalchemy import make_url, select, text, update
 
 from feedproc import Feed, Item, PermanentError, Processor, Response
 from feedproc.store import Store
-from feedproc.store.dialects import db_now, seconds_from_now
+from feedproc.store.foundations import db_now, seconds_from_now
 from feedproc.store.schema import items, partitions
 
 from ..support import WatcherThread, history_of, wait_status, wait_until, watching

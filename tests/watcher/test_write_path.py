@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from sqlalchemy import select
 from feedproc import Feed, Item, Processor, Response
 from feedproc.core.records import Kind
 from feedproc.store import Store
-from feedproc.store.schema import partitions
+from feedproc.store.schema import items, partitions
 from feedproc.watcher import delivery as watcher_module  # where a delivery's answer is read
 
 from ..support import WatcherThread, wait_status, wait_until, watching
@@ -101,14 +102,17 @@ def test_a_database_write_that_fails_for_one_answer_fails_only_that_item(
     add(feed, "bad")
     add(feed, "good")
     target = item_id(feed, "bad", 11)
-    real = Store._write_outcomes
+    first = item_version(feed, target)  # its first delivery's answer is written under this version
 
-    def write_outcomes(self: Store, conn: Any, kept: list[Any], watcher_id: str) -> None:
-        if any(o.item_id == target and o.kind == Kind.DONE and o.n == 1 for o in kept):
+    def refuse(rows: list[Any]) -> None:
+        """The database refuses the row of the target's first answer, "done", as the dialect writes it."""
+        if any(row["id"] == target and row["version"] == first and row["status"] == "complete" for row in rows):
             raise RuntimeError("injected: the database refused the row")
-        real(self, conn, kept, watcher_id)
 
-    monkeypatch.setattr(Store, "_write_outcomes", write_outcomes)
+    # The dialect's two writes of answers: the common "done" (where the dialect writes it narrowly)
+    # and every other answer.
+    inject(monkeypatch, feed, "complete_items", lambda conn, done, *rest: refuse([_done_row(o) for o in done]))
+    inject(monkeypatch, feed, "update_items", lambda conn, rows, *rest: refuse(rows))
     with watching(db_url, Numbered()):
         wait_status(feed, "good", "complete")
         wait_status(feed, "bad", "complete")
@@ -146,12 +150,13 @@ def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
     add(feed, "good")
     bad, broken, let_go = partition_id(feed, "bad"), threading.Event(), threading.Event()
     broken.set()
-    real = Store._settle_after_answers
 
-    def settle(self: Store, conn: Any, kept: list[Any], *args: Any) -> Any:
-        if broken.is_set() and any(o.partition_id == bad for o in kept):
+    def settle(conn: Any, pids: list[int], *rest: Any) -> None:
+        """The settle's first statement (each answered partition's ready_at) fails for "bad"."""
+        if broken.is_set() and bad in pids:
             raise RuntimeError("injected: settle")
-        return real(self, conn, kept, *args)
+
+    inject(monkeypatch, feed, "refresh_ready_at", settle)
 
     class Heal(logging.Handler):
         """At a let-go once "good" is complete, the fault heals: with nothing else to write, three
@@ -163,7 +168,6 @@ def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
                 if feed.status("good")["status"] == "complete":
                     broken.clear()
 
-    monkeypatch.setattr(Store, "_settle_after_answers", settle)
     logger, heal = logging.getLogger("feedproc.watcher"), Heal()
     logger.addHandler(heal)
     try:
@@ -193,6 +197,29 @@ def test_a_watcher_whose_writes_keep_failing_stops_and_lets_its_leases_go(
         assert feed.status("p")["lease"] is None  # released on the way out
     finally:
         running.stop()
+
+
+def inject(monkeypatch: pytest.MonkeyPatch, feed: Feed, operation: str, fault: Callable[..., None]) -> None:
+    """Run `fault` (with the operation's arguments: it raises to fail it) before each call of the named
+    operation of the database's `Dialect`, in every store of this process (the watcher's included)."""
+    dialect = type(feed.store.dialect)
+    real = getattr(dialect, operation)
+
+    def faulty(self: Any, *args: Any) -> Any:
+        fault(*args)
+        return real(self, *args)
+
+    monkeypatch.setattr(dialect, operation, faulty)
+
+
+def _done_row(outcome: Any) -> dict[str, Any]:
+    """A "done" outcome as the row `update_items` would write."""
+    return {"id": outcome.item_id, "version": outcome.version, "status": "complete"}
+
+
+def item_version(feed: Feed, item: int) -> int:
+    with feed.store.read() as conn:
+        return conn.execute(select(items.c.version).where(items.c.id == item)).scalar_one()
 
 
 def partition_id(feed: Feed, key: str) -> int:

@@ -1,8 +1,8 @@
-"""What differs between SQLite, PostgreSQL and MariaDB/MySQL below the statements.
+"""What SQLite, PostgreSQL and MariaDB/MySQL share below the statements, each in its form per database.
 
 The store writes dialect-neutral SQLAlchemy Core where it can; where the databases need different
-statements, the store's modules keep the twins side by side (chosen by `StoreBase._twin`). This
-module supplies what the statements share:
+statements, each database's `Dialect` (`dialect/`) holds them. This module supplies what the
+statements stand on:
 
 * `UTCDateTime`, a timestamp type that reads back as an aware UTC `datetime` on every engine, and
   `Float64`, `Blob` and `LongText`, whose MySQL forms hold what the others do;
@@ -12,8 +12,7 @@ module supplies what the statements share:
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
   PostgreSQL: psycopg 3, pre-ping so a restarted server is survived; MariaDB/MySQL: PyMySQL,
   READ COMMITTED like PostgreSQL, UTC sessions, ANSI quoting and `||`);
-* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor;
-* `merging_upsert`, an INSERT that merges a number into the row already there (accumulators).
+* `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import DateTime, Engine, Float, LargeBinary, Table, Text, create_engine, event, func, make_url
+from sqlalchemy import DateTime, Engine, Float, LargeBinary, Text, create_engine, event, make_url
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import ArgumentError
@@ -358,47 +357,6 @@ def _sqlite_engine(url: URL, options: dict[str, Any]) -> Engine:
     return engine
 
 
-#: How `merging_upsert` combines the stored value with the inserted one: SQL function per dialect
-#: (None: addition). SQLite's min() and max() with two arguments are scalar functions.
-_COMBINED = {
-    "postgresql": {"add": None, "min": "least", "max": "greatest"},
-    "sqlite": {"add": None, "min": "min", "max": "max"},
-    "mysql": {"add": None, "min": "least", "max": "greatest"},
-}
-_UPSERTS: dict[tuple[str, str, str], Any] = {}
-
-
-def merging_upsert(bind: Engine | Connection, table: Table, value: str, combination: str) -> Any:
-    """INSERT rows of `table` (run with a list of rows: one statement), each merging its `value`
-    into the row with the same primary key when there is one: `combination` "add" adds them, "min"
-    and "max" keep the lesser or the greater. PostgreSQL and SQLite `ON CONFLICT (key) DO UPDATE`
-    (with `excluded`), MariaDB/MySQL `ON DUPLICATE KEY UPDATE` (with the inserted row's value).
-    The rows must not repeat a key (PostgreSQL refuses to update one row twice in a statement)."""
-    family = "mysql" if bind.dialect.name in MYSQL else bind.dialect.name
-    cached = _UPSERTS.get((family, table.name, combination))
-    if cached is not None:
-        return cached
-    function = _COMBINED[family][combination]
-    stored = table.c[value]
-    if family == "mysql":
-        statement: Any = mysql.insert(table)
-        given = statement.inserted[value]
-    else:
-        from sqlalchemy.dialects import postgresql as pg
-        from sqlalchemy.dialects import sqlite as lite
-
-        statement = (pg.insert if family == "postgresql" else lite.insert)(table)
-        given = statement.excluded[value]
-    merged = stored + given if function is None else getattr(func, function)(stored, given)
-    if family == "mysql":
-        statement = statement.on_duplicate_key_update({value: merged})
-    else:
-        key = [column.name for column in table.primary_key.columns]
-        statement = statement.on_conflict_do_update(index_elements=key, set_={value: merged})
-    _UPSERTS[(family, table.name, combination)] = statement
-    return statement
-
-
 def stored_bytes(value: Any) -> bytes:
     """An item's data as the bytes a processor gets. SQLite keeps whatever type a row was written
     with: a producer writing with SQL may have put TEXT (or a number) in the BLOB column, which is
@@ -408,15 +366,6 @@ def stored_bytes(value: Any) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     return str(value).encode("utf-8", "surrogatepass")
-
-
-def is_postgres(engine: Engine | Connection) -> bool:
-    return engine.dialect.name == "postgresql"
-
-
-def is_mysql(engine: Engine | Connection) -> bool:
-    """MariaDB or MySQL."""
-    return engine.dialect.name in MYSQL
 
 
 def pg_bigint_array(values: Iterable[int]) -> str:
