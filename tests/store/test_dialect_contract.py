@@ -15,7 +15,9 @@ module with it: see docs/guides/adding-a-database.md. mypy checks that each clas
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import delete, func, insert, select, update
@@ -32,9 +34,9 @@ CLASSES = [SQLiteDialect, PostgreSQLDialect, MySQLDialect]
 P, I = partitions.c, items.c  # noqa: E741 - column namespaces, read as table initials
 
 
-def protocol_members() -> dict[str, object]:
-    """The protocol's members: its attributes (annotations) and its operations (functions)."""
-    members: dict[str, object] = dict.fromkeys(Dialect.__annotations__)
+def protocol_members() -> dict[str, Callable[..., Any] | None]:
+    """The protocol's members: its attributes (annotations, None here) and its operations (functions)."""
+    members: dict[str, Callable[..., Any] | None] = dict.fromkeys(Dialect.__annotations__)
     members.update({name: f for name, f in vars(Dialect).items() if inspect.isfunction(f) and not name.startswith("_")})
     return members
 
