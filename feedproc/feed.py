@@ -29,6 +29,22 @@ from .core.models import MAX_CHILDREN, NewItem, Response, check_key
 from .core.pipelines import PipelineSpec
 from .core.policy import RetryPolicy
 from .core.records import QueueSettings
+from .core.views import (
+    Failure,
+    HistoryEntry,
+    ItemRow,
+    ItemView,
+    LeaseRow,
+    PartitionRow,
+    PartitionStatus,
+    QueueView,
+    RunningItem,
+    ScheduleView,
+    Summary,
+    Throughput,
+    Timings,
+    WatcherView,
+)
 from .store import MAX_CLAIM, ClaimAnswer, Store
 
 ItemLike = NewItem | tuple[int, bytes] | dict[str, Any]
@@ -237,10 +253,10 @@ class Feed:
         database's clock), each tick's once however many callers; returns the keys created."""
         return self.store.fire_schedules(queue, now)
 
-    def schedules(self, queue: str | None = None, count: int = 3) -> list[dict[str, Any]]:
+    def schedules(self, queue: str | None = None, count: int = 3) -> list[ScheduleView]:
         """Every stored pipeline's schedules (or `queue`'s): cron, zone, key template, last tick and
         key, the next `count` ticks (ISO, UTC) and the key of the next."""
-        return self.store.schedule_list(queue, count=count)
+        return [ScheduleView.from_json(s) for s in self.store.schedule_list(queue, count=count)]
 
     @retried
     def seal(self, key: str) -> None:
@@ -264,7 +280,7 @@ class Feed:
         done = []
         for partition in self.partitions(status="failed", queue=queue, prefix=prefix, error=error, limit=limit):
             try:
-                done.append({"key": partition["key"], "retried": self.retry(partition["key"])})
+                done.append({"key": partition.key, "retried": self.retry(partition.key)})
             except Refused:
                 continue
         return done
@@ -304,9 +320,9 @@ class Feed:
         statuses = ("complete", "cancelled", "failed") if include_failed else ("complete", "cancelled")
         return self.store.cleanup(older_than, statuses=statuses, dry_run=dry_run)
 
-    def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
+    def status(self, key: str, *, history: int = 0) -> PartitionStatus:
         """The status of one partition (the `status KEY --json` object); KeyError if unknown."""
-        return self.store.status(key, history=history)
+        return PartitionStatus.from_json(self.store.status(key, history=history))
 
     @retried
     def set_queue(
@@ -341,40 +357,43 @@ class Feed:
             by=by,
         )
 
-    def queue(self, name: str) -> dict[str, Any]:
+    def queue(self, name: str) -> QueueView:
         """One queue's settings and state (limit, slots in use, windows, next opening)."""
-        return self.store.queue(name)
+        return QueueView.from_json(self.store.queue(name))
 
-    def queues(self) -> list[dict[str, Any]]:
+    def queues(self) -> list[QueueView]:
         """Every queue with settings or unfinished partitions, as `queue`."""
-        return self.store.queues()
+        return [QueueView.from_json(q) for q in self.store.queues()]
 
-    def wait(self, key: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, key: str, timeout: float | None = None) -> PartitionStatus:
         """Block until `key` is complete, failed or cancelled and return its status dict (as
         `status`). KeyError if unknown; TimeoutError after `timeout` seconds. PostgreSQL wakes the
         waiter by LISTEN/NOTIFY; SQLite and MariaDB/MySQL poll with backoff."""
         from .wait import wait_final
 
-        return wait_final(self.store, key, timeout)
+        return PartitionStatus.from_json(wait_final(self.store, key, timeout))
 
     def items(
         self, key: str, *, gate: int | None = None, status: str | None = None, after_id: int = 0, limit: int = 1000
-    ) -> list[dict[str, Any]]:
+    ) -> list[ItemRow]:
         """Items of `key` (id, gate, status, attempts, deliveries, last_error, data as bytes), in id order.
 
         At most `limit` per call; pass the last id seen as `after_id` for the next page.
         """
-        return self.store.items(key, gate=gate, status=status, after_id=after_id, limit=limit)
+        return [
+            ItemRow.from_json(i)
+            for i in self.store.items(key, gate=gate, status=status, after_id=after_id, limit=limit)
+        ]
 
-    def item(self, item_id: int) -> dict[str, Any]:
+    def item(self, item_id: int) -> ItemView:
         """One item: its fields, its data (bytes) and its deliveries oldest first (`history`: attempt,
         gate, watcher, start, end, duration, outcome, error with traceback). KeyError if unknown."""
-        return self.store.item(item_id)
+        return ItemView.from_json(self.store.item(item_id))
 
-    def summary(self, *, recent: int = 0) -> dict[str, Any]:
+    def summary(self, *, recent: int = 0) -> Summary:
         """Counts of partitions and items by status (the `status --json` object), with the `recent`
         most recently updated partitions."""
-        return self.store.summary(recent=recent)
+        return Summary.from_json(self.store.summary(recent=recent))
 
     def partitions(
         self,
@@ -387,53 +406,54 @@ class Feed:
         sort: str = "key",
         error: str | None = None,
         offset: int = 0,
-    ) -> list[dict[str, Any]]:
+    ) -> list[PartitionRow]:
         """Partitions (at most `limit`) filtered by queue, status, key prefix and the text of a failed
         item's error, sorted by `key` (pass the last key as `after` for the next page), `activity`
         (most recently updated first), `priority` (highest first) or `age` (oldest first), the last
         three a page at a time by `offset`."""
-        return self.store.list_partitions(
+        rows = self.store.list_partitions(
             queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
         )
+        return [PartitionRow.from_json(row) for row in rows]
 
-    def running(self, *, queue: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def running(self, *, queue: str | None = None, limit: int = 200) -> list[RunningItem]:
         """Items in flight now (watchers' deliveries and workers' claims), longest running first:
         item, partition, queue, gate, attempt, by, via, started_at, elapsed (seconds) and progress."""
-        return self.store.running(queue=queue, limit=limit)
+        return [RunningItem.from_json(r) for r in self.store.running(queue=queue, limit=limit)]
 
-    def throughput(self, *, seconds: int = 3600, step: int = 60, queue: str | None = None) -> dict[str, Any]:
+    def throughput(self, *, seconds: int = 3600, step: int = 60, queue: str | None = None) -> Throughput:
         """Items added, processed, completed and failed per `step` seconds over the last `seconds`,
         with the backlog at the end of each step (the dashboard's charts)."""
-        return self.store.throughput(seconds=seconds, step=step, queue=queue)
+        return Throughput.from_json(self.store.throughput(seconds=seconds, step=step, queue=queue))
 
     def backlog_by_gate(self, queue: str) -> dict[int, int]:
         """A queue's available items by gate."""
         return self.store.backlog_by_gate(queue)
 
-    def timings(self, key: str) -> dict[str, Any]:
+    def timings(self, key: str) -> Timings:
         """Per gate of a partition: p50/p95 delivery durations and time spent there; the current
         gate's pace and ETA."""
-        return self.store.timings(key)
+        return Timings.from_json(self.store.timings(key))
 
     def partition_counts(self) -> dict[str, int]:
         """Partitions by status (a cheap count for dashboards)."""
         return self.store.partition_counts()
 
-    def history(self, key: str, *, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+    def history(self, key: str, *, after: int = 0, limit: int = 100) -> list[HistoryEntry]:
         """A partition's events, oldest first, after the event id `after`."""
-        return self.store.history(key, after=after, limit=limit)
+        return [HistoryEntry.from_json(h) for h in self.store.history(key, after=after, limit=limit)]
 
-    def leases(self, *, limit: int = 500) -> list[dict[str, Any]]:
+    def leases(self, *, limit: int = 500) -> list[LeaseRow]:
         """Partitions leased now, with their owners and lease deadlines."""
-        return self.store.leases(limit=limit)
+        return [LeaseRow.from_json(lease) for lease in self.store.leases(limit=limit)]
 
-    def recent_failures(self, *, limit: int = 20) -> list[dict[str, Any]]:
+    def recent_failures(self, *, limit: int = 20) -> list[Failure]:
         """The most recent item failures, newest first."""
-        return self.store.recent_failures(limit=limit)
+        return [Failure.from_json(f) for f in self.store.recent_failures(limit=limit)]
 
-    def watchers(self) -> list[dict[str, Any]]:
+    def watchers(self) -> list[WatcherView]:
         """The registered watchers, alive or not, with their lease counts."""
-        return self.store.watchers()
+        return [WatcherView.from_json(w) for w in self.store.watchers()]
 
     def gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
         """Per-queue aggregates for Prometheus: partitions by status, backlog, failed items, leases, live watchers."""
