@@ -26,6 +26,7 @@ from sqlalchemy import event, select
 
 from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Kind, Outcome, ReadyItem
+from feedproc.core.views import HistoryEntry, PartitionStatus
 from feedproc.store import Store
 from feedproc.store.dialects import DriverStatement
 from feedproc.store.schema import claims, events, items, partitions
@@ -452,17 +453,17 @@ def watching(db_url: str, processor: Any, **settings: Any) -> Iterator[WatcherTh
         running.stop()
 
 
-def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
+def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> PartitionStatus:
+    def reached() -> PartitionStatus | None:
         current = feed.status(key, history=history)
-        return current if current["status"] == status else None
+        return current if current.status == status else None
 
     return wait_until(reached, timeout=timeout, what=f"partition {key} to become {status}")
 
 
-def history_of(feed: Feed, key: str, kind: str | None = None) -> list[dict[str, Any]]:
-    events = feed.status(key, history=500)["history"]
-    return [e for e in events if kind is None or e["kind"] == kind]
+def history_of(feed: Feed, key: str, kind: str | None = None) -> list[HistoryEntry]:
+    events = feed.status(key, history=500).history or ()
+    return [e for e in events if kind is None or e.kind == kind]
 
 
 def fail(ready, attempts=1, error="boom"):

@@ -27,7 +27,9 @@ def build(feed: Feed) -> dict[str, Any]:
         )
     )
     feed.set_queue("ocr", mode="pull", limit=4)
-    feed.add_partition("p1", [(0, b'{"n": 1}'), (0, b'{"n": 2}'), (1, b'{"n": 3}'), (1, b"raw"), (1, b"{}")], queue="ocr", priority=3)
+    feed.add_partition(
+        "p1", [(0, b'{"n": 1}'), (0, b'{"n": 2}'), (1, b'{"n": 3}'), (1, b"raw"), (1, b"{}")], queue="ocr", priority=3
+    )
     feed.add_partition("p2", [(0, b"{}")], queue="other", sealed=False)
     first, second = feed.claim("ocr", "w1", max_items=4)  # gate 0's items
     feed.answer(first["id"], first["token"], {"gate": 1, "data": {"n": 1}})

@@ -48,7 +48,7 @@ def first_then_all(first: Callable[[dict[str, Any]], tuple[int, Any]]) -> Callab
 
 def history(feed: Feed, key: str) -> dict[int, list[dict[str, Any]]]:
     """Each item's data["n"] -> its delivery records."""
-    return {json.loads(i["data"])["n"]: feed.item(i["id"])["history"] for i in feed.items(key)}
+    return {json.loads(i.data)["n"]: feed.item(i.id).history for i in feed.items(key)}
 
 
 def test_a_partitions_items_at_one_gate_arrive_in_one_request(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -73,7 +73,7 @@ def test_answers_carrying_ids_are_matched_by_id_in_any_order(db_url: str, feed: 
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         wait_status(feed, "ids", "complete")
     for item in feed.items("ids"):
-        data = json.loads(item["data"])
+        data = json.loads(item.data)
         assert data["seen"] is True  # each item got its own answer's data, not its neighbour's
     assert len(batches(handler)) == 1
 
@@ -98,9 +98,9 @@ def test_a_failure_in_one_answer_fails_only_its_item(db_url: str, feed: Feed, ha
     feed.add_partition("one-bad", items=[(0, js({"n": n})) for n in range(4)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "one-bad", "failed")
-    assert final["items"]["complete"] == 3
+    assert final.items["complete"] == 3
     [failed] = feed.items("one-bad", status="failed")
-    assert json.loads(failed["data"]) == {"n": 2} and failed["last_error"] == "unreadable scan"
+    assert json.loads(failed.data) == {"n": 2} and failed.last_error == "unreadable scan"
 
 
 def test_a_failed_batch_request_retries_every_item_of_it(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -126,8 +126,8 @@ def test_children_of_a_batch_answer_are_added_once_and_the_gate_advances(
     feed.add_partition("fan", items=[(0, js({"n": n})) for n in range(5)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "fan", "complete")
-    assert final["items"]["complete"] == 10
-    pages = sorted(json.loads(i["data"])["page"] for i in feed.items("fan", gate=1))
+    assert final.items["complete"] == 10
+    pages = sorted(json.loads(i.data)["page"] for i in feed.items("fan", gate=1))
     assert pages == list(range(5))
     assert [{body["gate"] for body in batch} for batch in batches(handler)] == [{0}, {1}]
 
@@ -152,7 +152,7 @@ def test_a_python_processor_with_process_batch_gets_batches(db_url: str, feed: F
     with watching(db_url, processor, **BATCH):
         wait_status(feed, "bulk", "complete")
     assert processor.sizes == [8]
-    assert all(json.loads(i["data"])["label"] == "invoice" for i in feed.items("bulk"))
+    assert all(json.loads(i.data)["label"] == "invoice" for i in feed.items("bulk"))
 
 
 class Picky(Processor):
