@@ -8,7 +8,8 @@ same order (timestamps ISO 8601 strings, an item's data and result bytes): the A
 
 Indexing a view as the dict it replaced (`status["items"]`, `.get`, `.keys`) still works for one
 release, with a `ViewKeyAccess` warning (a DeprecationWarning) naming the attribute to use instead:
-it answers from `to_json()`, so nested values come back as the dicts and lists they were.
+it answers from `to_json()`, so nested values come back as the dicts and lists they were. A view
+never equals a dict: compare its `to_json()`.
 """
 
 from __future__ import annotations

@@ -218,9 +218,9 @@ def test_status_shows_the_failures_a_gate_tolerated(feed_a: Feed) -> None:
     finish(feed_a, "p", failing=2)
     status = feed_a.status("p")
     assert status.tolerate is None  # its own: none, the pipeline gate's applies
-    assert status.tolerated == {"1": {"failed": 2, "allowed": "5%", "items": 40, "limit": 2, "exceeded": False}}
+    assert status.tolerated == {"1": Tolerated(failed=2, allowed="5%", items=40, limit=2, exceeded=False)}
     (row,) = feed_a.partitions()
-    assert row.tolerated == {"1": {"failed": 2, "allowed": "5%", "exceeded": False}}
+    assert row.tolerated == {"1": Tolerated(failed=2, allowed="5%", exceeded=False)}
     assert row.gates == status.gates and row.items == status.items
 
 

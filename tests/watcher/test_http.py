@@ -160,7 +160,7 @@ def test_not_yet_answer_is_asked_again_after_retry_after(db_url: str, feed: Feed
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
     assert [d.body["data"]["polls"] for d in deliveries] == [0, 1, 2]
     assert all(gap >= 0.4 - 0.01 for gap in gaps(deliveries)), gaps(deliveries)
-    assert final.failed_items == []
+    assert final.failed_items == ()
 
 
 def test_children_are_added_and_delivered_at_their_gates(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -250,7 +250,7 @@ def test_503_is_transient_then_success(db_url: str, feed: Feed, handler: Handler
         final = wait_status(feed, "blip", "complete")
 
     assert [d.body["attempt"] for d in handler.of("blip")] == [1, 2]
-    assert final.failed_items == []
+    assert final.failed_items == ()
     [error] = error_events(feed, "blip")
     assert error.startswith("HTTP 503") and "overloaded" in error
 
@@ -524,7 +524,7 @@ def test_not_yet_with_a_huge_retry_after_is_asked_again_after_max_retry_delay(
         wait_status(feed, "calm", "complete")
         final = wait_status(feed, "hostile", "complete")
 
-    assert final.failed_items == []
+    assert final.failed_items == ()
     deliveries = [d for d in handler.of("hostile") if is_hostile(d.body)]
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
     assert all(0.5 - 0.01 <= gap < 2.0 for gap in gaps(deliveries)), gaps(deliveries)

@@ -16,6 +16,7 @@ import pytest
 
 from feedproc import Feed, HTTPProcessor, Item, PermanentError, Processor, Response
 from feedproc.core.pipelines import parse_toml
+from feedproc.core.views import Tolerated
 
 from ..support import HandlerService, wait_status, wait_until, watching
 
@@ -46,7 +47,7 @@ def test_a_handler_failing_items_for_good_within_the_tolerance_lets_the_partitio
     with watching(db_url, HTTPProcessor(handler.url), concurrency=8):
         status = wait_status(feed, "scan", "complete")
     assert status.gates["0"] == {"available": 0, "complete": 38, "failed": 2, "cancelled": 0}
-    assert status.tolerated == {"0": {"failed": 2, "allowed": "5%", "items": 40, "limit": 2, "exceeded": False}}
+    assert status.tolerated == {"0": Tolerated(failed=2, allowed="5%", items=40, limit=2, exceeded=False)}
     assert [d.body["data"] for d in handler.of("scan") if d.gate == 1] == [{"rank": True}], "gate 1 never ran"
     assert {f.last_error[:8] for f in status.failed_items} == {"HTTP 400"}
 

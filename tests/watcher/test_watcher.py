@@ -196,7 +196,7 @@ def test_exception_is_a_transient_failure_retried_with_backoff_then_success(db_u
     assert [c.attempt for c in calls] == [1, 2, 3]
     assert calls[1].start - calls[0].end >= 0.2 - 0.01  # type: ignore[operator]
     assert calls[2].start - calls[1].end >= 0.4 - 0.01  # type: ignore[operator]
-    assert final.failed_items == []
+    assert final.failed_items == ()
     retried = history_of(feed, "flaky", "item_retried")
     assert [e.detail["attempts"] for e in retried] == [1, 2]
     assert retried[0].detail["error"] == "ValueError: flaky on attempt 1"
@@ -245,7 +245,7 @@ def test_permanent_error_fails_item_and_partition_and_retry_then_completes(db_ur
         final = wait_status(feed, "strict", "complete")
 
     assert final.items["complete"] == 3
-    assert final.failed_items == []
+    assert final.failed_items == ()
     assert len(recorder.of("strict", gate=1)) == 1
     assert Counter(c.data["ok"] for c in recorder.of("strict", gate=0)) == {False: 2, True: 1}
 
@@ -332,7 +332,7 @@ def test_a_watcher_full_of_waiting_partitions_still_serves_ready_ones(db_url: st
     with watching(db_url, NotYetForHours(), max_partitions=2):
         wait_status(feed, "ready", "complete", timeout=15)
         waiting = wait_status(feed, "wait-1", "available", history=50)
-    assert waiting.items["available"] == 1 and waiting.failed_items == []
+    assert waiting.items["available"] == 1 and waiting.failed_items == ()
     assert any(e.kind == "released" for e in waiting.history)
 
 
