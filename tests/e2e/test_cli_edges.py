@@ -107,7 +107,7 @@ def test_feed_without_a_url_reads_the_environment(db_url: str, monkeypatch: pyte
     with Feed() as feed:
         feed.add_partition("from-env", [(0, b"1")])
     with Feed(db_url) as same:
-        assert same.status("from-env")["key"] == "from-env"
+        assert same.status("from-env").key == "from-env"
 
 
 @pytest.mark.sqlite_only

@@ -226,7 +226,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         screenshot(page, "dashboard-running.png")
 
         bad = wait_until(lambda: feed.items("scans/bad", status="failed") or None, what="the locked PDF to fail")[0]
-        page.goto(f"{serve.url}/items/{bad['id']}")
+        page.goto(f"{serve.url}/items/{bad.id}")
         section = page.locator("section.item")
         expect(section).to_have_attribute("data-status", "failed")
         expect(page.locator("pre.data-full")).to_contain_text('"file": "locked.pdf"')  # pretty-printed
@@ -235,9 +235,9 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         broken["on"] = False
         page.fill("#token", TOKEN)
         page.locator('button[data-item-action="retry"]').click()
-        expect(page.locator("#flash")).to_contain_text(f"Retrying item {bad['id']}")
+        expect(page.locator("#flash")).to_contain_text(f"Retrying item {bad.id}")
         expect(section).to_have_attribute("data-status", "complete", timeout=60_000)
-        assert feed.item(bad["id"]).history[-2].watcher == "api"  # the retry, recorded as the API's
+        assert feed.item(bad.id).history[-2].watcher == "api"  # the retry, recorded as the API's
 
         page.goto(serve.url + "/queues/default")
         queue = page.locator("section.queue")

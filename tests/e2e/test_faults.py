@@ -487,7 +487,7 @@ def test_mariadb_read_only_mid_run_is_waited_out_unready_but_live(db_url: str, f
             with pytest.raises(DatabaseRefusesWrites) as refused:
                 producer.add_partition("later", [(0, b"{}")])
             assert str(refused.value) == "the database is read-only"
-            assert producer.status("p")["status"] == "complete"  # reading works throughout
+            assert producer.status("p").status == "complete"  # reading works throughout
 
 
 LOCKER = """

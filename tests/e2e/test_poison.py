@@ -40,7 +40,7 @@ def test_an_item_that_kills_its_watcher_fails_after_max_attempts_and_the_rest_co
     final = wait_status(feed, "poisoned", "failed", timeout=90)
     (failed,) = final.failed_items
     poison = next(i for i in feed.items("poisoned") if json.loads(i.data) == {"poison": True})
-    assert failed.id == poison["id"] and failed.attempts == 2
+    assert failed.id == poison.id and failed.attempts == 2
     assert "died or stalled during delivery 2" in failed.last_error, failed
     assert "delivered alone" in failed.last_error, failed
     assert final.items["complete"] == 39  # every other item of the poisoned partition completed
@@ -48,8 +48,8 @@ def test_an_item_that_kills_its_watcher_fails_after_max_attempts_and_the_rest_co
 
     killed = [p for p in processes if p.poll() is not None]
     assert len(killed) == 2 and all(p.returncode == 1 for p in killed)  # one death per delivery of the poison
-    assert sorted(pid for pid, _, item in deliveries(log) if item == poison["id"]) == sorted(p.pid for p in killed)
-    history = [h.outcome for h in feed.item(poison["id"]).history]
+    assert sorted(pid for pid, _, item in deliveries(log) if item == poison.id) == sorted(p.pid for p in killed)
+    history = [h.outcome for h in feed.item(poison.id).history]
     assert history == ["lost", "lost"]
 
     feed.add_partition("afterwards", [(0, b'{"n": 1}')] * 5)  # the survivor keeps working

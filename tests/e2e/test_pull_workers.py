@@ -319,14 +319,14 @@ def test_a_workers_answer_refused_as_too_large_fails_its_item_at_once_saying_why
     server = ServeProcess(db_url, tmp_path, "--max-children", "2", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
     worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:FansOutThenLogs")
     try:
-        status = wait_until(lambda: (s := feed.status("upload"))["status"] == "failed" and s, timeout=60)
+        status = wait_until(lambda: (s := feed.status("upload")).status == "failed" and s, timeout=60)
     finally:
         worker.stop()
         server.stop()
         feed.close()
-    (failed,) = status["failed_items"]  # its three children are over serve's --max-children 2
-    assert (failed["attempts"], failed["last_error"]) == (1, "answer has 3 children; the limit is 2 (--max-children)")
-    assert status["items"]["total"] == 1
+    (failed,) = status.failed_items  # its three children are over serve's --max-children 2
+    assert (failed.attempts, failed.last_error) == (1, "answer has 3 children; the limit is 2 (--max-children)")
+    assert status.items["total"] == 1
 
 
 @contextlib.contextmanager

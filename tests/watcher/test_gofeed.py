@@ -42,8 +42,8 @@ def requests_to(handler: HandlerService, key: str) -> list[Delivery]:
         return [d for d in handler.deliveries if d.headers.get("feedproc-partition") == key]
 
 
-def data(item: dict[str, Any]) -> Any:
-    return json.loads(item["data"])
+def data(item: ItemRow) -> Any:
+    return json.loads(item.data)
 
 
 def set_status(store: Store, key: str, status: str) -> None:
@@ -402,7 +402,7 @@ def test_an_answer_for_an_item_changed_since_it_was_sent_changes_nothing(store: 
     applied = store.apply("w1", [answer(sent, Kind.DONE, data=b'{"times":3,"processed":1}')])
     assert (applied.written, applied.superseded) == ([], [sent.id])
     skipped = next(item for item in feed.items("occ") if item.id == sent.id)
-    assert (skipped["status"], data(skipped)) == ("complete", {"times": 3})
+    assert (skipped.status, data(skipped)) == ("complete", {"times": 3})
 
 
 def test_an_answer_from_a_watcher_whose_lease_was_taken_over_changes_nothing(store: Store, feed: Feed) -> None:

@@ -30,7 +30,7 @@ def test_a_slow_delivery_shows_as_running_with_elapsed_time_then_leaves(db_url: 
         (row,) = wait_until(
             lambda: [r for r in feed.running() if r.elapsed is not None] or None, what="the elapsed time"
         )
-        assert (row["partition"], row["by"], row["via"]) == ("p", watcher.id, "watcher")
+        assert (row.partition, row.by, row.via) == ("p", watcher.id, "watcher")
         processor.release.set()
         wait_until(lambda: feed.status("p").status == "complete", what="the partition to complete")
         assert feed.running() == []

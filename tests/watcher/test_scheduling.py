@@ -379,12 +379,12 @@ def test_python_processor_progress_is_stored_with_the_heartbeat_and_shown_per_ga
     processor = ReportsThenWaits(0.4)
     with watching(db_url, processor, concurrency=2, lease_seconds=1.5):
         shown = wait_until(
-            lambda: (g := gate_progress(feed, "long"))["in_flight"] == 2 and g,
+            lambda: (g := gate_progress(feed, "long")).in_flight == 2 and g,
             timeout=20,
             what="the progress of two items in flight",
         )
-        assert shown["mean_progress"] == pytest.approx(0.4)
-        assert (shown["done"], shown["total"]) == (0, 3)
+        assert shown.mean_progress == pytest.approx(0.4)
+        assert (shown.done, shown.total) == (0, 3)
         processor.release.set()
         wait_status(feed, "long", "complete")
     final = gate_progress(feed, "long")

@@ -406,7 +406,7 @@ def add_partitions(feed: Feed, prefix: str, count: int, size: int) -> list[str]:
 
 def wait_all_leased_by(feed: Feed, keys: list[str], watcher: WatcherThread) -> None:
     wait_until(
-        lambda: all((feed.status(k).lease or {}).get("owner") == watcher.id for k in keys),
+        lambda: all(getattr(feed.status(k).lease, "owner", None) == watcher.id for k in keys),
         what=f"watcher {watcher.id} to lease every partition",
     )
 
