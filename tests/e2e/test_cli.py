@@ -254,7 +254,7 @@ def test_status_of_a_key_as_json_has_the_documented_shape(db_url: str, feed: Fee
     status = status_json(db_url, "json-1")
     assert {"key", "queue", "status", "gate", "priority", "sealed", "items", "gates", "failed_items"} <= set(status)
     expected = {"key": "json-1", "queue": "qj", "status": "available", "gate": 0, "priority": -2, "sealed": False}
-    assert {name: getattr(status, name) for name in expected} == expected
+    assert {name: status[name] for name in expected} == expected
     assert status["items"] == {"total": 3, "available": 3, "complete": 0, "failed": 0, "cancelled": 0}
     zero = {"available": 0, "complete": 0, "failed": 0, "cancelled": 0}
     assert status["gates"] == {"0": {**zero, "available": 2}, "3": {**zero, "available": 1}}
@@ -754,7 +754,7 @@ def test_kill_9_of_a_watcher_lets_another_take_over_after_the_lease_expires(
     os.kill(first.pid, signal.SIGKILL)
     assert first.wait(timeout=10) == -signal.SIGKILL
     held = {k: feed.status(k).lease for k in keys}
-    assert all(lease is not None and lease["owner"] == owner for lease in held.values())  # nothing was released
+    assert all(lease is not None and lease.owner == owner for lease in held.values())  # nothing was released
 
     finish.set()
     second = watchers.start("--handler", handler.url, *short)

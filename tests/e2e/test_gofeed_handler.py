@@ -114,7 +114,7 @@ def test_a_go_feed_handler_drives_a_three_gate_fan_in_under_request_raw(
     assert {c.content_type for c in calls} == {"application/json"}
 
     status = feed.status("folder-1")
-    assert (status.gate, status.items["complete"], status.failed_items) == (2, len(FILES), [])
+    assert (status.gate, status.items["complete"], status.failed_items) == (2, len(FILES), ())
     stored = sorted((json.loads(item.data) for item in feed.items("folder-1")), key=lambda data: data["file"])
     assert stored == [
         {"file": name, "step": 3, "text": f"text of {name}", "label": "invoice", "filed": True} for name in FILES
