@@ -106,12 +106,12 @@ def main() -> None:
             conn.execute(text(statement), {"partitions": args.partitions, "per": args.items_per})
     with feed.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))  # as autovacuum leaves a table in steady state
-    items = feed.summary()["items"]["total"]
+    items = feed.summary().items["total"]
     print(f"seeded {args.partitions:,} partitions, {items:,} items in {time.perf_counter() - started:.0f} s")
 
-    failed_key = feed.partitions(status="failed", limit=1)[0]["key"]
-    running_key = feed.partitions(status="available", limit=1)[0]["key"]
-    item_id = feed.items(failed_key, limit=1)[0]["id"]
+    failed_key = feed.partitions(status="failed", limit=1)[0].key
+    running_key = feed.partitions(status="available", limit=1)[0].key
+    item_id = feed.items(failed_key, limit=1)[0].id
     client = TestClient(create_app(feed))
 
     print("\nreads (median ms of 5):")

@@ -31,6 +31,7 @@ from .api.common import expensive
 from .api.gate import Reading
 from .core.errors import InvalidInput, NotFound
 from .core.models import KEY_PATTERN, QUEUE_PATTERN, STATUSES, check_key, check_queue
+from .core.views import listed_json
 from .feed import Feed
 from .gate_labels import GateNames, with_name
 from .report import tolerated_text
@@ -191,22 +192,24 @@ def _link(base: str, **params: Any) -> str:
 
 
 def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
-    partitions = feed.partitions(
-        status=f["status"],
-        queue=f["queue"],
-        prefix=f["prefix"],
-        error=f["error"],
-        sort=f["sort"],
-        after=f["after"],
-        offset=f["offset"],
-        limit=PAGE,
+    partitions = listed_json(
+        feed.partitions(
+            status=f["status"],
+            queue=f["queue"],
+            prefix=f["prefix"],
+            error=f["error"],
+            sort=f["sort"],
+            after=f["after"],
+            offset=f["offset"],
+            limit=PAGE,
+        )
     )
     names = GateNames(feed)
     for p in partitions:
         p["bars"] = gate_bars(p["gates"], p["gate"], names.of(p["queue"]), p.get("tolerated"))
         p["percent"] = overall(p["items"], p["status"])
     leases: dict[str, list[dict[str, Any]]] = {}
-    for lease in feed.leases(limit=500):
+    for lease in listed_json(feed.leases(limit=500)):
         leases.setdefault(lease["owner"], []).append(lease)
     base = {k: f[k] for k in ("status", "queue", "prefix", "error")}
     sorted_by = {} if f["sort"] == "activity" else {"sort": f["sort"]}
@@ -224,20 +227,20 @@ def _overview(feed: Feed, f: dict[str, Any]) -> dict[str, Any]:
         "status_link": lambda s: _link("/", **{**base, "status": s}, **sorted_by),
         "sort_link": lambda s: _link("/", **base, sort=None if s == "activity" else s),
         "sorts": SORTS,
-        "queues": [q["name"] for q in feed.queues()],
-        "watchers": feed.watchers(),
+        "queues": [q.name for q in feed.queues()],
+        "watchers": listed_json(feed.watchers()),
         "leases": leases,
-        "failures": names.rows(feed.recent_failures(limit=10)),
+        "failures": names.rows(listed_json(feed.recent_failures(limit=10))),
         "statuses": STATUSES,
         "bulk": {k: v for k, v in base.items() if k in ("queue", "prefix", "error") and v},
     }
 
 
 def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
-    status = feed.status(key, history=50)
+    status = feed.status(key, history=50).to_json()
     named = GateNames(feed)
     names = named.of(status["queue"])  # the gates' names, when its queue has a pipeline
-    timings = feed.timings(key)
+    timings = feed.timings(key).to_json()
     return {
         "p": named.status(status),
         "gate_rows": gate_bars(status["gates"], status["gate"], names, status.get("tolerated")),
@@ -246,7 +249,7 @@ def _partition(feed: Feed, key: str, after: int) -> dict[str, Any]:
         "current": with_name(timings["current"], names) if timings["current"] else None,
         "items": [
             with_name({**item, "data": item["data"][:300].decode("utf-8", errors="replace")}, names)
-            for item in feed.items(key, after_id=after, limit=ITEMS_PAGE)
+            for item in listed_json(feed.items(key, after_id=after, limit=ITEMS_PAGE))
         ],
         "items_after": after,
         "items_page": ITEMS_PAGE,
@@ -262,7 +265,7 @@ def _pretty(raw: bytes) -> str:
 
 
 def _item(feed: Feed, item_id: int) -> dict[str, Any]:
-    item = GateNames(feed).item(feed.item(item_id))
+    item = GateNames(feed).item(feed.item(item_id).to_json())
     raw: bytes = item["data"]
     pretty = _pretty(raw)
     result: bytes | None = item["result"]  # what it produced (fan-in), kept apart from its data
@@ -280,17 +283,18 @@ def _item(feed: Feed, item_id: int) -> dict[str, Any]:
 
 
 def _queue(feed: Feed, name: str) -> dict[str, Any]:
-    queue = feed.queue(check_queue(name))
+    queue = feed.queue(check_queue(name)).to_json()
     names = GateNames(feed).of(name)
     return {
         "q": queue,
         "backlog": feed.backlog_by_gate(name),
         "gate_names": names,
-        "running": [with_name(r, names) for r in feed.running(queue=name, limit=50)],
+        "running": [with_name(r, names) for r in listed_json(feed.running(queue=name, limit=50))],
         "partitions": [
-            with_name(p, names) for p in feed.partitions(queue=name, status="available", sort="activity", limit=20)
+            with_name(p, names)
+            for p in listed_json(feed.partitions(queue=name, status="available", sort="activity", limit=20))
         ],
-        "hour": feed.throughput(queue=name, seconds=3600, step=300),
+        "hour": feed.throughput(queue=name, seconds=3600, step=300).to_json(),
     }
 
 
@@ -323,7 +327,7 @@ def running_live(request: Request) -> HTMLResponse:
 
 
 def _running(feed: Feed) -> dict[str, Any]:
-    return {"running": GateNames(feed).rows(feed.running())}
+    return {"running": GateNames(feed).rows(listed_json(feed.running()))}
 
 
 @router.get("/queues", response_class=HTMLResponse)
@@ -339,7 +343,7 @@ async def queues_live(request: Request) -> HTMLResponse:
 async def _queues(request: Request) -> dict[str, Any]:
     """Queues with their gauges, which count over all items: a few at once (api.common.expensive)."""
     feed: Feed = request.app.state.feed
-    return await expensive(request, lambda: {"queues": feed.queues(), "gauges": feed.gauges()})
+    return await expensive(request, lambda: {"queues": listed_json(feed.queues()), "gauges": feed.gauges()})
 
 
 @router.get("/queues/{name}", response_class=HTMLResponse)
@@ -380,7 +384,7 @@ def item_live(request: Request, item_id: int = PathParam(ge=1, le=INT64)) -> HTM
 def item_data(request: Request, item_id: int = PathParam(ge=1, le=INT64)) -> Response:
     """An item's data exactly as stored, as a download."""
     try:
-        data = request.app.state.feed.item(item_id)["data"]
+        data = request.app.state.feed.item(item_id).data
     except (InvalidInput, NotFound) as error:
         return Response(str(error), status_code=404, media_type="text/plain")
     headers = {"Content-Disposition": f'attachment; filename="item-{item_id}.json"', **SECURITY_HEADERS}

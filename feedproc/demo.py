@@ -210,14 +210,14 @@ def _show_progress(
             for key in keys:
                 if key in final:
                     continue
-                status = feed.status(key)
+                status = feed.status(key).to_json()  # kept as JSON, with its ranking added
                 items = status["items"]
                 done = items["complete"] + items["failed"] + items["cancelled"]
                 state = f"{status['status']} at gate {status['gate']} ({spec.numbers.get(status['gate'], '?')})"
                 progress.update(tasks[key], total=items["total"], completed=done, state=state)
                 if status["status"] != "available":
                     ranked = feed.items(key, gate=spec.names["rank"], limit=1)
-                    result = ranked[0]["result"] if ranked else None
+                    result = ranked[0].result if ranked else None
                     status["rank"] = json.loads(result) if result else {}
                     final[key] = status
             time.sleep(0.1)

@@ -54,6 +54,7 @@ from typing import Any
 
 from .core.models import Item, Response
 from .core.pipelines import PipelineSpec
+from .core.views import HistoryEntry, ItemRow, ItemView, PartitionStatus
 from .feed import Feed, ItemLike
 from .processors import ProcessorLike
 from .processors.pipeline import Pipeline
@@ -294,37 +295,37 @@ class Harness:
 
     # ------------------------------------------------------------ reading
 
-    def status(self, key: str, *, history: int = 0) -> dict[str, Any]:
+    def status(self, key: str, *, history: int = 0) -> PartitionStatus:
         """Partition `key`'s status, as `Feed.status` gives it (`feedproc status KEY --json`)."""
         return self.feed.status(key, history=history)
 
-    def items(self, key: str, *, gate: int | str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def items(self, key: str, *, gate: int | str | None = None, status: str | None = None) -> list[ItemRow]:
         """Every item of `key` (at `gate`, a name or a number; with `status`), as `Feed.items` gives
         them (id, gate, status, attempts, deliveries, last_error, data and result as bytes), in id order."""
         number = None if gate is None else self.gate(gate)
-        found: list[dict[str, Any]] = []
-        while page := self.feed.items(key, gate=number, status=status, after_id=found[-1]["id"] if found else 0):
+        found: list[ItemRow] = []
+        while page := self.feed.items(key, gate=number, status=status, after_id=found[-1].id if found else 0):
             found.extend(page)
         return found
 
-    def item(self, item_id: int) -> dict[str, Any]:
+    def item(self, item_id: int) -> ItemView:
         """One item with its deliveries (`history`: outcome, error with the traceback's end), as `Feed.item`."""
         return self.feed.item(item_id)
 
     def results(self, key: str, gate: int | str) -> list[Any]:
         """The results (`Response(result=...)`) of `key`'s items at `gate` that produced one, in item
         id order, parsed as JSON (bytes when they are not JSON)."""
-        return [_parsed(item["result"]) for item in self.items(key, gate=gate) if item["result"] is not None]
+        return [_parsed(item.result) for item in self.items(key, gate=gate) if item.result is not None]
 
     def errors(self, key: str, *, gate: int | str | None = None) -> list[str]:
         """The errors of `key`'s failed items (at `gate`), in item id order."""
-        return [item["last_error"] or "" for item in self.items(key, gate=gate, status="failed")]
+        return [item.last_error or "" for item in self.items(key, gate=gate, status="failed")]
 
-    def history(self, key: str) -> list[dict[str, Any]]:
+    def history(self, key: str) -> list[HistoryEntry]:
         """Partition `key`'s whole history (created, gate advances, failures, completion...), oldest
         first, as `Feed.history` gives it."""
-        events: list[dict[str, Any]] = []
-        while page := self.feed.history(key, after=events[-1]["id"] if events else 0, limit=500):
+        events: list[HistoryEntry] = []
+        while page := self.feed.history(key, after=events[-1].id or 0 if events else 0, limit=500):
             events.extend(page)
         return events
 
@@ -344,19 +345,19 @@ class Harness:
 
     # ------------------------------------------------------------ asserting
 
-    def assert_status(self, key: str, status: str) -> dict[str, Any]:
+    def assert_status(self, key: str, status: str) -> PartitionStatus:
         """Fail, describing the partition (its items' errors included), unless `key` is `status`;
         returns its status."""
         current = self.status(key)
-        if current["status"] != status:
+        if current.status != status:
             raise AssertionError(f"expected partition {key!r} to be {status}\n{self.describe(key)}")
         return current
 
-    def assert_complete(self, key: str) -> dict[str, Any]:
+    def assert_complete(self, key: str) -> PartitionStatus:
         """Fail, saying why (failed items with their errors, what is still waiting), unless `key` is complete."""
         return self.assert_status(key, "complete")
 
-    def assert_failed(self, key: str, error: str | None = None) -> dict[str, Any]:
+    def assert_failed(self, key: str, error: str | None = None) -> PartitionStatus:
         """Fail unless `key` failed (and, with `error`, some failed item's error contains it)."""
         current = self.assert_status(key, "failed")
         if error is not None and not any(error in text for text in self.errors(key)):
@@ -375,21 +376,21 @@ class Harness:
 
     def _described(self, key: str, names: dict[int, str]) -> str:
         status = self.status(key)
-        counts = ", ".join(f"{n} {what}" for what, n in status["items"].items() if what != "total" and n)
-        gate = _gate_text(status["gate"], names)
-        lines = [f"partition {key!r}: {status['status']} at gate {gate} ({counts or 'no items'})"]
-        if status["status"] == "available" and not status["sealed"]:
+        counts = ", ".join(f"{n} {what}" for what, n in status.items.items() if what != "total" and n)
+        gate = _gate_text(status.gate, names)
+        lines = [f"partition {key!r}: {status.status} at gate {gate} ({counts or 'no items'})"]
+        if status.status == "available" and not status.sealed:
             lines.append("  not sealed: it waits for more items (seal it, or add it with sealed=True)")
         for state in ("failed", "available"):
             shown = self.feed.items(key, status=state, limit=DESCRIBED)
             for item in shown:
-                error = f": {item['last_error']}" if item["last_error"] else ""
+                error = f": {item.last_error}" if item.last_error else ""
                 lines.append(
-                    f"  item {item['id']} at gate {_gate_text(item['gate'], names)}: {state} after "
-                    f"{item['deliveries']} deliveries ({item['attempts']} failed attempts){error}"
+                    f"  item {item.id} at gate {_gate_text(item.gate, names)}: {state} after "
+                    f"{item.deliveries} deliveries ({item.attempts} failed attempts){error}"
                 )
-            if status["items"].get(state, 0) > len(shown):
-                lines.append(f"  ... and {status['items'][state] - len(shown)} more {state} items")
+            if status.items.get(state, 0) > len(shown):
+                lines.append(f"  ... and {status.items[state] - len(shown)} more {state} items")
         return "\n".join(lines)
 
 

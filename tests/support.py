@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection
 
 from feedproc import Feed, Watcher, WatcherConfig
 from feedproc.core.records import Applied, Kind, Outcome, ReadyItem
+from feedproc.core.views import HistoryEntry, PartitionStatus, StatusLease
 from feedproc.store import Store
 from feedproc.store.foundations import DriverStatement
 from feedproc.store.schema import claims, events, items, partitions
@@ -457,17 +458,17 @@ def watching(db_url: str, processor: Any, **settings: Any) -> Iterator[WatcherTh
         running.stop()
 
 
-def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
+def wait_status(feed: Feed, key: str, status: str, timeout: float = 30.0, history: int = 0) -> PartitionStatus:
+    def reached() -> PartitionStatus | None:
         current = feed.status(key, history=history)
-        return current if current["status"] == status else None
+        return current if current.status == status else None
 
     return wait_until(reached, timeout=timeout, what=f"partition {key} to become {status}")
 
 
-def history_of(feed: Feed, key: str, kind: str | None = None) -> list[dict[str, Any]]:
-    events = feed.status(key, history=500)["history"]
-    return [e for e in events if kind is None or e["kind"] == kind]
+def history_of(feed: Feed, key: str, kind: str | None = None) -> list[HistoryEntry]:
+    events = feed.status(key, history=500).history or ()
+    return [e for e in events if kind is None or e.kind == kind]
 
 
 def fail(ready: ReadyItem, attempts: int = 1, error: str = "boom") -> Outcome:
@@ -508,3 +509,14 @@ def callback_claims(feed: Feed) -> list[Any]:
     callback sent before it finds no claim (404); a test waits for them before answering."""
     with feed.store.read() as conn:
         return list(conn.execute(select(claims.c.token).where(claims.c.callback.is_(True))))
+
+
+def json_of(raw: bytes | str | None) -> Any:
+    """An item's data or result read as JSON; None when it has none."""
+    return None if raw is None else json.loads(raw)
+
+
+def lease_of(status: PartitionStatus) -> StatusLease:
+    """The lease a partition's status shows, failing the test when it shows none."""
+    assert status.lease is not None, f"{status.key} is not leased"
+    return status.lease

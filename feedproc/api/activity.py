@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import QUEUE_PATTERN
+from ..core.views import listed_json
 from ..gate_labels import GateNames
 from .common import _feed, _key
 from .gate import Operating, Reading
@@ -21,14 +22,14 @@ router = APIRouter()
 def list_watchers(request: Request) -> dict[str, Any]:
     """Registered watchers (heartbeat, liveness, lease counts) and the leases held now."""
     feed = _feed(request)
-    return {"watchers": feed.watchers(), "leases": GateNames(feed).rows(feed.leases())}
+    return {"watchers": listed_json(feed.watchers()), "leases": GateNames(feed).rows(listed_json(feed.leases()))}
 
 
 @router.get("/failures", dependencies=Reading, tags=["partitions"])
 def failures(request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
     """The most recently failed partitions, each with one of its errors."""
     feed = _feed(request)
-    return {"items": GateNames(feed).rows(feed.recent_failures(limit=limit))}
+    return {"items": GateNames(feed).rows(listed_json(feed.recent_failures(limit=limit)))}
 
 
 class FailedSelection(BaseModel):
@@ -59,7 +60,7 @@ def running(
     """Items in flight now, longest running first: watcher deliveries and worker or callback claims,
     with gate, attempt, who has it, elapsed seconds (once a heartbeat reported it) and progress."""
     feed = _feed(request)
-    return {"items": GateNames(feed).rows(feed.running(queue=queue, limit=limit))}
+    return {"items": GateNames(feed).rows(listed_json(feed.running(queue=queue, limit=limit)))}
 
 
 @router.get("/throughput", dependencies=Reading, tags=["partitions"])
@@ -71,7 +72,7 @@ def throughput(
     """Items added, processed, completed and failed per minute (last hour) or per 15 minutes (last
     day), with the backlog at the end of each step: the dashboard's charts."""
     seconds, step = SPANS[span]
-    return _feed(request).throughput(seconds=seconds, step=step, queue=queue)
+    return _feed(request).throughput(seconds=seconds, step=step, queue=queue).to_json()
 
 
 #: Chart spans: (seconds, step).

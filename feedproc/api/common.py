@@ -186,7 +186,7 @@ def _key(key: str) -> str:
 
 def _status(feed: Feed, key: str) -> dict[str, Any]:
     """A partition's status object, with its gates' names when its queue has a pipeline."""
-    return GateNames(feed).status(feed.status(key))
+    return GateNames(feed).status(feed.status(key).to_json())
 
 
 def _data(raw: bytes, field: str = "data") -> dict[str, Any]:

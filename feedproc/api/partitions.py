@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
+from ..core.views import listed_json
 from ..gate_labels import GateNames, gate_filter, with_name
 from .common import (
     GATE_HELP,
@@ -150,17 +151,17 @@ def list_partitions(
         queue=queue, status=status, prefix=prefix, after=after, limit=limit, sort=sort, error=error, offset=offset
     )
     names = GateNames(feed)
-    rows = [names.status(row) for row in rows]
+    shown = [names.status(row.to_json()) for row in rows]
     if sort != "key":
-        return {"items": rows, "next_offset": offset + limit if len(rows) == limit else None}
-    return _page(rows, limit, "key")
+        return {"items": shown, "next_offset": offset + limit if len(shown) == limit else None}
+    return _page(shown, limit, "key")
 
 
 @router.get("/status", dependencies=Reading, tags=["partitions"])
 async def summary(request: Request) -> dict[str, Any]:
     """Counts of partitions and items by status (`feedproc status --json`); a few at once (503 busy beyond)."""
     feed = _feed(request)
-    return await expensive(request, lambda: GateNames(feed).summary(feed.summary()))
+    return await expensive(request, lambda: GateNames(feed).summary(feed.summary().to_json()))
 
 
 @router.get("/partitions/{key:path}", dependencies=Reading, tags=["partitions"])
@@ -170,7 +171,7 @@ def partition_status(
     """One partition: the `feedproc status KEY --json` object (with `history` events when asked).
     When its queue has a pipeline: `gate_name` beside `gate`, `gate_names` beside `gates`."""
     feed = _feed(request)
-    return GateNames(feed).status(feed.status(_key(key), history=history))
+    return GateNames(feed).status(feed.status(_key(key), history=history).to_json())
 
 
 @router.get("/items", dependencies=Reading, tags=["partitions"])
@@ -186,7 +187,7 @@ def list_items(
     likewise, `result` null when none; `gate_name` beside `gate` when the partition's queue has a
     pipeline). `gate` filters by a gate's number or name."""
     feed = _feed(request)
-    rows = feed.items(key, gate=gate_filter(feed, key, gate), status=status, after_id=after, limit=limit)
+    rows = listed_json(feed.items(key, gate=gate_filter(feed, key, gate), status=status, after_id=after, limit=limit))
     names = GateNames(feed).of_items(key, rows)
     return _page([with_name(_shown(r), names) for r in rows], limit, "id")
 
@@ -198,7 +199,7 @@ def get_item(item_id: Annotated[int, Path(ge=1, le=INT64)], request: Request) ->
     (`history`: n, attempt, gate, watcher, started_at, ended_at, duration, outcome, error);
     `gate_name` beside each gate when its queue has a pipeline."""
     feed = _feed(request)
-    item = GateNames(feed).item(feed.item(item_id))
+    item = GateNames(feed).item(feed.item(item_id).to_json())
     return _shown(item)
 
 
@@ -210,7 +211,7 @@ def history(
     limit: Limit = 100,
 ) -> dict[str, Any]:
     """A partition's history (leases, steals, gate advances, failures, retries...), oldest first."""
-    return _page(_feed(request).history(key, after=after, limit=limit), limit, "id")
+    return _page(listed_json(_feed(request).history(key, after=after, limit=limit)), limit, "id")
 
 
 @router.post("/partitions/{key:path}/items", dependencies=AddingItems, tags=["actions"])

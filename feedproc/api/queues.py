@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.models import QUEUE_PATTERN
+from ..core.views import listed_json
 from .common import INT32, _feed
 from .errors import ApiError
 from .gate import Administering, Operating, Reading
@@ -36,13 +37,13 @@ class QueueChange(BaseModel):
 @router.get("/queues", dependencies=Reading, tags=["queues"])
 def list_queues(request: Request) -> dict[str, Any]:
     """Every queue with settings or unfinished partitions: mode, limit, slots in use, windows, paused."""
-    return {"queues": _feed(request).queues()}
+    return {"queues": listed_json(_feed(request).queues())}
 
 
 @router.get("/queues/{name}", dependencies=Reading, tags=["queues"])
 def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request: Request) -> dict[str, Any]:
     """One queue's settings and state."""
-    return _feed(request).queue(name)
+    return _feed(request).queue(name).to_json()
 
 
 @router.put("/queues/{name}", dependencies=Administering, tags=["queues"])
@@ -64,7 +65,7 @@ def change_queue(
         accumulate=body.accumulate,
         by="api",
     )
-    return feed.queue(name)
+    return feed.queue(name).to_json()
 
 
 @router.post("/queues/{name}/pause", dependencies=Operating, tags=["queues"])
@@ -72,7 +73,7 @@ def pause_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], reque
     """Pause a queue fleet-wide: in-flight items finish, nothing new is dispatched or claimed."""
     feed = _feed(request)
     feed.set_queue(name, paused=True, by="api")
-    return feed.queue(name)
+    return feed.queue(name).to_json()
 
 
 @router.post("/queues/{name}/resume", dependencies=Operating, tags=["queues"])
@@ -80,7 +81,7 @@ def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], requ
     """Resume a paused queue."""
     feed = _feed(request)
     feed.set_queue(name, paused=False, by="api")
-    return feed.queue(name)
+    return feed.queue(name).to_json()
 
 
 @router.get("/pipelines", dependencies=Reading, tags=["queues"])

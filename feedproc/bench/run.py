@@ -119,10 +119,10 @@ def _check_accumulated(url: str, partitions: int, workload: str) -> bool:
     with Feed(url) as feed:
         for n in range(partitions):
             key = f"{workload}-{n}"
-            ids = [item["id"] for item in feed.items(key, limit=10_000)]
+            ids = [item.id for item in feed.items(key, limit=10_000)]
             numbers = [accumulated_by(item_id) for item_id in ids]
             expected = {"max_score": max(x["max_score"] for x in numbers), "pages": sum(x["pages"] for x in numbers)}
-            got = feed.status(key)["accumulated"]
+            got = feed.status(key).accumulated
             if got != expected:
                 raise BenchFailed(f"partition {key} accumulated {got}, expected {expected}")
     return True

@@ -11,6 +11,7 @@ import typer
 from ..core.errors import InvalidInput
 from ..core.fanin import parse_operations
 from ..core.models import check_key
+from ..core.views import listed_json
 from .app import (
     ITEMS_PAGE,
     DbOption,
@@ -33,13 +34,13 @@ def status(
     with _feed(db) as feed:
         names = GateNames(feed)  # gate names beside numbers where the queue has a pipeline
         if key is None:
-            summary = names.summary(feed.summary(recent=20))  # --json carries what the table shows
+            summary = names.summary(feed.summary(recent=20).to_json())  # --json carries what the table shows
             if as_json:
                 typer.echo(json.dumps(summary))
             else:
                 print_summary(summary)
             return
-        result = names.status(feed.status(key, history=history))
+        result = names.status(feed.status(key, history=history).to_json())
     if as_json:
         typer.echo(json.dumps(result))
     else:
@@ -71,7 +72,7 @@ def list_items(
         number = gate_filter(feed, key, gate, "--gate: ")
         names: dict[int, str] | None = None
         while True:  # keyset pages: memory stays flat however many items the partition has
-            rows = feed.items(key, gate=number, status=status_filter, after_id=after, limit=ITEMS_PAGE)
+            rows = listed_json(feed.items(key, gate=number, status=status_filter, after_id=after, limit=ITEMS_PAGE))
             if names is None and rows:
                 names = GateNames(feed).of_items(key, rows)
             rows = [with_name(row, names or {}) for row in rows]
@@ -121,7 +122,7 @@ def item_command(
         if len(ids) != 1 or partition is not None or gate is not None:
             raise InvalidInput(ITEM_USAGE)
         with _feed(db) as feed:
-            item = GateNames(feed).item(feed.item(ids[0]))
+            item = GateNames(feed).item(feed.item(ids[0]).to_json())
         if as_json:
             typer.echo(json.dumps(item_json(item), ensure_ascii=False))
         else:
@@ -243,9 +244,9 @@ def queue_show(
 ) -> None:
     """Show queues' limits, slots in use and windows (with when the next one opens)."""
     with _feed(db) as feed:
-        rows = [q for q in feed.queues() if name is None or q["name"] == name]
+        rows = [q.to_json() for q in feed.queues() if name is None or q.name == name]
         if name is not None and not rows:
-            rows = [feed.queue(name)]
+            rows = [feed.queue(name).to_json()]
     if as_json:
         typer.echo(json.dumps(rows[0] if name is not None else rows))
         return
@@ -275,7 +276,7 @@ def wait(
     check_key(key)  # malformed: exit 2 before touching the database
     with _feed(db) as feed:
         try:
-            result = feed.wait(key, timeout)
+            result = feed.wait(key, timeout).to_json()
         except TimeoutError as error:
             print(f"feedproc: {error}", file=sys.stderr)
             result = getattr(error, "status", None)

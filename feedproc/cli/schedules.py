@@ -27,7 +27,7 @@ def schedule_list(
     if queue is not None:
         check_queue(queue)  # malformed: exit 2 before touching the database
     with _feed(db) as feed:
-        rows = feed.schedules(queue, count=count)
+        rows = [row.to_json() for row in feed.schedules(queue, count=count)]
     if as_json:
         typer.echo(json.dumps(rows))
         return

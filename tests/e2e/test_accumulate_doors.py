@@ -35,7 +35,7 @@ def test_queue_set_declares_shows_and_removes_accumulate(db_url: str, feed: Feed
     result = run_cli(db_url, "queue", "set", "docs", "--accumulate", "pages=sum", "--accumulate", "max_score=max")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "queue docs: push, no limit, no windows, accumulate max_score=max, pages=sum"
-    assert feed.queue("docs")["accumulate"] == {"max_score": "max", "pages": "sum"}
+    assert feed.queue("docs").accumulate == {"max_score": "max", "pages": "sum"}
     shown = run_cli(db_url, "queue", "show", "docs")
     assert "accumulate max_score=max, pages=sum" in shown.stdout
     assert json.loads(run_cli(db_url, "queue", "show", "docs", "--json").stdout)["accumulate"] == {
@@ -44,7 +44,7 @@ def test_queue_set_declares_shows_and_removes_accumulate(db_url: str, feed: Feed
     }
     removed = run_cli(db_url, "queue", "set", "docs", "--no-accumulate")
     assert removed.returncode == 0 and "accumulate" not in removed.stdout
-    assert feed.queue("docs")["accumulate"] == {}
+    assert feed.queue("docs").accumulate == {}
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_queue_set_declares_shows_and_removes_accumulate(db_url: str, feed: Feed
 def test_queue_set_refuses_a_bad_declaration_in_one_line(db_url: str, feed: Feed, args: list[str], says: str) -> None:
     feed.set_queue("docs", accumulate={"bytes": "sum"})
     one_line_error(run_cli(db_url, "queue", "set", "docs", "--limit", "4", *args), 2, says)
-    assert (feed.queue("docs")["limit"], feed.queue("docs")["accumulate"]) == (None, {"bytes": "sum"})
+    assert (feed.queue("docs").limit, feed.queue("docs").accumulate) == (None, {"bytes": "sum"})
 
 
 def test_the_api_sets_and_removes_a_queues_accumulate(api: ApiServer, feed: Feed) -> None:
@@ -72,7 +72,7 @@ def test_the_api_sets_and_removes_a_queues_accumulate(api: ApiServer, feed: Feed
         assert refused.status_code == 400 and says in refused.json()["error"], refused.text
     wrong_type = api.client.put("/api/v1/queues/docs", json={"accumulate": ["pages"]}, headers=auth)
     assert wrong_type.status_code == 422 and "error" in wrong_type.json()
-    assert (feed.queue("docs")["limit"], feed.queue("docs")["accumulate"]) == (None, {"pages": "sum"})
+    assert (feed.queue("docs").limit, feed.queue("docs").accumulate) == (None, {"pages": "sum"})
     cleared = api.client.put("/api/v1/queues/docs", json={"accumulate": {}}, headers=auth)
     assert cleared.json()["accumulate"] == {}
 

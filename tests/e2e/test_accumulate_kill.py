@@ -6,7 +6,6 @@ ends at exactly the item count, and the fan-in item receives that value."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections import Counter
@@ -17,7 +16,7 @@ import pytest
 from feedproc import Feed
 
 from ..cli_processors import DELAY_VARIABLE, HOLD_VARIABLE, LOG_VARIABLE
-from ..support import WatcherProcesses, wait_status, wait_until
+from ..support import WatcherProcesses, json_of, wait_status, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -45,18 +44,18 @@ def test_a_watcher_killed_mid_partition_leaves_each_answer_accumulated_once(
     env = {LOG_VARIABLE: str(log), DELAY_VARIABLE: "0.2"}  # 60 items, 4 at a time: 3 s
     first = watchers.start(*PROCESSOR, "--concurrency", "4", *FAST, **env)
     # Killed once some answers are written and others are being delivered or wait for their commit.
-    wait_until(lambda: feed.status("scans")["items"]["complete"] >= 15, timeout=60, what="answers written")
+    wait_until(lambda: feed.status("scans").items["complete"] >= 15, timeout=60, what="answers written")
     os.killpg(first.pid, signal.SIGKILL)
     assert first.wait(timeout=10) == -signal.SIGKILL
-    written = feed.status("scans")["items"]["complete"]
+    written = feed.status("scans").items["complete"]
     assert 15 <= written < count, written  # mid-partition
-    assert feed.status("scans")["accumulated"] == {"n": written}
+    assert feed.status("scans").accumulated == {"n": written}
 
     second = watchers.start(*PROCESSOR, "--concurrency", "6", *FAST, **env)
     final = wait_status(feed, "scans", "complete", timeout=90)
-    assert final["accumulated"] == {"n": count}
+    assert final.accumulated == {"n": count}
     fan_in = feed.items("scans")[-1]
-    assert json.loads(fan_in["result"]) == {"accumulated": {"n": count}}
+    assert json_of(fan_in.result) == {"accumulated": {"n": count}}
     lines = delivered(log)
     by_pid = Counter(int(fields[0]) for fields in lines)
     assert set(by_pid) == {first.pid, second.pid}, by_pid
@@ -82,13 +81,13 @@ def test_partitions_stolen_mid_way_accumulate_each_answer_once(
     first = watchers.start(*args, **env)
     wait_until(lambda: log.read_text().strip(), timeout=20, what="the first watcher's first delivery")
     second = watchers.start(*args, **env)
-    wait_until(lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher")
+    wait_until(lambda: sum(w.alive for w in feed.watchers()) == 2, timeout=30, what="the second watcher")
     hold.unlink()
-    wait_until(lambda: all(feed.status(k)["status"] == "complete" for k in keys), timeout=90, what="completion")
+    wait_until(lambda: all(feed.status(k).status == "complete" for k in keys), timeout=90, what="completion")
     by_pid = Counter(int(fields[0]) for fields in delivered(log))
     assert set(by_pid) == {first.pid, second.pid}, by_pid
-    stolen = [k for k in keys if any(e["kind"] == "stolen" for e in feed.status(k, history=100)["history"])]
+    stolen = [k for k in keys if any(e.kind == "stolen" for e in feed.status(k, history=100).history or ())]
     assert stolen, "a partition was stolen"
     for key in keys:
-        assert feed.status(key)["accumulated"] == {"n": 8}, key
-        assert json.loads(feed.items(key)[-1]["result"]) == {"accumulated": {"n": 8}}
+        assert feed.status(key).accumulated == {"n": 8}, key
+        assert json_of(feed.items(key)[-1].result) == {"accumulated": {"n": 8}}

@@ -49,13 +49,13 @@ def error_of(response: httpx.Response, status: int) -> str:
 def test_create_answers_201_with_the_partitions_status_object(api: ApiServer, feed: Feed) -> None:
     response = create(api, "upload-1", [{"gate": 0, "data": {"f": "a.pdf"}}, {"gate": 2, "data": [1, 2]}], priority=5)
     assert response.status_code == 201, response.text
-    assert response.json() == {"added": 2, "partition": feed.status("upload-1")}
-    assert [i["data"] for i in feed.items("upload-1")] == [b'{"f":"a.pdf"}', b"[1,2]"]
+    assert response.json() == {"added": 2, "partition": feed.status("upload-1").to_json()}
+    assert [i.data for i in feed.items("upload-1")] == [b'{"f":"a.pdf"}', b"[1,2]"]
 
 
 def test_an_item_without_a_gate_is_added_at_gate_0(api: ApiServer, feed: Feed) -> None:
     assert create(api, "no-gate", [{"data": {"f": "a.pdf"}}]).status_code == 201
-    assert [(i["gate"], i["data"]) for i in feed.items("no-gate")] == [(0, b'{"f":"a.pdf"}')]
+    assert [(i.gate, i.data) for i in feed.items("no-gate")] == [(0, b'{"f":"a.pdf"}')]
 
 
 def test_get_partition_is_the_status_json_of_the_command_line(api: ApiServer, db_url: str) -> None:
@@ -75,7 +75,7 @@ def test_get_partition_with_history_includes_its_events(api: ApiServer) -> None:
 
 def test_summary_is_the_status_json_without_a_key(api: ApiServer, feed: Feed) -> None:
     create(api, "p", [{"gate": 0}, {"gate": 0}])
-    assert api.get("/api/v1/status").json() == feed.summary()
+    assert api.get("/api/v1/status").json() == feed.summary().to_json()
 
 
 def test_create_with_an_existing_key_is_409_and_writes_nothing(api: ApiServer, feed: Feed) -> None:
@@ -88,7 +88,7 @@ def test_create_with_an_existing_key_is_409_and_writes_nothing(api: ApiServer, f
 def test_create_with_an_invalid_key_is_400_naming_the_rule(api: ApiServer, feed: Feed) -> None:
     message = error_of(create(api, "bad key!", [{"gate": 0}]), 400)
     assert "invalid partition key" in message and "A-Z a-z 0-9" in message
-    assert feed.summary()["partitions"]["available"] == 0
+    assert feed.summary().partitions["available"] == 0
 
 
 @before_any_database_access
@@ -145,7 +145,7 @@ def test_an_unknown_field_in_the_partition_is_422(api: ApiServer) -> None:
 
 def test_a_bad_not_before_is_400(api: ApiServer, feed: Feed) -> None:
     assert "not_before" in error_of(create(api, "p", not_before="next tuesday"), 400)
-    assert feed.summary()["partitions"]["available"] == 0
+    assert feed.summary().partitions["available"] == 0
 
 
 def test_not_before_without_a_zone_is_utc(api: ApiServer) -> None:
@@ -158,7 +158,7 @@ def test_add_items_to_an_open_partition(api: ApiServer, feed: Feed) -> None:
     response = api.post("/api/v1/partitions/p/items", {"items": [{"gate": 0, "data": 1}, {"gate": 3, "data": 2}]})
     assert response.status_code == 200, response.text
     assert response.json()["added"] == 2
-    assert feed.status("p")["items"]["total"] == 3
+    assert feed.status("p").items["total"] == 3
 
 
 def test_add_items_to_a_sealed_partition_is_409_and_writes_nothing(api: ApiServer, feed: Feed) -> None:
@@ -363,7 +363,7 @@ def test_a_server_without_a_token_is_read_only(db_url: str, feed: Feed) -> None:
         assert server.get("/api/v1/partitions").status_code == 200
     finally:
         server.close()
-    assert feed.summary()["partitions"]["complete"] == 0
+    assert feed.summary().partitions["complete"] == 0
 
 
 @before_any_database_access

@@ -42,7 +42,7 @@ def test_a_watcher_killed_mid_batch_loses_the_batch_once_and_each_item_completes
 
     watchers.start(*args)
     final = wait_status(feed, "scans", "complete", timeout=60)
-    assert final["items"]["complete"] == 20
+    assert final.items["complete"] == 20
     with handler.lock:
         sent = [[body["id"] for body in d.body["items"]] for d in handler.deliveries]
     first_batch = sent[0]
@@ -50,5 +50,5 @@ def test_a_watcher_killed_mid_batch_loses_the_batch_once_and_each_item_completes
     delivered = [item_id for batch in sent for item_id in batch]
     assert sorted(delivered) == sorted(first_batch * 2)  # every item: once to each watcher, no more
     for item in feed.items("scans"):
-        outcomes = [h["outcome"] for h in feed.item(item["id"])["history"]]
-        assert outcomes == ["lost", "done"], (item["id"], outcomes)
+        outcomes = [h.outcome for h in feed.item(item.id).history]
+        assert outcomes == ["lost", "done"], (item.id, outcomes)

@@ -92,8 +92,8 @@ def test_fill_finished_puts_complete_rows_before_the_runs_own(db_url: str) -> No
     with Feed(db_url) as feed:
         summary = feed.summary()
         feed.add_partition("run-0", [(0, b"{}")] * 3)
-    assert summary["partitions"]["complete"] == 2  # 10,000 + 2,345
-    assert summary["items"]["complete"] == summary["items"]["total"] == 12_345
+    assert summary.partitions["complete"] == 2  # 10,000 + 2,345
+    assert summary.items["complete"] == summary.items["total"] == 12_345
     facts = read_db(db_url, (last_partition, last_item))
     assert [row.status for row in facts.items] == ["available"] * 3
     assert [key for key, _ in facts.partitions.values()] == ["run-0"]

@@ -29,7 +29,7 @@ from feedproc import Feed
 from feedproc.store.schema import items, partitions
 
 from ..cli_processors import DELAY_VARIABLE, HOLD_VARIABLE, LOG_VARIABLE
-from ..support import HandlerService, WatcherProcesses, db_state, run_cli, wait_until
+from ..support import HandlerService, WatcherProcesses, db_state, json_of, lease_of, run_cli, wait_until
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
 # Input rejected before any database access (argument parsing, key syntax, processor loading) behaves
@@ -76,7 +76,7 @@ def stored_items(feed: Feed, key: str) -> list[dict[str, Any]]:
     )
     with feed.store.engine.connect() as conn:
         return [
-            {"id": r.id, "gate": r.gate, "status": r.status, "attempts": r.attempts, "data": json.loads(r.data)}
+            {"id": r.id, "gate": r.gate, "status": r.status, "attempts": r.attempts, "data": json_of(r.data)}
             for r in conn.execute(query)
         ]
 
@@ -125,14 +125,14 @@ def test_db_option_is_used_before_or_after_the_subcommand(db_url: str, feed: Fee
         else ["add", "via-flag", "--open", "--db", db_url]
     )
     ok(run_cli(UNREACHABLE, *args))
-    assert feed.status("via-flag")["key"] == "via-flag"
+    assert feed.status("via-flag").key == "via-flag"
 
 
 def test_database_url_comes_from_the_environment_without_db(db_url: str, feed: Feed, tmp_path: Path) -> None:
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     ok(run_cli(db_url, "add", "via-env", "--open", cwd=cwd))
-    assert feed.status("via-env")["key"] == "via-env"
+    assert feed.status("via-env").key == "via-env"
     assert not (cwd / "feedproc.db").exists()  # the default database was not used
 
 
@@ -157,7 +157,7 @@ def test_add_reads_items_from_a_file(db_url: str, feed: Feed, tmp_path: Path) ->
         (1, "ünïcode"),
     ]
     status = feed.status("from-file")
-    assert (status["gate"], status["sealed"], status["status"]) == (0, True, "available")  # lowest gate; sealed
+    assert (status.gate, status.sealed, status.status) == (0, True, "available")  # lowest gate; sealed
 
 
 def test_add_puts_a_row_without_a_gate_at_gate_0(db_url: str, feed: Feed) -> None:
@@ -169,14 +169,14 @@ def test_add_reads_items_from_standard_input(db_url: str, feed: Feed) -> None:
     lines = '{"gate": 2, "data": {"n": 1}}\n{"gate": 3, "data": {"n": 2}}\n'
     ok(run_cli(db_url, "add", "from-stdin", "--items", "-", input=lines))
     assert [(i["gate"], i["data"]) for i in stored_items(feed, "from-stdin")] == [(2, {"n": 1}), (3, {"n": 2})]
-    assert feed.status("from-stdin")["gate"] == 2
+    assert feed.status("from-stdin").gate == 2
 
 
 def test_add_without_items_is_refused_unless_the_partition_stays_open(db_url: str, feed: Feed) -> None:
     assert_error(run_cli(db_url, "add", "empty"), 2, "--items")  # sealed and empty: it would complete at once
     ok(run_cli(db_url, "add", "empty", "--open"))
     status = feed.status("empty")
-    assert (status["status"], status["sealed"], status["items"]["total"]) == ("available", False, 0)
+    assert (status.status, status.sealed, status.items["total"]) == ("available", False, 0)
 
 
 @pytest.mark.parametrize("given", ["2031-05-06T07:08:09", "2031-05-06T09:08:09+02:00"])
@@ -196,7 +196,7 @@ def test_add_defaults_are_queue_default_priority_zero_sealed(db_url: str, feed: 
     ok(run_cli(db_url, "add", "defaults", "--items", "-", input='{"data": 1}\n'))
     status = feed.status("defaults")
     expected = {"queue": "default", "priority": 0, "sealed": True, "manual_checkpoint": False, "not_before": None}
-    assert {name: status[name] for name in expected} == expected
+    assert {name: getattr(status, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize("source", ["file", "stdin"])
@@ -211,21 +211,21 @@ def test_add_items_appends_to_an_open_partition(db_url: str, feed: Feed, tmp_pat
         )
     assert "2" in ok(result)
     assert [(i["gate"], i["data"]) for i in stored_items(feed, "open-1")] == [(0, "first"), (0, "second"), (5, "later")]
-    assert feed.status("open-1")["items"]["available"] == 3
+    assert feed.status("open-1").items["available"] == 3
 
 
 def test_seal_marks_an_open_partition_sealed(db_url: str, feed: Feed) -> None:
     feed.add_partition("to-seal", [(0, b"1")], sealed=False)
     ok(run_cli(db_url, "seal", "to-seal"))
     status = feed.status("to-seal")
-    assert (status["sealed"], status["status"]) == (True, "available")
+    assert (status.sealed, status.status) == (True, "available")
 
 
 def test_seal_completes_a_drained_open_partition(db_url: str, feed: Feed) -> None:
     feed.add_partition("empty-open", sealed=False)
-    assert feed.status("empty-open")["status"] == "available"  # unsealed: waits for more items
+    assert feed.status("empty-open").status == "available"  # unsealed: waits for more items
     ok(run_cli(db_url, "seal", "empty-open"))
-    assert feed.status("empty-open")["status"] == "complete"
+    assert feed.status("empty-open").status == "complete"
 
 
 # ---------------------------------------------------------------- status
@@ -312,24 +312,24 @@ def test_retry_puts_a_failed_partition_back_to_work(
     )
     feed.add_partition("to-retry", [(0, b'"fine"'), (0, b'"broken"')])
     watchers.start("--handler", handler.url, *FAST)
-    wait_until(lambda: feed.status("to-retry")["status"] == "failed", timeout=20, what="the partition to fail")
-    assert feed.status("to-retry")["failed_items"][0]["attempts"] >= 1
+    wait_until(lambda: feed.status("to-retry").status == "failed", timeout=20, what="the partition to fail")
+    assert feed.status("to-retry").failed_items[0].attempts >= 1
 
     healed.set()
     out = ok(run_cli(db_url, "retry", "to-retry"))
     assert "1" in out
-    wait_until(lambda: feed.status("to-retry")["status"] == "complete", timeout=20, what="the retried partition")
+    wait_until(lambda: feed.status("to-retry").status == "complete", timeout=20, what="the retried partition")
     broken = [i for i in stored_items(feed, "to-retry") if i["data"] == "broken"]
     assert broken[0]["status"] == "complete"
-    assert kinds(feed.status("to-retry", history=50)).count("retried") == 1
+    assert kinds(feed.status("to-retry", history=50).to_json()).count("retried") == 1
 
 
 def test_cancel_cancels_the_partition_and_its_available_items(db_url: str, feed: Feed) -> None:
     feed.add_partition("to-cancel", [(0, b"1"), (0, b"2"), (4, b"3")])
     ok(run_cli(db_url, "cancel", "to-cancel"))
     status = feed.status("to-cancel")
-    assert status["status"] == "cancelled"
-    assert status["items"] == {"total": 3, "available": 0, "complete": 0, "failed": 0, "cancelled": 3}
+    assert status.status == "cancelled"
+    assert status.items == {"total": 3, "available": 0, "complete": 0, "failed": 0, "cancelled": 3}
 
 
 def test_cancel_of_a_cancelled_partition_is_a_no_op(db_url: str, feed: Feed) -> None:
@@ -343,11 +343,11 @@ def test_cancel_of_a_cancelled_partition_is_a_no_op(db_url: str, feed: Feed) -> 
 def test_checkpoint_advances_a_drained_manual_checkpoint_partition(db_url: str, feed: Feed) -> None:
     feed.add_partition("manual", sealed=False, manual_checkpoint=True)
     feed.add_items("manual", [(2, b"1"), (5, b"2")])
-    assert feed.status("manual")["gate"] == 0  # gate 0 has drained (it is empty) but waits for the operator
+    assert feed.status("manual").gate == 0  # gate 0 has drained (it is empty) but waits for the operator
     out = ok(run_cli(db_url, "checkpoint", "manual"))
     assert "2" in out
     status = feed.status("manual")
-    assert (status["gate"], status["status"]) == (2, "available")
+    assert (status.gate, status.status) == (2, "available")
 
 
 # ---------------------------------------------------------------- malformed input: exit 2, nothing written
@@ -453,7 +453,7 @@ def test_bad_key_characters_are_malformed_input(db_url: str, feed: Feed, key: st
 def test_longest_key_with_every_allowed_character_is_accepted(db_url: str, feed: Feed) -> None:
     key = ("Az09._:/-" * 23)[:200]
     ok(run_cli(db_url, "add", key, "--open"))
-    assert feed.status(key)["key"] == key
+    assert feed.status(key).key == key
 
 
 @before_any_database_access
@@ -522,7 +522,7 @@ def test_a_batch_short_of_its_size_waits_for_more_items_by_batch_wait_ms_or_its_
     watchers.start("--handler", handler.url, "--batch", "2", "--concurrency", "1", *args, *FAST, **env)
     wait_until(feed.leases, timeout=30, what="the partition leased (its first item fetched with it)")
     feed.add_items("scans", [(0, b'{"n": 2}')])  # the batch of one waits (up to a minute) for this one
-    wait_until(lambda: feed.status("scans")["items"]["complete"] == 2, timeout=30, what="both items complete")
+    wait_until(lambda: feed.status("scans").items["complete"] == 2, timeout=30, what="both items complete")
     with handler.lock:
         sent = [len(d.body.get("items", [d.body])) for d in handler.deliveries]
     assert sent == [2]
@@ -551,7 +551,7 @@ def test_duplicate_key_is_refused_and_the_first_partition_is_untouched(db_url: s
     assert_error(again, 1, "dup")
     assert db_state(feed) == before
     status = feed.status("dup")
-    assert (status["priority"], status["gate"], status["sealed"], status["items"]["total"]) == (3, 1, True, 1)
+    assert (status.priority, status.gate, status.sealed, status.items["total"]) == (3, 1, True, 1)
 
 
 def test_add_items_to_a_sealed_partition_is_refused(db_url: str, feed: Feed) -> None:
@@ -582,7 +582,7 @@ def test_retry_of_a_partition_that_has_not_failed_is_refused(db_url: str, feed: 
     feed.add_partition("not-failed", [(0, b"1")] if state != "complete" else [])
     if state == "cancelled":
         feed.cancel("not-failed")
-    assert feed.status("not-failed")["status"] == state
+    assert feed.status("not-failed").status == state
     before = db_state(feed)
     assert_error(run_cli(db_url, "retry", "not-failed"), 1, state)
     assert db_state(feed) == before
@@ -590,7 +590,7 @@ def test_retry_of_a_partition_that_has_not_failed_is_refused(db_url: str, feed: 
 
 def test_cancel_of_a_complete_partition_is_refused(db_url: str, feed: Feed) -> None:
     feed.add_partition("finished")
-    assert feed.status("finished")["status"] == "complete"
+    assert feed.status("finished").status == "complete"
     before = db_state(feed)
     assert_error(run_cli(db_url, "cancel", "finished"), 1, "complete")
     assert db_state(feed) == before
@@ -608,7 +608,7 @@ def test_checkpoint_refused(db_url: str, feed: Feed, manual: bool, reason: str) 
     before = db_state(feed)
     assert_error(run_cli(db_url, "checkpoint", "cp"), 1, reason)
     assert db_state(feed) == before
-    assert feed.status("cp")["gate"] == 0
+    assert feed.status("cp").gate == 0
 
 
 def test_checkpoint_with_no_higher_gate_holding_work_is_refused(db_url: str, feed: Feed) -> None:
@@ -712,10 +712,10 @@ def test_sigterm_stops_the_watcher_which_yields_its_leases(
     watcher = watchers.start("--handler", handler.url, *FAST)
 
     def all_held() -> bool:
-        return all(feed.status(k)["lease"] is not None and handler.of(k) for k in keys)
+        return all(feed.status(k).lease is not None and handler.of(k) for k in keys)
 
     wait_until(all_held, timeout=20, what="the watcher to lease and serve every partition")
-    owner = feed.status(keys[0])["lease"]["owner"]
+    owner = lease_of(feed.status(keys[0])).owner
     assert f":{watcher.pid}:" in owner
 
     started = time.monotonic()
@@ -744,22 +744,22 @@ def test_kill_9_of_a_watcher_lets_another_take_over_after_the_lease_expires(
     short = ("--poll-interval", "0.1", "--lease-seconds", "2", "--retry-delay", "0.1")
     first = watchers.start("--handler", handler.url, *short)
     wait_until(
-        lambda: all(feed.status(k)["lease"] is not None and handler.of(k) for k in keys),
+        lambda: all(feed.status(k).lease is not None and handler.of(k) for k in keys),
         timeout=20,
         what="the first watcher to hold both partitions",
     )
-    owner = feed.status(keys[0])["lease"]["owner"]
+    owner = lease_of(feed.status(keys[0])).owner
     assert f":{first.pid}:" in owner
 
     os.kill(first.pid, signal.SIGKILL)
     assert first.wait(timeout=10) == -signal.SIGKILL
-    held = {k: feed.status(k)["lease"] for k in keys}
-    assert all(lease is not None and lease["owner"] == owner for lease in held.values())  # nothing was released
+    held = {k: lease_of(feed.status(k)) for k in keys}
+    assert all(lease.owner == owner for lease in held.values())  # nothing was released
 
     finish.set()
     second = watchers.start("--handler", handler.url, *short)
     wait_until(
-        lambda: all(feed.status(k)["status"] == "complete" for k in keys),
+        lambda: all(feed.status(k).status == "complete" for k in keys),
         timeout=30,
         what="the second watcher to finish everything",
     )
@@ -770,7 +770,7 @@ def test_kill_9_of_a_watcher_lets_another_take_over_after_the_lease_expires(
         assert len(expired) == 1, status["history"]
         assert f":{second.pid}:" in expired[0]["watcher"]
         assert expired[0]["detail"]["previous"] == owner
-        assert parse_time(expired[0]["at"]) >= parse_time(held[key]["expires_at"])  # not before the lease ran out
+        assert parse_time(expired[0]["at"]) >= parse_time(held[key].expires_at or "")  # not before the lease ran out
 
 
 def test_a_watcher_process_keeps_its_start_up_objects_out_of_full_garbage_collections(
@@ -805,10 +805,10 @@ def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     first = watchers.start(*args, **env)
     wait_until(lambda: log.read_text().strip(), timeout=20, what="the first watcher's first delivery")
     second = watchers.start(*args, **env)
-    wait_until(lambda: sum(w["alive"] for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register")
+    wait_until(lambda: sum(w.alive for w in feed.watchers()) == 2, timeout=30, what="the second watcher to register")
     hold.unlink()
     wait_until(
-        lambda: all(feed.status(k)["status"] == "complete" for k in keys),
+        lambda: all(feed.status(k).status == "complete" for k in keys),
         timeout=60,
         what="all partitions to complete",
     )
@@ -819,6 +819,6 @@ def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     assert [item for item, n in delivered.items() if n != 1] == []  # exactly once
     by_pid = Counter(int(fields[0]) for fields in lines)
     assert set(by_pid) == {first.pid, second.pid}, by_pid
-    assert any("stolen" in kinds(feed.status(k, history=100)) for k in keys)
+    assert any("stolen" in kinds(feed.status(k, history=100).to_json()) for k in keys)
     summary = json.loads(ok(run_cli(db_url, "status", "--json")))
     assert summary["items"]["complete"] == summary["items"]["total"] == 80

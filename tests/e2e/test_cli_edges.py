@@ -98,7 +98,7 @@ def test_cleanup_dry_run_counts_and_deletes_nothing(db_url: str, feed: Feed) -> 
         conn.execute(update(partitions).values(updated_at=seconds_from_now(-3600)))
     rehearsal = ok(run_cli(db_url, "cleanup", "--older-than", "30m", "--dry-run"))
     assert rehearsal.startswith("would delete 1 partitions, 0 items")
-    assert feed.status("done")["status"] == "complete"
+    assert feed.status("done").status == "complete"
     assert ok(run_cli(db_url, "cleanup", "--older-than", "30m")).startswith("deleted 1 partitions")
 
 
@@ -107,7 +107,7 @@ def test_feed_without_a_url_reads_the_environment(db_url: str, monkeypatch: pyte
     with Feed() as feed:
         feed.add_partition("from-env", [(0, b"1")])
     with Feed(db_url) as same:
-        assert same.status("from-env")["key"] == "from-env"
+        assert same.status("from-env").key == "from-env"
 
 
 @pytest.mark.sqlite_only
@@ -248,9 +248,9 @@ def test_a_watcher_configured_by_the_environment_alone(db_url: str, tmp_path: Pa
             FEEDPROC_POLL_INTERVAL="0.1",
             FEEDPROC_TEST_DELIVERY_LOG=str(tmp_path / "deliveries"),
         )
-        wait_until(lambda: feed.status("p")["status"] == "complete", what="the partition to complete")
+        wait_until(lambda: feed.status("p").status == "complete", what="the partition to complete")
         (watcher,) = feed.watchers()
-        assert (watcher["queue"], watcher["concurrency"]) == ("from-env", 3)
+        assert (watcher.queue, watcher.concurrency) == ("from-env", 3)
     finally:
         watchers.stop_all()
         feed.close()

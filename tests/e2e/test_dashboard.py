@@ -98,8 +98,8 @@ def test_a_key_with_dot_segments_links_and_acts_on_itself_not_another_partition(
         f"{api.url}/api/v1/partitions/x%2F..%2Fvictim/cancel", headers={"Authorization": f"Bearer {TOKEN}"}
     )
     assert answer.status_code == 200, answer.text
-    assert feed.status("x/../victim")["status"] == "cancelled"
-    assert feed.status("victim")["status"] == "available"
+    assert feed.status("x/../victim").status == "cancelled"
+    assert feed.status("victim").status == "available"
 
 
 @pytest.mark.sqlite_only
@@ -226,7 +226,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         screenshot(page, "dashboard-running.png")
 
         bad = wait_until(lambda: feed.items("scans/bad", status="failed") or None, what="the locked PDF to fail")[0]
-        page.goto(f"{serve.url}/items/{bad['id']}")
+        page.goto(f"{serve.url}/items/{bad.id}")
         section = page.locator("section.item")
         expect(section).to_have_attribute("data-status", "failed")
         expect(page.locator("pre.data-full")).to_contain_text('"file": "locked.pdf"')  # pretty-printed
@@ -235,16 +235,16 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         broken["on"] = False
         page.fill("#token", TOKEN)
         page.locator('button[data-item-action="retry"]').click()
-        expect(page.locator("#flash")).to_contain_text(f"Retrying item {bad['id']}")
+        expect(page.locator("#flash")).to_contain_text(f"Retrying item {bad.id}")
         expect(section).to_have_attribute("data-status", "complete", timeout=60_000)
-        assert feed.item(bad["id"])["history"][-2]["watcher"] == "api"  # the retry, recorded as the API's
+        assert feed.item(bad.id).history[-2].watcher == "api"  # the retry, recorded as the API's
 
         page.goto(serve.url + "/queues/default")
         queue = page.locator("section.queue")
         expect(queue).to_have_attribute("data-paused", "no")
         page.locator('button[data-queue-action="pause"]').click()
         expect(queue).to_have_attribute("data-paused", "yes", timeout=10_000)
-        assert feed.queue("default")["paused"] is True
+        assert feed.queue("default").paused is True
         expect(page.locator("figure.chart").first).to_have_attribute("data-drawn", "yes", timeout=30_000)
         screenshot(page, "dashboard-queue.png")
         page.locator('button[data-queue-action="resume"]').click()
@@ -260,14 +260,14 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
 def test_the_item_page_pretty_prints_the_data_and_offers_it_for_download(api: ApiServer, feed: Feed) -> None:
     feed.add_partition("p", [(0, b'{"name":"<b>x</b>","n":[1,2]}')])
     (item,) = feed.items("p")
-    page = api.get(f"/items/{item['id']}")
+    page = api.get(f"/items/{item.id}")
     assert page.status_code == 200
     assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x" not in page.text  # escaped
     assert '"name": "<b>x</b>",\n  "n": [' in html.unescape(page.text)  # pretty-printed
-    assert f'href="/items/{item["id"]}/data"' in page.text
-    download = api.get(f"/items/{item['id']}/data")
+    assert f'href="/items/{item.id}/data"' in page.text
+    download = api.get(f"/items/{item.id}/data")
     assert download.content == b'{"name":"<b>x</b>","n":[1,2]}'
-    assert download.headers["content-disposition"] == f'attachment; filename="item-{item["id"]}.json"'
+    assert download.headers["content-disposition"] == f'attachment; filename="item-{item.id}.json"'
 
 
 @pytest.mark.sqlite_only
@@ -292,7 +292,7 @@ def test_a_failed_partition_with_nothing_complete_reads_0_percent(api: ApiServer
     feed.add_partition("p", [(0, b"1"), (0, b"2"), (2, b"3")])
     register(feed.store, A)
     feed.store.apply(A, [fail(taken, attempts=5) for taken in lease_and_fetch(feed.store)])
-    assert feed.status("p")["status"] == "failed"
+    assert feed.status("p").status == "failed"
     row = api.get("/").text.split('data-key="p"', 1)[1].split("</tr>", 1)[0]
     page = api.get("/partitions/p").text.split('class="overall"', 1)[1]
     assert '<span class="pct" data-percent="0">0%</span>' in row  # it read 66%: 2 failed, 1 waiting, of 3
@@ -369,7 +369,7 @@ def test_failed_partitions_are_retried_in_bulk_through_the_api(api: ApiServer, f
     )
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"retried": [{"key": "x/1", "retried": 1}, {"key": "x/2", "retried": 1}]}
-    assert [feed.status(k)["status"] for k in ("x/1", "x/2", "y/1")] == ["available", "available", "failed"]
+    assert [feed.status(k).status for k in ("x/1", "x/2", "y/1")] == ["available", "available", "failed"]
 
 
 @pytest.mark.slow
@@ -415,10 +415,10 @@ def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
         wait_status(feed, "bad/1", "failed")
         wait_status(feed, "bad/2", "failed")
         (bad_item,) = feed.items("bad/2")
-        page.goto(f"{serve.url}/items/{bad_item['id']}")
+        page.goto(f"{serve.url}/items/{bad_item.id}")
         page.locator('button[data-item-action="skip"]').click()
         expect(page.locator("section.item")).to_have_attribute("data-status", "complete", timeout=10_000)
-        assert feed.status("bad/2")["status"] in ("available", "complete")
+        assert feed.status("bad/2").status in ("available", "complete")
 
         failing["on"] = False
         page.goto(serve.url + "/?status=failed")

@@ -31,6 +31,7 @@ from ..support import (
     WatcherProcesses,
     answer,
     feedproc_env,
+    json_of,
     lease_and_fetch,
     register,
     run_cli,
@@ -51,7 +52,7 @@ def with_results(feed: Feed) -> list[int]:
     feed.store.apply(
         A, [answer(r, Kind.DONE, result=v) for r, v in zip(lease_and_fetch(feed.store), results, strict=True)]
     )
-    return [i["id"] for i in feed.items("p")]
+    return [i.id for i in feed.items("p")]
 
 
 # ---------------------------------------------------------------- shown
@@ -110,7 +111,7 @@ def test_the_dashboards_item_page_pretty_prints_the_result(db_url: str, feed: Fe
 
 
 def completed(feed: Feed, key: str) -> bool:
-    return feed.status(key)["status"] == "complete"
+    return feed.status(key).status == "complete"
 
 
 def complete_items(feed: Feed, key: str, gate: int, count: int) -> None:
@@ -172,9 +173,9 @@ def test_a_handler_in_another_process_reads_50000_results_by_pages_each_once(
     feed.add_partition("big", [{"gate": 1, "data": {"join": True}, "collect": 0}])
     complete_items(feed, "big", 0, 50_000)
     watchers.start("--handler", reader, "--callback-url", serve.url, "--timeout", "300", "--poll-interval", "0.2")
-    wait_until(lambda: feed.status("big")["status"] == "complete", timeout=300, what="the fan-in item answered")
+    wait_until(lambda: feed.status("big").status == "complete", timeout=300, what="the fan-in item answered")
     (fan_in,) = feed.items("big", gate=1)
-    result = json.loads(fan_in["result"])
+    result = json_of(fan_in.result)
     assert result["collected"] == {"gate": 0, "count": 50_000, "failed": 0}
     assert result["read"] == {"count": 50_000, "twice": 0, "sum": 50_000 * 50_001 // 2, "pages": 50}
 
@@ -186,9 +187,9 @@ def test_a_python_processor_iterates_a_million_results_in_bounded_memory(
     feed.add_partition("huge", [{"gate": 1, "data": {"join": True}, "collect": 0}])
     complete_items(feed, "huge", 0, 1_000_000)  # read at once: the table has no statistics yet
     watchers.start("--processor", "cli_processors:CountsCollected", "--item-timeout", "600")
-    wait_until(lambda: feed.status("huge")["status"] == "complete", timeout=600, every=0.5, what="a million read")
+    wait_until(lambda: feed.status("huge").status == "complete", timeout=600, every=0.5, what="a million read")
     (fan_in,) = feed.items("huge", gate=1)
-    result = json.loads(fan_in["result"])
+    result = json_of(fan_in.result)
     print(f"a million collected results read by a Python processor: peak watcher RSS {result['peak_rss_mb']:.0f} MB")
     assert (result["count"], result["twice"], result["sum"]) == (1_000_000, 0, 1_000_000 * 1_000_001 // 2)
     assert result["peak_rss_mb"] < 200
@@ -228,8 +229,8 @@ def test_feedproc_work_processors_iterate_what_they_collect_inline_and_by_pages(
     finally:
         stop_group(worker, grace=30)
     for key, files in (("inline", ["a", "b"]), ("paged", ["c", "d", "e"])):
-        ids = [i["id"] for i in feed.items(key)]
-        joined = json.loads(feed.items(key, gate=1)[0]["result"])
+        ids = [i.id for i in feed.items(key)]
+        joined = json_of(feed.items(key, gate=1)[0].result)
         assert joined == {
             "rows": [[i, {"label": f.upper()}, None] for i, f in zip(ids, files, strict=False)],
             "accumulated": {},
@@ -258,7 +259,7 @@ def test_a_claim_carries_what_its_fan_in_item_collects_and_its_token_reads_the_p
             body = {"token": entry["token"], "done": True, "result": entry["data"]["file"]}
             assert api.post(f"/api/v1/items/{entry['id']}/answer", body, headers=auth, auth=False).status_code == 200
         small, large = sorted(claim(), key=lambda e: e["partition"] != "small")
-        small_ids, large_ids = ([i["id"] for i in feed.items(key)] for key in ("small", "large"))
+        small_ids, large_ids = ([i.id for i in feed.items(key)] for key in ("small", "large"))
         assert small["collected"] == {
             "gate": "classify",
             "count": 1,
@@ -300,7 +301,7 @@ def test_add_and_the_api_take_collect_as_an_item_field(db_url: str, feed: Feed) 
         assert bad.status_code == 400 and "collect" in bad.json()["error"]
     finally:
         api.close()
-    assert [feed.item(i["id"])["collect"] for key in ("from-file", "from-api") for i in feed.items(key)] == [
+    assert [feed.item(i.id).collect for key in ("from-file", "from-api") for i in feed.items(key)] == [
         None,
         0,
         None,

@@ -299,7 +299,7 @@ def test_sigterm_commits_in_flight_answers_and_yields_to_a_running_watcher_withi
     waiting(lambda: len(every_item_slow.starts()) >= 4, timeout=30, what="four deliveries in flight", fleet=fleet)
     b = fleet.start("b", *args)
     waiting(
-        lambda: any(w["id"] == b.id and w["alive"] for w in feed.watchers()),
+        lambda: any(w.id == b.id and w.alive for w in feed.watchers()),
         timeout=30,
         what="b to be running",
         fleet=fleet,
@@ -487,7 +487,7 @@ def test_mariadb_read_only_mid_run_is_waited_out_unready_but_live(db_url: str, f
             with pytest.raises(DatabaseRefusesWrites) as refused:
                 producer.add_partition("later", [(0, b"{}")])
             assert str(refused.value) == "the database is read-only"
-            assert producer.status("p")["status"] == "complete"  # reading works throughout
+            assert producer.status("p").status == "complete"  # reading works throughout
 
 
 LOCKER = """
@@ -541,13 +541,13 @@ def test_handler_outage_fails_items_after_spread_out_attempts_and_retry_recovers
     fleet.start("w1", "--handler", handler.url, "--lease-seconds", "5", "--poll-interval", "0.1", "--retry-delay",
                 str(retry_delay), "--max-attempts", str(attempts), "--concurrency", "4")  # fmt: skip
     waiting(
-        lambda: feed.status(key)["status"] == "failed", timeout=60, what="the partition to fail", fleet=fleet, feed=feed
+        lambda: feed.status(key).status == "failed", timeout=60, what="the partition to fail", fleet=fleet, feed=feed
     )
 
     status = feed.status(key)
-    assert status["gate"] == 0 and len(status["failed_items"]) == 3, status
-    for failed in status["failed_items"]:
-        assert failed["attempts"] == attempts and "HTTP 503" in failed["last_error"], failed
+    assert status.gate == 0 and len(status.failed_items) == 3, status
+    for failed in status.failed_items:
+        assert failed.attempts == attempts and "HTTP 503" in (failed.last_error or ""), failed
     failing = calls(handler)
     for item in {c.item for c in failing}:
         mine = sorted((c for c in failing if c.item == item), key=lambda c: c.start)

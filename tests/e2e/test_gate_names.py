@@ -58,7 +58,7 @@ def error_of(response: httpx.Response, status: int) -> str:
 
 
 def gates_of(feed: Feed, key: str) -> list[int]:
-    return [item["gate"] for item in feed.items(key)]
+    return [item.gate for item in feed.items(key)]
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
@@ -125,7 +125,7 @@ def test_the_api_shows_gate_names_beside_numbers_and_filters_by_name(api: ApiSer
     status = api.get("/api/v1/partitions/up-3").json()
     assert (status["gate_name"], status["gate_names"]) == ("ocr", {"0": "ocr", "2": "rank"})
     plain = api.get("/api/v1/partitions/plain").json()
-    assert plain == named.status("plain") and "gate_name" not in plain
+    assert plain == named.status("plain").to_json() and "gate_name" not in plain
 
     listed = {p["key"]: p for p in api.get("/api/v1/partitions").json()["items"]}
     assert listed["up-3"]["gate_name"] == "ocr" and "gate_name" not in listed["plain"]
@@ -155,7 +155,7 @@ def test_an_item_action_takes_a_gate_by_name(api: ApiServer, named: Feed) -> Non
     assert db_state(named) == before
     done = api.post("/api/v1/items/cancel", {"partition": "up-4", "gate": "rank"})
     assert done.status_code == 200, done.text
-    assert [(i["gate"], i["status"]) for i in named.items("up-4")] == [
+    assert [(i.gate, i.status) for i in named.items("up-4")] == [
         (0, "available"),
         (2, "cancelled"),
         (2, "cancelled"),
@@ -186,7 +186,7 @@ def test_the_dashboard_shows_gate_names_beside_numbers(api: ApiServer, named: Fe
     assert page.status_code == 200
     assert '0 <span class="gate-name muted">(ocr)</span>' in page.text
     assert '2 <span class="gate-name muted">(rank)</span>' in page.text
-    second = named.items("up-5")[1]["id"]
+    second = named.items("up-5")[1].id
     assert '2 <span class="gate-name muted">(rank)</span>' in api.get(f"/items/{second}").text
     overview = api.get("/").text
     assert "g0 ocr" in overview and "g2 rank" in overview
@@ -225,4 +225,4 @@ def test_the_cli_shows_gate_names_and_takes_them_as_filters(db_url: str, named: 
     one_line_error(run_cli(db_url, "item", "skip", "--partition", "cli-3", "--gate", "sort"), 2, "'sort'")
     assert db_state(named) == before
     ok(run_cli(db_url, "item", "cancel", "--partition", "cli-3", "--gate", "rank"))
-    assert [i["status"] for i in named.items("cli-3")] == ["available", "cancelled"]
+    assert [i.status for i in named.items("cli-3")] == ["available", "cancelled"]

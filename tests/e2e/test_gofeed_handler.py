@@ -80,7 +80,9 @@ class GoFeedHandler:
         step = data["step"]
         time.sleep(0.02 + 0.08 * (FILES.index(data["file"]) % 3))
         by_step: dict[int, dict[str, Any]] = {
-            0: {"text": f"text of {data['file']}"}, 1: {"label": "invoice"}, 2: {"filed": True}
+            0: {"text": f"text of {data['file']}"},
+            1: {"label": "invoice"},
+            2: {"filed": True},
         }
         done = by_step[step]
         response = {**data, **done, "step": step + 1}
@@ -106,9 +108,7 @@ def test_a_go_feed_handler_drives_a_three_gate_fan_in_under_request_raw(
     added = run_cli(db_url, "add", "folder-1", "--items", "-", input=items)
     assert added.returncode == 0, added.stderr
     watchers.start("--handler", gofeed_handler.url, "--request", "raw", *FAST)
-    wait_until(
-        lambda: feed.status("folder-1")["status"] == "complete", timeout=60, what=f"the folder\n{watchers.logs()}"
-    )
+    wait_until(lambda: feed.status("folder-1").status == "complete", timeout=60, what=f"the folder\n{watchers.logs()}")
 
     calls = sorted(gofeed_handler.calls, key=lambda c: c.start)
     by_step = {step: [c for c in calls if c.data["step"] == step] for step in (0, 1, 2)}
@@ -119,8 +119,8 @@ def test_a_go_feed_handler_drives_a_three_gate_fan_in_under_request_raw(
     assert {c.content_type for c in calls} == {"application/json"}
 
     status = feed.status("folder-1")
-    assert (status["gate"], status["items"]["complete"], status["failed_items"]) == (2, len(FILES), [])
-    stored = sorted((json.loads(item["data"]) for item in feed.items("folder-1")), key=lambda data: data["file"])
+    assert (status.gate, status.items["complete"], status.failed_items) == (2, len(FILES), ())
+    stored = sorted((json.loads(item.data) for item in feed.items("folder-1")), key=lambda data: data["file"])
     assert stored == [
         {"file": name, "step": 3, "text": f"text of {name}", "label": "invoice", "filed": True} for name in FILES
     ]

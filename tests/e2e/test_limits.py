@@ -38,12 +38,12 @@ def test_a_handlers_answer_of_900_000_children_fails_its_item_in_bounded_memory(
     watcher = watchers.start("--handler", handler.url, "--max-attempts", "5", "--poll-interval", "0.1")
     status = wait_status(feed, "fan", "failed", timeout=60)
     peak = peak_rss_mb(watcher)
-    (failed,) = status["failed_items"]
-    assert (failed["attempts"], failed["last_error"]) == (
+    (failed,) = status.failed_items
+    assert (failed.attempts, failed.last_error) == (
         1,
         "answer has 900000 children; the limit is 100000 (--max-children)",
     )
-    assert status["items"]["total"] == 1 and len(handler.deliveries) == 1
+    assert status.items["total"] == 1 and len(handler.deliveries) == 1
     assert peak < BOUND_MB, f"the watcher reached {peak} MB"
 
 
@@ -67,5 +67,5 @@ def test_a_workers_answer_of_1_000_000_children_is_413_in_bounded_memory(
         server.stop()
     assert response.status_code == 413
     assert response.json() == {"error": "answer has 1000000 children; the limit is 100000 (--max-children)"}
-    assert feed.status("fan")["items"] == {"total": 1, "available": 1, "complete": 0, "failed": 0, "cancelled": 0}
+    assert feed.status("fan").items == {"total": 1, "available": 1, "complete": 0, "failed": 0, "cancelled": 0}
     assert peak < BOUND_MB, f"serve reached {peak} MB"

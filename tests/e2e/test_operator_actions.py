@@ -22,7 +22,7 @@ def api(db_url: str) -> Iterator[ApiServer]:
 
 
 def ids_of(feed: Feed, key: str) -> list[int]:
-    return [i["id"] for i in feed.items(key)]
+    return [i.id for i in feed.items(key)]
 
 
 def test_the_cli_skips_an_item_and_records_that_the_cli_did(db_url: str, feed: Feed) -> None:
@@ -31,9 +31,9 @@ def test_the_cli_skips_an_item_and_records_that_the_cli_did(db_url: str, feed: F
     result = run_cli(db_url, "item", "skip", str(first), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"action": "skip", "items": 1, "partitions": ["p"]}
-    history = feed.item(first)["history"]
-    assert [(h["outcome"], h["watcher"]) for h in history] == [("skipped", "cli")]
-    assert feed.status("p")["gate"] == 1
+    history = feed.item(first).history
+    assert [(h.outcome, h.watcher) for h in history] == [("skipped", "cli")]
+    assert feed.status("p").gate == 1
 
 
 def test_the_cli_cancels_a_gate_of_a_partition(db_url: str, feed: Feed) -> None:
@@ -62,7 +62,7 @@ def test_the_cli_refuses_bad_item_actions_in_one_line(
     result = run_cli(db_url, *args)
     assert result.returncode == code, result.stderr
     assert says in result.stderr and result.stderr.count("\n") == 1, result.stderr
-    assert feed.items("p")[0]["status"] == "available"
+    assert feed.items("p")[0].status == "available"
 
 
 def test_the_api_retries_one_item_and_bulk_cancels_a_partitions_items(api: ApiServer, feed: Feed) -> None:
@@ -73,7 +73,7 @@ def test_the_api_retries_one_item_and_bulk_cancels_a_partitions_items(api: ApiSe
     assert one.json()["items"] == 1
     bulk = api.post("/api/v1/items/cancel", {"partition": "p", "gate": 0})
     assert bulk.status_code == 200 and bulk.json()["items"] == 2
-    assert [(h["outcome"], h["watcher"]) for h in feed.item(second)["history"]] == [("cancelled", "api")]
+    assert [(h.outcome, h.watcher) for h in feed.item(second).history] == [("cancelled", "api")]
 
 
 def test_the_api_refuses_an_action_on_a_finished_item_with_a_json_409(api: ApiServer, feed: Feed) -> None:
@@ -97,7 +97,7 @@ def test_the_api_reads_changes_pauses_and_resumes_queues(api: ApiServer, feed: F
     assert (changed.json()["limit"], changed.json()["windows"], changed.json()["mode"]) == (5, "22:00-06:00", "pull")
     paused = api.post("/api/v1/queues/imports/pause")
     assert paused.status_code == 200 and paused.json()["paused"] and paused.json()["paused_by"] == "api"
-    assert feed.queue("imports")["paused"]
+    assert feed.queue("imports").paused
     listed = api.get("/api/v1/queues").json()["queues"]
     assert [q["name"] for q in listed if q["paused"]] == ["imports"]
     assert not api.post("/api/v1/queues/imports/resume").json()["paused"]
@@ -122,8 +122,8 @@ def test_the_api_creates_a_partition_with_every_scheduling_control(api: ApiServe
         },
     )
     assert response.status_code == 201, response.text
-    schedule = feed.status("nightly")["schedule"]
-    assert (schedule["weight"], schedule["item_timeout"]) == (3, 12.5)
-    assert (schedule["windows"], schedule["timezone"]) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
+    schedule = feed.status("nightly").schedule
+    assert (schedule.weight, schedule.item_timeout) == (3, 12.5)
+    assert (schedule.windows, schedule.timezone) == ("22:00-06:00,12:00-13:00", "Europe/Paris")
     bad = api.post("/api/v1/partitions", {"key": "bad", "windows": ["25:00-06:00"]})
     assert bad.status_code == 400 and "window" in bad.json()["error"]

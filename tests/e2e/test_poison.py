@@ -13,7 +13,7 @@ import pytest
 from feedproc import Feed
 
 from ..cli_processors import LOG_VARIABLE
-from ..support import WatcherProcesses, wait_status
+from ..support import WatcherProcesses, json_of, wait_status
 
 pytestmark = pytest.mark.slow
 
@@ -39,18 +39,18 @@ def test_an_item_that_kills_its_watcher_fails_after_max_attempts_and_the_rest_co
     processes = [watchers.start(*args, **{LOG_VARIABLE: str(log)}) for _ in range(3)]
 
     final = wait_status(feed, "poisoned", "failed", timeout=90)
-    (failed,) = final["failed_items"]
-    poison = next(i for i in feed.items("poisoned") if json.loads(i["data"]) == {"poison": True})
-    assert failed["id"] == poison["id"] and failed["attempts"] == 2
-    assert "died or stalled during delivery 2" in failed["last_error"], failed
-    assert "delivered alone" in failed["last_error"], failed
-    assert final["items"]["complete"] == 39  # every other item of the poisoned partition completed
+    (failed,) = final.failed_items
+    poison = next(i for i in feed.items("poisoned") if json_of(i.data) == {"poison": True})
+    assert failed.id == poison.id and failed.attempts == 2
+    assert "died or stalled during delivery 2" in (failed.last_error or ""), failed
+    assert "delivered alone" in (failed.last_error or ""), failed
+    assert final.items["complete"] == 39  # every other item of the poisoned partition completed
     wait_status(feed, "healthy", "complete", timeout=60)
 
     killed = [p for p in processes if p.poll() is not None]
     assert len(killed) == 2 and all(p.returncode == 1 for p in killed)  # one death per delivery of the poison
-    assert sorted(pid for pid, _, item in deliveries(log) if item == poison["id"]) == sorted(p.pid for p in killed)
-    history = [h["outcome"] for h in feed.item(poison["id"])["history"]]
+    assert sorted(pid for pid, _, item in deliveries(log) if item == poison.id) == sorted(p.pid for p in killed)
+    history = [h.outcome for h in feed.item(poison.id).history]
     assert history == ["lost", "lost"]
 
     feed.add_partition("afterwards", [(0, b'{"n": 1}')] * 5)  # the survivor keeps working

@@ -23,7 +23,7 @@ from feedproc import Feed
 
 from ..api_support import AUTH, ApiServer, ServeProcess
 from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
-from ..support import feedproc_env, spawn, stop_group, wait_until
+from ..support import feedproc_env, json_of, spawn, stop_group, wait_until
 
 WORKER_TOKEN = "worker-token-9876543210"
 WORKER_AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -253,9 +253,7 @@ def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(d
         victim.process.send_signal(signal.SIGKILL)  # mid-item: its claims must expire and be retried
         victim.process.wait(timeout=10)
         workers = [WorkProcess(servers[n % 2].url, tmp_path, f"w{n}", *args, **env) for n in range(3)]
-        wait_until(
-            lambda: feed.summary()["partitions"].get("complete") == 6, timeout=120, what="all partitions complete"
-        )
+        wait_until(lambda: feed.summary().partitions.get("complete") == 6, timeout=120, what="all partitions complete")
         for worker in workers:
             assert worker.stop() == 0, worker.log_path.read_text()
     finally:
@@ -267,10 +265,10 @@ def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(d
     assert len(calls) == 24  # 6 uploads, each moved to gate 1 with its 3 children
     redelivered = [item for item, n in calls.items() if n > 1]
     for item_id in redelivered:  # only what the killed worker held, each with its expired claim on record
-        history = feed.item(item_id)["history"]
-        assert any("claim by worker victim expired" in (h["error"] or "") for h in history), history
+        history = feed.item(item_id).history
+        assert any("claim by worker victim expired" in (h.error or "") for h in history), history
     for key in (f"upload-{n}" for n in range(6)):
-        assert feed.status(key)["status"] == "complete"
+        assert feed.status(key).status == "complete"
     feed.close()
 
 
@@ -283,7 +281,7 @@ def test_work_drains_its_queue_with_a_worker_token_limited_to_it(db_url: str, tm
     env = {LOG_VARIABLE: str(tmp_path / "deliveries.log"), DELAY_VARIABLE: "0"}
     worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:LoggedSlow", **env)
     try:
-        wait_until(lambda: feed.status("scans")["status"] == "complete", timeout=60, what="the partition done")
+        wait_until(lambda: feed.status("scans").status == "complete", timeout=60, what="the partition done")
         assert worker.stop() == 0, worker.log_path.read_text()
     finally:
         worker.stop()
@@ -297,21 +295,21 @@ def test_a_work_process_whose_processor_fails_with_nul_loses_nothing_else(db_url
     feed = Feed(db_url)
     feed.set_queue(QUEUE, mode="pull")
     feed.add_partition("p", [(0, json.dumps({"nul": n == 0}).encode()) for n in range(4)], queue=QUEUE)
-    nul = next(item["id"] for item in feed.items("p") if json.loads(item["data"])["nul"])
+    nul = next(item.id for item in feed.items("p") if json_of(item.data)["nul"])
     server = ServeProcess(db_url, tmp_path, FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
     worker = WorkProcess(
         server.url, tmp_path, "w", "--processor", "cli_processors:FailsOnceWithNul", "--concurrency", "4"
     )
     try:
-        wait_until(lambda: feed.status("p")["status"] == "complete", timeout=60, what="p to complete")
+        wait_until(lambda: feed.status("p").status == "complete", timeout=60, what="p to complete")
         assert worker.stop() == 0, worker.log_path.read_text()
     finally:
         worker.stop()
         server.stop()
-    failed, done = feed.item(nul)["history"]
-    assert failed["outcome"] == "retry" and "ValueError: bad\\u0000byte" in failed["error"], failed
-    assert done["outcome"] == "done"
-    assert all(item["deliveries"] == 1 for item in feed.items("p") if item["id"] != nul)
+    failed, done = feed.item(nul).history
+    assert failed.outcome == "retry" and "ValueError: bad\\u0000byte" in (failed.error or ""), failed
+    assert done.outcome == "done"
+    assert all(item.deliveries == 1 for item in feed.items("p") if item.id != nul)
     feed.close()
 
 
@@ -322,14 +320,14 @@ def test_a_workers_answer_refused_as_too_large_fails_its_item_at_once_saying_why
     server = ServeProcess(db_url, tmp_path, "--max-children", "2", FEEDPROC_WORKER_TOKEN=WORKER_TOKEN)
     worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:FansOutThenLogs")
     try:
-        status = wait_until(lambda: (s := feed.status("upload"))["status"] == "failed" and s, timeout=60)
+        status = wait_until(lambda: (s := feed.status("upload")).status == "failed" and s, timeout=60)
     finally:
         worker.stop()
         server.stop()
         feed.close()
-    (failed,) = status["failed_items"]  # its three children are over serve's --max-children 2
-    assert (failed["attempts"], failed["last_error"]) == (1, "answer has 3 children; the limit is 2 (--max-children)")
-    assert status["items"]["total"] == 1
+    (failed,) = status.failed_items  # its three children are over serve's --max-children 2
+    assert (failed.attempts, failed.last_error) == (1, "answer has 3 children; the limit is 2 (--max-children)")
+    assert status.items["total"] == 1
 
 
 @contextlib.contextmanager
@@ -402,9 +400,9 @@ def test_a_work_processs_answers_accumulate_and_its_fan_in_item_receives_the_sum
     env = {LOG_VARIABLE: str(tmp_path / "deliveries.log"), DELAY_VARIABLE: "0"}
     worker = WorkProcess(server.url, tmp_path, "w", "--processor", "cli_processors:Accumulates", **env)
     try:
-        wait_until(lambda: feed.status("scans")["status"] == "complete", timeout=60, what="the partition done")
-        assert feed.status("scans")["accumulated"] == {"n": 6}
-        assert json.loads(feed.items("scans")[-1]["result"]) == {"accumulated": {"n": 6}}
+        wait_until(lambda: feed.status("scans").status == "complete", timeout=60, what="the partition done")
+        assert feed.status("scans").accumulated == {"n": 6}
+        assert json_of(feed.items("scans")[-1].result) == {"accumulated": {"n": 6}}
     finally:
         worker.stop()
         server.stop()

@@ -28,7 +28,7 @@ from feedproc import Feed
 from feedproc.core.pipelines import parse_toml
 
 from ..docs_support import blocks, python_files, sh_block
-from ..support import ROOT, WatcherProcesses, feedproc_env, run_process, spawn, stop_group, wait_until
+from ..support import ROOT, WatcherProcesses, feedproc_env, json_of, run_process, spawn, stop_group, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.sqlite_only]
 BIN = Path(sys.executable).parent
@@ -140,7 +140,7 @@ def test_the_command_line_session_runs_as_written(tmp_path: Path) -> None:
     assert "complete" in result.stdout
     with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
         [ranked] = feed.items("upload-42", gate=2)
-    ranking = json.loads(ranked["result"])
+    ranking = json_of(ranked.result)
     assert ranking["ranked"] == 2 and len(ranking["top"]) == 1
     assert ranking["pages"] == pages_of("a.pdf") + pages_of("b.pdf")
 
@@ -153,11 +153,11 @@ def test_the_fan_in_section_runs_as_written(tmp_path: Path) -> None:
     result = run_session(session, tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
-        first, second = (json.loads(feed.items(key, gate=1)[0]["result"]) for key in ("text-1", "text-2"))
+        first, second = (json_of(feed.items(key, gate=1)[0].result) for key in ("text-1", "text-2"))
         tolerated = feed.status("text-2")
     assert first == {"words": ["fan", "in"], "failed": [], "letters": 5, "longest": 3}
     assert second["words"] == ["join"] and len(second["failed"]) == 1 and "an empty word" in second["failed"][0]
-    assert second["letters"] == 4 and tolerated["status"] == "complete"
+    assert second["letters"] == 4 and tolerated.status == "complete"
     assert "1 failed, tolerated: 1 allowed" in result.stdout
     [status] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"key": "text-1"')]
     assert status["accumulated"] == {"letters": 5, "longest": 3}
@@ -180,12 +180,12 @@ def test_the_pipeline_runs_as_written_with_three_handler_services(tmp_path: Path
     assert ranking["gate"] == 3 and ranking["result"]["ranked"] == 3 and len(ranking["result"]["top"]) == 2
     assert ranking["result"]["pages"] == pages
     with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
-        assert feed.status("scan-7")["status"] == "complete"
-        files = [row for row in feed.items("scan-7") if json.loads(row["data"])["kind"] == "file"]
+        assert feed.status("scan-7").status == "complete"
+        files = [row for row in feed.items("scan-7") if json_of(row.data)["kind"] == "file"]
         assert len(files) == 3
         for row in files:  # each file went to the ocr service, then to the classify service
-            assert [delivery["gate"] for delivery in feed.item(row["id"])["history"]] == [1, 2]
-            assert "text" in json.loads(row["data"]) and "score" in json.loads(row["result"])
+            assert [delivery.gate for delivery in feed.item(row.id).history] == [1, 2]
+            assert "text" in json_of(row.data) and "score" in json_of(row.result)
 
 
 def test_the_demo_runs_the_readmes_pipeline() -> None:
@@ -209,8 +209,8 @@ def test_the_python_pipeline_runs_as_written(tmp_path: Path) -> None:
         final = feed.status("scan-8")
         [ranked] = feed.items("scan-8", gate=3)
         [stored] = feed.pipelines()
-    assert final["status"] == "complete", final
-    ranking = json.loads(ranked["result"])
+    assert final.status == "complete", final
+    ranking = json_of(ranked.result)
     assert ranking["top"][0]["file"] in {"a.pdf", "b.pdf"}
     assert ranking["pages"] == len("a.pdf") + len("b.pdf")  # each file's fake page count, summed
     assert stored.queue == "uploads" and [g.name for g in stored.gates] == ["list", "ocr", "classify", "rank"]
@@ -267,10 +267,10 @@ def test_the_sql_producers_partition_is_served_by_the_stdlib_handler(tmp_path: P
             watchers.start("--handler", f"http://127.0.0.1:{port}/", "--poll-interval", "0.1")
             with Feed(url) as feed:
                 final = feed.wait("upload-7", timeout=60)
-                files = [json.loads(row["data"]) for row in feed.items("upload-7", gate=1)]
+                files = [json_of(row.data) for row in feed.items("upload-7", gate=1)]
     finally:
         watchers.stop_all()
-    assert final["status"] == "complete", watchers.logs()
+    assert final.status == "complete", watchers.logs()
     assert sorted(files, key=str) == [{"file": name, "label": "invoice"} for name in ("a.pdf", "b.pdf", "c.pdf")]
 
 

@@ -69,7 +69,7 @@ def test_a_watcher_stopped_past_its_grace_records_each_abandoned_delivery_and_th
         assert f":{first.pid}:" in record["watcher"] and record["started_at"] and record["ended_at"]
         assert record["duration"] >= 1.0  # it ran through the grace period
         assert "stopped during delivery 1: still running after the shutdown grace" in record["error"]
-    others = [i["id"] for i in feed.items("p") if i["id"] not in running]
+    others = [i.id for i in feed.items("p") if i.id not in running]
     assert len(others) == 2 and all(records(db_url, item) == [] for item in others)  # taken, never started
 
     Path(held[HOLD_VARIABLE]).unlink()
@@ -138,9 +138,9 @@ def test_a_stalled_watcher_an_hour_behind_has_each_of_its_deliveries_charged_as_
     os.killpg(skewed.pid, signal.SIGSTOP)
     try:
         taker = watchers.start(*args, **held)
-        items = [i["id"] for i in feed.items("p")]
+        items = [i.id for i in feed.items("p")]
         wait_until(
-            lambda: all(feed.item(item)["history"] for item in items), timeout=60, what="the stalled deliveries charged"
+            lambda: all(feed.item(item).history for item in items), timeout=60, what="the stalled deliveries charged"
         )
         wait_until(lambda: len(deliveries(log)) == 10, timeout=30, what="the items delivered again")
     finally:
@@ -154,4 +154,4 @@ def test_a_stalled_watcher_an_hour_behind_has_each_of_its_deliveries_charged_as_
     for item in items:
         shown = [(r["outcome"], r["attempt"], r["watcher"].split(":")[1]) for r in records(db_url, item)]
         assert shown == [("lost", 1, str(skewed.pid)), ("done", 2, str(taker.pid))], shown
-        assert feed.item(item)["attempts"] == 1
+        assert feed.item(item).attempts == 1

@@ -71,8 +71,8 @@ def test_list_text_is_one_line_per_schedule_with_its_next_ticks_and_key(db_url: 
     lines = ok(run_cli(db_url, "schedule", "list", "reports")).splitlines()
     assert len(lines) == 2
     for line, row in zip(lines, rows, strict=True):
-        assert line.startswith(f"reports {row['name']}: cron '{row['cron']}' {row['timezone']}, next ")
-        assert line.endswith(f"(key {row['next_key']})")
+        assert line.startswith(f"reports {row.name}: cron '{row.cron}' {row.timezone}, next ")
+        assert line.endswith(f"(key {row.next_key})")
         assert line.count("Z") == 3  # three ticks, in UTC
 
 

@@ -118,9 +118,9 @@ def test_an_answer_written_once_adds_nothing_when_applied_again(store: Store) ->
 def test_a_queue_declares_its_operations_and_can_remove_them(feed: Feed) -> None:
     settings = feed.set_queue("docs", accumulate={"pages": "sum", "max_score": "max"})
     assert settings.operations == {"pages": "sum", "max_score": "max"}
-    assert feed.queue("docs")["accumulate"] == {"max_score": "max", "pages": "sum"}
+    assert feed.queue("docs").accumulate == {"max_score": "max", "pages": "sum"}
     feed.set_queue("docs", limit=3)  # other settings keep it
-    assert feed.queue("docs")["accumulate"] == {"max_score": "max", "pages": "sum"}
+    assert feed.queue("docs").accumulate == {"max_score": "max", "pages": "sum"}
     assert feed.set_queue("docs", accumulate={}).operations == {}
 
 
@@ -136,7 +136,7 @@ def test_a_bad_declaration_is_refused_and_changes_nothing(feed: Feed, declared: 
     feed.set_queue("docs", accumulate={"pages": "sum"})
     with pytest.raises(InvalidInput, match=says):
         feed.set_queue("docs", limit=5, accumulate=declared)  # type: ignore[arg-type]
-    assert (feed.queue("docs")["limit"], feed.queue("docs")["accumulate"]) == (None, {"pages": "sum"})
+    assert (feed.queue("docs").limit, feed.queue("docs").accumulate) == (None, {"pages": "sum"})
 
 
 def test_a_gates_declaration_is_over_its_queues(store: Store) -> None:
@@ -161,7 +161,7 @@ def pull(feed: Feed) -> Feed:
 
 
 def _accumulated(feed: Feed, key: str) -> Mapping[str, float]:
-    return feed.status(key)["accumulated"]
+    return feed.status(key).accumulated
 
 
 def test_pull_workers_answers_merge_in_their_own_transaction(pull: Feed) -> None:
@@ -197,14 +197,14 @@ def test_a_workers_undeclared_name_fails_the_item_saying_which(pull: Feed) -> No
     assert result["outcome"] == "fail"
     assert "accumulate: 'bytes' has no operation declared at gate 0 of queue 'gpu'" in result["error"]
     assert "--accumulate bytes=sum" in result["error"]
-    assert pull.item(c["id"])["status"] == "failed"
+    assert pull.item(c["id"]).status == "failed"
     assert _accumulated(pull, "p") == {}  # nothing of a refused answer is merged
 
 
 def test_the_accumulator_shows_in_status_as_numbers(pull: Feed) -> None:
     pull.add_partition("p", [(0, b"{}")], queue=PULL)
-    assert pull.status("p")["accumulated"] == {}
+    assert pull.status("p").accumulated == {}
     (c,) = pull.claim(PULL, "w")
     pull.answer(c["id"], c["token"], {"done": True, "accumulate": {"pages": 12, "best": 0.97}})
-    assert pull.status("p")["accumulated"] == {"best": 0.97, "pages": 12}
-    assert isinstance(pull.status("p")["accumulated"]["pages"], int)
+    assert pull.status("p").accumulated == {"best": 0.97, "pages": 12}
+    assert isinstance(pull.status("p").accumulated["pages"], int)

@@ -40,7 +40,7 @@ def refuses_writes_and_still_reads(feed: Feed) -> None:
     with pytest.raises(DatabaseRefusesWrites) as refused:
         feed.add_partition("q", [(0, b"{}")])
     assert str(refused.value) == "the database is read-only"
-    assert feed.status("p")["status"] == "available"  # reading works throughout
+    assert feed.status("p").status == "available"  # reading works throughout
 
 
 @pytest.mark.postgres_only
@@ -100,7 +100,7 @@ def test_a_full_disk_refuses_writes_saying_so_and_still_reads(feed: Feed, db_url
                 for n in range(100):  # 2 MB: a few partitions of 200 KB that cannot be compressed
                     feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
             assert "No space left on device" in str(refused.value)  # (SQLSTATE 53100)
-            assert feed.status("p")["status"] == "available"
+            assert feed.status("p").status == "available"
         finally:
             as_admin(db_url, "ALTER TABLE feedproc_items SET TABLESPACE pg_default")
 
@@ -114,7 +114,7 @@ def test_a_sqlite_file_on_a_full_disk_refuses_writes_saying_so_and_still_reads(s
                 for n in range(100):  # 2 MB: a few partitions of 200 KB
                     feed.add_partition(f"big-{n}", [(0, os.urandom(200_000))])
             assert "database or disk is full" in str(refused.value)  # (SQLITE_FULL)
-            assert feed.status("p")["status"] == "available"
+            assert feed.status("p").status == "available"
 
 
 @pytest.mark.postgres_only
@@ -150,4 +150,4 @@ def test_a_transaction_aborted_by_a_serialization_failure_is_run_again(
     assert errors == []
     assert [getattr(error, "sqlstate", None) for error in answered] == ["40001"]
     status = feed.status("p")
-    assert status["sealed"] and status["priority"] == 1
+    assert status.sealed and status.priority == 1

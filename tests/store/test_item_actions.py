@@ -19,7 +19,7 @@ def failed_partition(feed: Feed) -> list[int]:
     register(feed.store, A)
     fetched = {r.data: r for r in lease_and_fetch(feed.store)}
     feed.store.apply(A, [fail(fetched[b'"a"'], attempts=5), answer(fetched[b'"b"'], Kind.DONE)])
-    assert feed.status("p")["status"] == "failed"
+    assert feed.status("p").status == "failed"
     return [fetched[b'"a"'].id, fetched[b'"b"'].id]
 
 
@@ -28,19 +28,19 @@ def test_skipping_the_failed_item_lets_the_partition_move_on(feed: Feed) -> None
     done = feed.act_on_items("skip", ids=[failed], by="ops")
     assert done == {"action": "skip", "items": 1, "partitions": ["p"]}
     status = feed.status("p", history=5)
-    assert (status["status"], status["gate"]) == ("available", 1)
+    assert (status.status, status.gate) == ("available", 1)
     item = feed.item(failed)
-    assert item["status"] == "complete"
-    assert (item["history"][-1]["outcome"], item["history"][-1]["watcher"]) == ("skipped", "ops")
-    assert any(e["kind"] == "items_skipped" and e["detail"]["by"] == "ops" for e in status["history"])
+    assert item.status == "complete"
+    assert (item.history[-1].outcome, item.history[-1].watcher) == ("skipped", "ops")
+    assert any(e.kind == "items_skipped" and e.detail["by"] == "ops" for e in status.history or ())
 
 
 def test_retrying_one_failed_item_puts_it_and_its_partition_back_to_work(feed: Feed) -> None:
     failed, _ = failed_partition(feed)
     feed.act_on_items("retry", ids=[failed])
     item = feed.item(failed)
-    assert (item["status"], item["attempts"]) == ("available", 0)
-    assert feed.status("p")["status"] == "available"
+    assert (item.status, item.attempts) == ("available", 0)
+    assert feed.status("p").status == "available"
     assert [r.id for r in lease_and_fetch(feed.store)] == [failed]
 
 
@@ -48,16 +48,16 @@ def test_cancelling_by_partition_and_gate_cancels_only_what_is_left_there(feed: 
     feed.add_partition("p", [(0, b"1"), (0, b"2"), (1, b"3")])
     done = feed.act_on_items("cancel", key="p", gate=0)
     assert done["items"] == 2
-    assert [(i["gate"], i["status"]) for i in feed.items("p")] == [(0, "cancelled"), (0, "cancelled"), (1, "available")]
-    assert feed.status("p")["gate"] == 1  # the gate drained: the barrier lets go
+    assert [(i.gate, i.status) for i in feed.items("p")] == [(0, "cancelled"), (0, "cancelled"), (1, "available")]
+    assert feed.status("p").gate == 1  # the gate drained: the barrier lets go
 
 
 def test_a_named_item_that_is_not_failed_or_available_is_refused_and_nothing_changes(feed: Feed) -> None:
     failed, completed = failed_partition(feed)
     with pytest.raises(Refused, match=f"item {completed} is complete"):
         feed.act_on_items("skip", ids=[failed, completed])
-    assert feed.item(failed)["status"] == "failed"
-    assert feed.status("p")["status"] == "failed"
+    assert feed.item(failed).status == "failed"
+    assert feed.status("p").status == "failed"
 
 
 def test_items_of_a_finished_partition_cannot_change(feed: Feed) -> None:
@@ -90,10 +90,10 @@ def test_a_watchers_answer_for_a_skipped_item_is_dropped_and_the_rest_written(fe
     feed.act_on_items("skip", ids=[first.id])  # while the watcher processes it
     applied = feed.store.apply(A, [answer(first, Kind.DONE, data=b'"late"'), answer(second, Kind.DONE)])
     assert applied.superseded == [first.id] and applied.written == [second.id]
-    assert feed.item(first.id)["data"] == b"1"  # the skip stands; the late answer changed nothing
-    assert feed.status("p")["status"] == "complete"
+    assert feed.item(first.id).data == b"1"  # the skip stands; the late answer changed nothing
+    assert feed.status("p").status == "complete"
 
 
 def test_a_failed_item_is_not_counted_as_done_in_the_progress(feed: Feed) -> None:
     failed_partition(feed)  # gate 0: one failed, one complete
-    assert feed.status("p")["progress"]["gates"]["0"]["done"] == 1
+    assert feed.status("p").progress.gates["0"].done == 1

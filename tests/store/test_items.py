@@ -11,7 +11,7 @@ import pytest
 from feedproc import Feed, Item, PermanentError, Processor, Response
 
 from ..api_support import ApiServer
-from ..support import run_cli, wait_status, watching
+from ..support import json_of, run_cli, wait_status, watching
 
 
 class FailsOnceThenLabels(Processor):
@@ -41,17 +41,17 @@ def finished(db_url: str, feed: Feed) -> Feed:
 
 
 def item_of(feed: Feed, n: int) -> int:
-    return next(i["id"] for i in feed.items("upload") if json.loads(i["data"]).get("n") == n)
+    return next(i.id for i in feed.items("upload") if json_of(i.data).get("n") == n)
 
 
 def test_feed_item_shows_a_python_processors_traceback_and_the_retry_that_followed(finished: Feed) -> None:
     item = finished.item(item_of(finished, 2))
-    assert item["status"] == "complete" and json.loads(item["data"]) == {"n": 2, "label": "invoice"}
-    retry, done = item["history"]
-    assert (retry["outcome"], retry["attempt"], done["outcome"], done["attempt"]) == ("retry", 1, "done", 2)
-    assert "Traceback (most recent call last)" in retry["error"] and "KeyError: 'missing'" in retry["error"]
-    assert "FailsOnceThenLabels" not in (item["last_error"] or "")  # last_error stays one line: cleared on done
-    assert retry["ended_at"] and done["ended_at"] and done["duration"] is not None
+    assert item.status == "complete" and json_of(item.data) == {"n": 2, "label": "invoice"}
+    retry, done = item.history
+    assert (retry.outcome, retry.attempt, done.outcome, done.attempt) == ("retry", 1, "done", 2)
+    assert "Traceback (most recent call last)" in (retry.error or "") and "KeyError: 'missing'" in (retry.error or "")
+    assert "FailsOnceThenLabels" not in (item.last_error or "")  # last_error stays one line: cleared on done
+    assert retry.ended_at and done.ended_at and done.duration is not None
 
 
 def test_items_json_lines_are_a_finished_partitions_results(db_url: str, finished: Feed) -> None:

@@ -68,7 +68,7 @@ def test_names_resolve_in_items_added_later_to_a_partition_of_the_queue(feed: Fe
     feed.apply_pipeline(parse_toml(TWO_GATES))
     feed.add_partition("p", [{"gate": "list", "data": 1}], sealed=False)
     assert feed.add_items("p", [{"gate": "ocr", "data": 2}]) == 1
-    assert [i["gate"] for i in feed.items("p")] == [0, 1]
+    assert [i.gate for i in feed.items("p")] == [0, 1]
     with pytest.raises(InvalidInput, match="unknown gate 'rank'"):
         feed.add_items("p", [{"gate": "rank", "data": 3}])
 
@@ -163,13 +163,13 @@ def test_the_queue_of_a_partition_or_an_item_is_read_for_naming_gates(feed: Feed
     feed.add_partition("p", [(0, b"{}")], queue="uploads")
     (item,) = feed.items("p")
     assert feed.queue_of("p") == "uploads" and feed.queue_of("nope") is None
-    assert feed.store.queue_of_item(item["id"]) == "uploads" and feed.store.queue_of_item(10**9) is None
+    assert feed.store.queue_of_item(item.id) == "uploads" and feed.store.queue_of_item(10**9) is None
 
 
 def test_the_queues_of_many_items_are_read_in_one_query(feed: Feed) -> None:
     feed.add_partition("a", [(0, b"{}"), (0, b"{}")], queue="ocr")
     feed.add_partition("b", [(0, b"{}")], queue="hr:payroll")
-    ids = [item["id"] for key in ("a", "b") for item in feed.items(key)]
+    ids = [item.id for key in ("a", "b") for item in feed.items(key)]
     seen: list[str] = []
     with statements_observed(feed.store, lambda conn, statement: seen.append(statement)):
         queues = feed.queues_of_items([*ids, ids[0], 10**9])

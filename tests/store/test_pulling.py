@@ -107,7 +107,7 @@ def test_the_queue_limit_counts_claims_by_weight(pull: Feed) -> None:
     pull.set_queue(QUEUE, limit=5)
     add(pull, "heavy", (0, b"a"), (0, b"b"), (0, b"c"), weight=2)
     assert len(pull.claim(QUEUE, "w", max_items=10)) == 2  # 2 + 2 of 5; a third would make 6
-    assert pull.queue(QUEUE)["slots_in_use"] == 4
+    assert pull.queue(QUEUE).slots_in_use == 4
     assert pull.claim(QUEUE, "w", max_items=10) == []
 
 
@@ -148,7 +148,7 @@ def test_an_answer_fans_out_and_the_children_are_claimed_once_the_gate_advances(
     assert sorted(c["data"] for c in children) == [b'{"n":0}', b'{"n":1}', b'{"n":2}', b'{"upload": 1}']
     for c in children:
         pull.answer(c["id"], c["token"], {"done": True, "data": {"ok": c["id"]}})
-    assert pull.status("p")["status"] == "complete"
+    assert pull.status("p").status == "complete"
 
 
 def test_a_reported_error_retries_and_no_retry_fails_the_item(pull: Feed) -> None:
@@ -159,9 +159,9 @@ def test_a_reported_error_retries_and_no_retry_fails_the_item(pull: Feed) -> Non
         pull.answer(b["id"], b["token"], {"error": {"message": "corrupt file", "no_retry": True}})["outcome"] == "fail"
     )
     item = pull.item(a["id"])
-    assert item["attempts"] == 1 and "GPU out of memory" in item["last_error"]
-    assert [h["outcome"] for h in item["history"]] == ["retry"]
-    assert item["history"][0]["watcher"] == "w"
+    assert item.attempts == 1 and "GPU out of memory" in (item.last_error or "")
+    assert [h.outcome for h in item.history] == ["retry"]
+    assert item.history[0].watcher == "w"
     again = pull.claim(QUEUE, "w")
     assert [(c["id"], c["attempt"]) for c in again] == [(a["id"], 2)]
 
@@ -172,7 +172,7 @@ def test_a_malformed_answer_is_refused_and_changes_nothing(pull: Feed) -> None:
     for bad in ({"gate": -1}, {"nothing": True}, {"done": True, "items": "x"}, {"data_base64": "%%%"}):
         with pytest.raises(InvalidInput):
             pull.answer(c["id"], c["token"], bad)
-    assert pull.item(c["id"])["deliveries"] == 0
+    assert pull.item(c["id"]).deliveries == 0
     assert pull.answer(c["id"], c["token"], {"done": True})["outcome"] == "done"
 
 
@@ -180,7 +180,7 @@ def test_data_that_is_not_json_travels_as_base64(pull: Feed) -> None:
     add(pull, "p", (0, b"a"))
     (c,) = pull.claim(QUEUE, "w")
     pull.answer(c["id"], c["token"], {"done": True, "data_base64": "AAEC/w=="})
-    assert pull.item(c["id"])["data"] == b"\x00\x01\x02\xff"
+    assert pull.item(c["id"]).data == b"\x00\x01\x02\xff"
 
 
 # ---------------------------------------------------------------- stale tokens
@@ -199,7 +199,7 @@ def test_an_expired_claim_is_refused_even_before_anyone_claims_again(pull: Feed)
     run_out(pull)
     assert refusal(lambda: pull.answer(c["id"], c["token"], {"done": True})) == "expired"
     assert refusal(lambda: pull.heartbeat(c["id"], c["token"])) == "expired"
-    assert pull.item(c["id"])["status"] == "available"
+    assert pull.item(c["id"]).status == "available"
 
 
 def test_a_cancelled_partition_refuses_its_workers(pull: Feed) -> None:
@@ -227,7 +227,7 @@ def test_a_heartbeat_extends_the_claim_and_keeps_progress(pull: Feed) -> None:
     (c,) = pull.claim(QUEUE, "w", lease_seconds=5)
     later = pull.heartbeat(c["id"], c["token"], progress=0.4, lease_seconds=600)
     assert later > c["lease_expires_at"]
-    assert pull.status("p")["progress"]["gates"]["0"]["mean_progress"] == pytest.approx(0.4)
+    assert pull.status("p").progress.gates["0"].mean_progress == pytest.approx(0.4)
 
 
 def test_an_expired_claim_counts_an_attempt_and_goes_back_to_work(pull: Feed) -> None:
@@ -237,8 +237,8 @@ def test_an_expired_claim_counts_an_attempt_and_goes_back_to_work(pull: Feed) ->
     (again,) = pull.claim(QUEUE, "w2")
     assert (again["id"], again["attempt"]) == (c["id"], 2)
     item = pull.item(c["id"])
-    assert item["attempts"] == 1 and "claim by worker silent expired" in item["last_error"]
-    assert [(h["outcome"], h["watcher"]) for h in item["history"]] == [("retry", "silent")]
+    assert item.attempts == 1 and "claim by worker silent expired" in (item.last_error or "")
+    assert [(h.outcome, h.watcher) for h in item.history] == [("retry", "silent")]
 
 
 def test_claims_that_keep_expiring_fail_the_item_when_attempts_run_out(pull: Feed) -> None:
@@ -247,7 +247,7 @@ def test_claims_that_keep_expiring_fail_the_item_when_attempts_run_out(pull: Fee
         assert len(pull.claim(QUEUE, "silent")) == 1
         run_out(pull)
     assert pull.expire_claims(QUEUE) == 1
-    assert pull.status("p")["status"] == "failed"
+    assert pull.status("p").status == "failed"
     assert pull.claim(QUEUE, "w") == []
 
 
@@ -289,4 +289,4 @@ def test_concurrent_claimers_never_share_an_item(pull: Feed, db_url: str) -> Non
         t.join(timeout=120)
     assert not errors
     assert len(seen) == 200 and set(seen.values()) == {1}
-    assert pull.summary()["items"]["complete"] == 200
+    assert pull.summary().items["complete"] == 200

@@ -65,7 +65,7 @@ def test_a_pull_workers_answer_keeps_its_result_apart(feed: Feed) -> None:
     feed.answer(one["id"], one["token"], {"done": True, "result": {"label": "invoice"}})
     raw = base64.b64encode(b"\x00\xff").decode()
     feed.answer(two["id"], two["token"], {"done": True, "result_base64": raw, "data": {"n": 20}})
-    assert [(i["data"], i["result"]) for i in feed.items("p")] == [
+    assert [(i.data, i.result) for i in feed.items("p")] == [
         (b'{"n":1}', b'{"label":"invoice"}'),
         (b'{"n":20}', b"\x00\xff"),
     ]
@@ -132,7 +132,7 @@ def test_collect_may_name_a_gate_of_the_queues_pipeline(feed: Feed) -> None:
     feed.apply_pipeline(parse_toml(pipeline))
     feed.add_partition("p", [{"gate": "rank", "data": {}, "collect": "classify"}], queue="uploads")
     (row,) = feed.items("p")
-    assert (row["gate"], feed.item(row["id"])["collect"]) == (3, 1)
+    assert (row.gate, feed.item(row.id).collect) == (3, 1)
 
 
 def test_items_and_item_show_the_result(feed: Feed) -> None:
@@ -141,4 +141,4 @@ def test_items_and_item_show_the_result(feed: Feed) -> None:
     (ready,) = lease_and_fetch(feed.store)
     feed.store.apply(A, [answer(ready, Kind.DONE, result=b'{"score":0.9}')])
     (row,) = feed.items("p")
-    assert row["result"] == b'{"score":0.9}' and feed.item(row["id"])["result"] == b'{"score":0.9}'
+    assert row.result == b'{"score":0.9}' and feed.item(row.id).result == b'{"score":0.9}'

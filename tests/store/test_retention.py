@@ -45,8 +45,8 @@ def test_cleanup_deletes_old_finished_partitions_with_their_items_and_history(fe
     assert deleted["partitions"] == 1 and deleted["items"] == 3 and deleted["events"] >= 2
     with pytest.raises(KeyError):
         feed.status("old-done")
-    assert feed.status("recent-done")["status"] == "cancelled"
-    assert feed.status("old-open")["status"] == "available"
+    assert feed.status("recent-done").status == "cancelled"
+    assert feed.status("old-open").status == "available"
 
 
 def test_cleanup_keeps_failed_partitions_unless_asked(feed: Feed, store: Store) -> None:
@@ -88,7 +88,7 @@ def test_cleanup_command_names_what_it_deleted_and_refuses_a_bad_duration(db_url
 
     refused = run_cli(db_url, "cleanup", "--older-than", "soon")
     assert refused.returncode == 2 and "--older-than" in refused.stderr
-    assert feed.status("gone")["status"] == "cancelled"
+    assert feed.status("gone").status == "cancelled"
 
     done = run_cli(db_url, "cleanup", "--older-than", "2h")
     assert done.returncode == 0 and "deleted 1 partitions" in done.stdout
@@ -111,9 +111,9 @@ def test_watch_with_retention_deletes_old_finished_partitions_periodically(db_ur
     thread = threading.Thread(target=loop.run_until_complete, args=(watcher.run(),), daemon=True)
     thread.start()
     try:
-        wait_until(lambda: feed.status("fresh")["status"] == "complete", what="fresh to complete")
-        wait_until(lambda: feed.summary()["partitions"]["cancelled"] == 0, what="stale to be deleted")
-        assert feed.status("fresh")["status"] == "complete"  # finished just now: kept
+        wait_until(lambda: feed.status("fresh").status == "complete", what="fresh to complete")
+        wait_until(lambda: feed.summary().partitions["cancelled"] == 0, what="stale to be deleted")
+        assert feed.status("fresh").status == "complete"  # finished just now: kept
     finally:
         loop.call_soon_threadsafe(watcher.stop)
         thread.join(30)

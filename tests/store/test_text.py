@@ -41,24 +41,24 @@ def test_errors_holding_nul_or_a_lone_surrogate_are_stored_escaped_and_their_bat
         ]
     )
     assert [r["outcome"] for r in results] == ["retry", "retry", "done"]  # type: ignore[index]
-    assert pull.item(nul["id"])["last_error"] == "x\\u0000y"  # type: ignore[arg-type]
-    assert pull.item(surrogate["id"])["last_error"] == "a\\ud800b"  # type: ignore[arg-type]
-    assert [h["error"] for h in pull.item(nul["id"])["history"]] == ["x\\u0000y"]  # type: ignore[arg-type]
-    assert pull.status("p")["items"]["complete"] == 1
+    assert pull.item(nul["id"]).last_error == "x\\u0000y"  # type: ignore[arg-type]
+    assert pull.item(surrogate["id"]).last_error == "a\\ud800b"  # type: ignore[arg-type]
+    assert [h.error for h in pull.item(nul["id"]).history] == ["x\\u0000y"]  # type: ignore[arg-type]
+    assert pull.status("p").items["complete"] == 1
 
 
 def test_a_worker_named_with_nul_is_named_escaped_in_its_claims_and_deliveries(pull: Feed) -> None:
     (item,) = claimed(pull, "gpu\x00box", 1)
-    assert [r["by"] for r in pull.running()] == ["gpu\\u0000box"]
+    assert [r.by for r in pull.running()] == ["gpu\\u0000box"]
     pull.answer(item["id"], item["token"], {"done": True})  # type: ignore[arg-type]
-    assert [h["watcher"] for h in pull.item(item["id"])["history"]] == ["gpu\\u0000box"]  # type: ignore[arg-type]
+    assert [h.watcher for h in pull.item(item["id"]).history] == ["gpu\\u0000box"]  # type: ignore[arg-type]
 
 
 def test_a_worker_name_longer_once_escaped_is_cut_to_its_column_never_inside_an_escape(pull: Feed) -> None:
     name = "a" + "\x00" * 119  # 120 characters, as long as a worker's name may be; 715 once escaped
     claimed(pull, name, 1)
     (running,) = pull.running()
-    assert running["by"] == "a" + "\\u0000" * 19  # 115 characters: a 20th escape would pass 120
+    assert running.by == "a" + "\\u0000" * 19  # 115 characters: a 20th escape would pass 120
 
 
 def test_a_token_holding_nul_is_refused_as_any_unknown_token(pull: Feed) -> None:
@@ -72,8 +72,8 @@ def test_a_token_holding_nul_is_refused_as_any_unknown_token(pull: Feed) -> None
 def test_who_acted_on_items_is_recorded_escaped(feed: Feed) -> None:
     feed.add_partition("p", [(0, b"{}")])
     (item,) = feed.items("p")
-    feed.act_on_items("skip", ids=[item["id"]], by="ops\x00desk")
-    assert [h["watcher"] for h in feed.item(item["id"])["history"]] == ["ops\\u0000desk"]
+    feed.act_on_items("skip", ids=[item.id], by="ops\x00desk")
+    assert [h.watcher for h in feed.item(item.id).history] == ["ops\\u0000desk"]
 
 
 def test_a_statement_the_database_refuses_is_told_without_its_sql_or_parameters(feed: Feed) -> None:

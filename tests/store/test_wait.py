@@ -36,21 +36,21 @@ def test_wait_returns_the_final_status_of_a_partition_that_completes_meanwhile(f
     feed.add_partition("job", [], sealed=False)
     later(0.3, lambda: feed.seal("job"))  # sealed with nothing left: complete
     final = feed.wait("job", timeout=20)
-    assert final["status"] == "complete"
-    assert final["key"] == "job"
+    assert final.status == "complete"
+    assert final.key == "job"
 
 
 def test_wait_on_a_finished_partition_returns_at_once(feed: Feed) -> None:
     feed.add_partition("done-already", [])
     started = time.monotonic()
-    assert feed.wait("done-already", timeout=5)["status"] == "complete"
+    assert feed.wait("done-already", timeout=5).status == "complete"
     assert time.monotonic() - started < 2
 
 
 def test_wait_returns_when_the_partition_is_cancelled(feed: Feed) -> None:
     feed.add_partition("job", [(0, b"{}")])
     later(0.3, lambda: feed.cancel("job"))
-    assert feed.wait("job", timeout=20)["status"] == "cancelled"
+    assert feed.wait("job", timeout=20).status == "cancelled"
 
 
 def test_wait_raises_timeout_error_when_the_partition_does_not_finish_in_time(feed: Feed) -> None:

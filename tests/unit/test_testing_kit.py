@@ -49,7 +49,7 @@ def test_a_pipeline_drains_through_every_gate(scans: Harness) -> None:
     assert drained.finished == ("folder-1",) and drained.unfinished == ()
     assert drained.deliveries == 1 + 2 + 2  # the folder once, each file at read and at label
     assert scans.results("folder-1", "label") == [{"file": "a.pdf", "size": 5}, {"file": "bb.pdf", "size": 6}]
-    kinds = [event["kind"] for event in scans.history("folder-1")]
+    kinds = [event.kind for event in scans.history("folder-1")]
     assert kinds[0] == "created" and kinds[-1] == "completed"
 
 
@@ -71,8 +71,8 @@ def test_a_processor_that_raises_fails_its_item_with_its_error_and_traceback() -
         harness.drain()
         harness.assert_failed("doc-1", error="not a scan")
         [failed] = harness.items("doc-1", status="failed")
-        [delivery] = harness.item(failed["id"])["history"]
-    assert delivery["outcome"] == "failed" and "in process" in delivery["error"]  # where it was raised
+        [delivery] = harness.item(failed.id).history
+    assert delivery.outcome == "failed" and "in process" in (delivery.error or "")  # where it was raised
 
 
 def test_retries_with_backoff_are_waited_out_on_the_fake_clock_not_slept() -> None:
@@ -85,7 +85,7 @@ def test_retries_with_backoff_are_waited_out_on_the_fake_clock_not_slept() -> No
         drained = harness.drain()
         elapsed = time.monotonic() - started
         harness.assert_failed("doc-2", error="RuntimeError: service down")
-        assert harness.item(1)["deliveries"] == 4
+        assert harness.item(1).deliveries == 4
     assert drained.steps == 4 and drained.waited >= 420
     assert elapsed < drained.waited / 10
 

@@ -6,7 +6,6 @@ HTTP over loopback."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ from feedproc import Feed, HTTPProcessor, Item, Processor, Response
 from feedproc.core.pipelines import parse_toml
 
 from ..api_support import ApiServer
-from ..support import HandlerService, callback_claims, wait_status, wait_until, watching
+from ..support import HandlerService, callback_claims, json_of, wait_status, wait_until, watching
 
 WORKER_TOKEN = "accumulate-worker-token-42"
 AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
@@ -67,7 +66,7 @@ def test_an_http_fan_in_item_receives_what_every_answer_accumulated(
     with handler.lock:
         (body,) = [d.body for d in handler.deliveries if d.body["gate"] == 1]
     assert body["accumulated"] == {"best": 0.9, "pages": 55, "scans": 10}
-    assert final["accumulated"] == {"best": 0.9, "pages": 55, "scans": 10}
+    assert final.accumulated == {"best": 0.9, "pages": 55, "scans": 10}
 
 
 def test_a_batch_handlers_answers_accumulate_each(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -80,7 +79,7 @@ def test_a_batch_handlers_answers_accumulate_each(db_url: str, feed: Feed, handl
     feed.add_partition("p", [{"gate": 0, "data": {"n": n}} for n in range(12)])
     with watching(db_url, HTTPProcessor(handler.url), batch=5):
         final = wait_status(feed, "p", "complete")
-    assert final["accumulated"] == {"pages": 78}
+    assert final.accumulated == {"pages": 78}
 
 
 class Pages(Processor):
@@ -98,7 +97,7 @@ def test_a_python_fan_in_item_receives_item_accumulated(db_url: str, feed: Feed)
     with watching(db_url, Pages()):
         wait_status(feed, "p", "complete")
     fan_in = feed.items("p")[-1]
-    assert json.loads(fan_in["result"]) == {"acc": {"best": 0.4, "pages": 15}}
+    assert json_of(fan_in.result) == {"acc": {"best": 0.4, "pages": 15}}
 
 
 def test_an_undeclared_name_fails_the_item_for_good_saying_which(
@@ -112,13 +111,13 @@ def test_an_undeclared_name_fails_the_item_for_good_saying_which(
     feed.add_partition("p", [{"gate": 0, "data": {"n": 0}}])
     with watching(db_url, HTTPProcessor(handler.url)):
         final = wait_status(feed, "p", "failed")
-    (failed,) = final["failed_items"]
-    assert failed["attempts"] == 1  # not retried: the same answer would come again
-    assert failed["last_error"].startswith(
+    (failed,) = final.failed_items
+    assert failed.attempts == 1  # not retried: the same answer would come again
+    assert (failed.last_error or "").startswith(
         "accumulate: 'pgaes' has no operation declared at gate 0 (scan) of queue 'default'"
         " (declared: best=max, pages=sum, scans=count)"
     )
-    assert final["accumulated"] == {}
+    assert final.accumulated == {}
 
 
 def test_a_callbacks_answer_accumulates_once(db_url: str, feed: Feed, api: ApiServer, handler: HandlerService) -> None:
@@ -143,4 +142,4 @@ def test_a_callbacks_answer_accumulates_once(db_url: str, feed: Feed, api: ApiSe
         again = httpx.post(accepted[0]["answer_url"], json=answer | {"token": accepted[0]["token"]}, headers=AUTH)
         assert again.status_code == 409, again.text
         final = wait_status(feed, "p", "complete")
-    assert final["accumulated"] == {"pages": 21}
+    assert final.accumulated == {"pages": 21}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
+from feedproc.core.views import Delivery
 
 from ..support import HandlerService, wait_status, watching
 
@@ -46,9 +47,9 @@ def first_then_all(first: Callable[[dict[str, Any]], tuple[int, Any]]) -> Callab
     return behave
 
 
-def history(feed: Feed, key: str) -> dict[int, list[dict[str, Any]]]:
+def history(feed: Feed, key: str) -> dict[int, tuple[Delivery, ...]]:
     """Each item's data["n"] -> its delivery records."""
-    return {json.loads(i["data"])["n"]: feed.item(i["id"])["history"] for i in feed.items(key)}
+    return {json.loads(i.data)["n"]: feed.item(i.id).history for i in feed.items(key)}
 
 
 def test_a_partitions_items_at_one_gate_arrive_in_one_request(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -73,7 +74,7 @@ def test_answers_carrying_ids_are_matched_by_id_in_any_order(db_url: str, feed: 
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         wait_status(feed, "ids", "complete")
     for item in feed.items("ids"):
-        data = json.loads(item["data"])
+        data = json.loads(item.data)
         assert data["seen"] is True  # each item got its own answer's data, not its neighbour's
     assert len(batches(handler)) == 1
 
@@ -86,10 +87,10 @@ def test_a_short_answer_list_retries_only_the_items_left_unanswered(
     with watching(db_url, HTTPProcessor(handler.url), retry_delay=0.05, **BATCH):
         wait_status(feed, "short", "complete")
     records = history(feed, "short")
-    outcomes = sorted([r["outcome"] for r in h] for h in records.values())
+    outcomes = sorted([r.outcome for r in h] for h in records.values())
     assert outcomes == [["done"]] * 3 + [["retry", "done"]] * 2
     retried = [h[0] for h in records.values() if len(h) == 2]
-    assert all("no answer for item" in r["error"] and "(3 answers for 5 items)" in r["error"] for r in retried)
+    assert all("no answer for item" in str(r.error) and "(3 answers for 5 items)" in str(r.error) for r in retried)
 
 
 def test_a_failure_in_one_answer_fails_only_its_item(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -98,9 +99,9 @@ def test_a_failure_in_one_answer_fails_only_its_item(db_url: str, feed: Feed, ha
     feed.add_partition("one-bad", items=[(0, js({"n": n})) for n in range(4)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "one-bad", "failed")
-    assert final["items"]["complete"] == 3
+    assert final.items["complete"] == 3
     [failed] = feed.items("one-bad", status="failed")
-    assert json.loads(failed["data"]) == {"n": 2} and failed["last_error"] == "unreadable scan"
+    assert json.loads(failed.data) == {"n": 2} and failed.last_error == "unreadable scan"
 
 
 def test_a_failed_batch_request_retries_every_item_of_it(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -109,8 +110,8 @@ def test_a_failed_batch_request_retries_every_item_of_it(db_url: str, feed: Feed
     with watching(db_url, HTTPProcessor(handler.url), retry_delay=0.05, **BATCH):
         wait_status(feed, "busy", "complete")
     records = history(feed, "busy")
-    assert all([r["outcome"] for r in h] == ["retry", "done"] for h in records.values())
-    assert all(h[0]["error"].startswith("HTTP 503 from http://127.0.0.1:") for h in records.values())
+    assert all([r.outcome for r in h] == ["retry", "done"] for h in records.values())
+    assert all((h[0].error or "").startswith("HTTP 503 from http://127.0.0.1:") for h in records.values())
 
 
 def test_children_of_a_batch_answer_are_added_once_and_the_gate_advances(
@@ -126,8 +127,8 @@ def test_children_of_a_batch_answer_are_added_once_and_the_gate_advances(
     feed.add_partition("fan", items=[(0, js({"n": n})) for n in range(5)])
     with watching(db_url, HTTPProcessor(handler.url), **BATCH):
         final = wait_status(feed, "fan", "complete")
-    assert final["items"]["complete"] == 10
-    pages = sorted(json.loads(i["data"])["page"] for i in feed.items("fan", gate=1))
+    assert final.items["complete"] == 10
+    pages = sorted(json.loads(i.data)["page"] for i in feed.items("fan", gate=1))
     assert pages == list(range(5))
     assert [{body["gate"] for body in batch} for batch in batches(handler)] == [{0}, {1}]
 
@@ -152,7 +153,7 @@ def test_a_python_processor_with_process_batch_gets_batches(db_url: str, feed: F
     with watching(db_url, processor, **BATCH):
         wait_status(feed, "bulk", "complete")
     assert processor.sizes == [8]
-    assert all(json.loads(i["data"])["label"] == "invoice" for i in feed.items("bulk"))
+    assert all(json.loads(i.data)["label"] == "invoice" for i in feed.items("bulk"))
 
 
 class Picky(Processor):
@@ -175,6 +176,6 @@ def test_without_process_batch_each_item_of_a_batch_fails_on_its_own(db_url: str
     with watching(db_url, processor, retry_delay=0.05, **BATCH):
         wait_status(feed, "picky", "complete")
     records = history(feed, "picky")
-    assert [r["outcome"] for r in records[1]] == ["retry", "done"]
-    assert "RuntimeError: not this one" in records[1][0]["error"]
-    assert all([r["outcome"] for r in records[n]] == ["done"] for n in (0, 2, 3))
+    assert [r.outcome for r in records[1]] == ["retry", "done"]
+    assert "RuntimeError: not this one" in (records[1][0].error or "")
+    assert all([r.outcome for r in records[n]] == ["done"] for n in (0, 2, 3))

@@ -66,7 +66,7 @@ def test_a_202_frees_the_worker_and_the_later_answer_completes_the_item(
             )
             assert answer.status_code == 200, answer.text
         wait_status(feed, "long", "complete")
-    assert [i["data"] for i in feed.items("long")] == [b'{"later":true}', b'{"later":true}']
+    assert [i.data for i in feed.items("long")] == [b'{"later":true}', b'{"later":true}']
     assert len(handler.deliveries) == 2  # nothing was delivered twice
 
 
@@ -80,8 +80,8 @@ def test_a_202_whose_answer_never_comes_is_retried_and_the_late_answer_refused(
         wait_status(feed, "late", "complete", timeout=30)  # the retry was answered 200
     (body,) = accepting.accepted
     item = feed.item(body["id"])
-    assert item["attempts"] == 1 and item["data"] == b'{"second":true}'
-    assert any("expired" in (h["error"] or "") for h in item["history"]), item["history"]
+    assert item.attempts == 1 and item.data == b'{"second":true}'
+    assert any("expired" in (h.error or "") for h in item.history), item.history
     late = httpx.post(body["answer_url"], json={"token": body["token"], "done": True}, headers=AUTH)
     assert late.status_code == 409 and late.json()["reason"] in ("expired", "superseded")
 
@@ -91,7 +91,7 @@ def test_a_202_without_a_callback_url_is_an_invalid_answer(db_url: str, feed: Fe
     feed.add_partition("p", [(0, b"{}")])
     with watching(db_url, HTTPProcessor(handler.url), max_attempts=1):
         status = wait_status(feed, "p", "failed")
-    assert status["status"] == "failed"
+    assert status.status == "failed"
 
 
 def test_a_callback_handler_answers_with_a_worker_token_limited_to_its_queue(
@@ -117,8 +117,8 @@ def test_a_callback_handler_answers_with_a_worker_token_limited_to_its_queue(
             scoped = {"Authorization": f"Bearer {ocr_token}"}
             for body in accepting.accepted:
                 answer = httpx.post(body["answer_url"], json={"token": body["token"], "done": True}, headers=scoped)
-                assert answer.status_code == (200 if feed.item(body["id"])["partition"] == "scan" else 403), answer.text
+                assert answer.status_code == (200 if feed.item(body["id"]).partition == "scan" else 403), answer.text
             wait_status(feed, "scan", "complete")
-        assert feed.status("payroll")["status"] == "available"  # its answer was refused: still waiting
+        assert feed.status("payroll").status == "available"  # its answer was refused: still waiting
     finally:
         api.close()

@@ -48,7 +48,7 @@ def test_cancelling_a_partition_cancels_its_async_call_and_the_watcher_goes_on(d
         feed.add_partition("next", [(0, b"{}")])  # the only worker must be free again
         wait_status(feed, "next", "complete")
         assert running.watcher.fatal is None
-    assert feed.status("stuck")["status"] == "cancelled"
+    assert feed.status("stuck").status == "cancelled"
     assert processor.done == ["next"]
 
 
@@ -119,8 +119,8 @@ def test_skipping_an_item_in_progress_cancels_its_call_and_its_partition_goes_on
     with watching(db_url, processor, concurrency=1, lease_seconds=3) as running:
         assert processor.started.wait(30)
         (item,) = feed.items("stuck", gate=0)
-        feed.act_on_items("skip", ids=[item["id"]], by="test")
+        feed.act_on_items("skip", ids=[item.id], by="test")
         assert processor.cancelled.wait(10), "the call was not cancelled"
         wait_status(feed, "stuck", "complete")  # gate 1's item ran: the worker was free again
         assert running.watcher.fatal is None
-    assert [h["outcome"] for h in feed.item(item["id"])["history"]] == ["skipped"]
+    assert [h.outcome for h in feed.item(item.id).history] == ["skipped"]

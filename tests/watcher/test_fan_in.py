@@ -6,7 +6,6 @@ headers, or as `item.collected` for a Python processor. Real watchers, real HTTP
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from feedproc.core.pipelines import parse_toml
 from feedproc.store.schema import accumulators, items, partitions
 
 from ..api_support import ApiServer
-from ..support import Answer, HandlerService, callback_claims, wait_status, wait_until, watching
+from ..support import Answer, HandlerService, callback_claims, json_of, wait_status, wait_until, watching
 
 WORKER_TOKEN = "fan-in-worker-token-42"
 
@@ -54,7 +53,7 @@ def fan_in_bodies(handler: HandlerService, gate: int = 1) -> list[dict[str, Any]
 
 
 def stored(feed: Feed, key: str) -> list[tuple[Any, Any]]:
-    return [(json.loads(i["data"]), json.loads(i["result"]) if i["result"] else None) for i in feed.items(key)]
+    return [(json_of(i.data), json_of(i.result) if i.result else None) for i in feed.items(key)]
 
 
 # ---------------------------------------------------------------- results apart from inputs
@@ -95,7 +94,7 @@ def test_a_python_processors_result_is_kept_apart_from_the_items_data(db_url: st
     feed.add_partition("p", [{"gate": 0, "data": {"file": "a"}}, {"gate": 0, "data": {"file": "raw"}}])
     with watching(db_url, Labels()):
         wait_status(feed, "p", "complete")
-    assert [(i["data"], i["result"]) for i in feed.items("p")] == [
+    assert [(i.data, i.result) for i in feed.items("p")] == [
         (b'{"file":"a"}', b'{"label":"A"}'),
         (b'{"file":"raw"}', b"\x00\xff"),
     ]
@@ -133,7 +132,7 @@ def test_a_pipeline_gate_that_collects_gets_the_results_inline_with_the_accumula
     handler.behavior = labels
     pipeline(feed)
     feed.add_partition("p", files_then_rank(3))
-    ids = [i["id"] for i in feed.items("p")]
+    ids = [i.id for i in feed.items("p")]
     with watching(db_url, HTTPProcessor(handler.url)):
         wait_status(feed, "p", "complete")
     (body,) = fan_in_bodies(handler)
@@ -191,7 +190,7 @@ def test_the_fan_in_item_gets_the_partitions_accumulator(db_url: str, feed: Feed
 def fail_at_collected_gate(feed: Feed, key: str, errors: dict[int, str]) -> list[int]:
     """Items n of `errors` at gate 0 failed with that error, the others complete with a result; the
     partition at gate 1, where its fan-in item waits (as tolerated failures leave it)."""
-    ids = [i["id"] for i in feed.items(key)]
+    ids = [i.id for i in feed.items(key)]
     with feed.store.write() as conn:
         for n, item_id in enumerate(ids[:-1]):
             values = (
@@ -235,7 +234,7 @@ def test_past_the_inline_bound_without_a_callback_url_the_delivery_fails_saying_
     feed.add_partition("p", files_then_rank(3))
     with watching(db_url, HTTPProcessor(handler.url)):
         status = wait_status(feed, "p", "failed")
-    assert "--callback-url" in status["failed_items"][0]["last_error"]
+    assert "--callback-url" in (status.failed_items[0].last_error or "")
     assert fan_in_bodies(handler) == []  # never sent
 
 
@@ -266,7 +265,7 @@ def test_past_the_inline_bound_the_handler_reads_its_results_by_pages_once_each(
     handler.behavior = behave
     pipeline(feed, "collect_inline = 4")
     feed.add_partition("p", files_then_rank(5))
-    ids = [i["id"] for i in feed.items("p")]
+    ids = [i.id for i in feed.items("p")]
     with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url)):
         wait_status(feed, "p", "complete")
     (body,) = fan_in_bodies(handler)
@@ -290,7 +289,7 @@ def test_a_raw_request_carries_the_collection_in_headers(
     feed.add_partition(
         "p", [{"gate": 0, "data": {"file": "a"}}, {"gate": 0, "data": {"file": "b"}}, {"gate": 1, "data": {}}]
     )
-    ids = [i["id"] for i in feed.items("p")]
+    ids = [i.id for i in feed.items("p")]
     with watching(db_url, HTTPProcessor(handler.url, callback_url=api.url, request="raw")):
         wait_status(feed, "p", "complete")
     (fan_in,) = [d for d in handler.deliveries if d.headers["feedproc-item-id"] == str(ids[-1])]
@@ -323,7 +322,7 @@ def test_after_a_202_the_handler_reads_its_results_until_it_answers(
         (body,) = accepted
         url = body["collected"]["results_url"]
         assert url.split("token=")[1].split("&")[0] == body["token"]  # one token: its results and its answer
-        wait_until(lambda: [r for r in feed.running() if r["via"] == "callback"], what="the 202 written")
+        wait_until(lambda: [r for r in feed.running() if r.via == "callback"], what="the 202 written")
         assert [r["result"] for r in read_all(url)] == [{"label": f"F{n}"} for n in range(3)]
         auth = {"Authorization": f"Bearer {WORKER_TOKEN}"}
         done = httpx.post(body["answer_url"], json={"token": body["token"], "done": True}, headers=auth)
@@ -342,7 +341,7 @@ class Joins(Processor):
     def process(self, item: Item) -> Response:
         if item.gate == 0:
             return Response(done=True, result={"label": item.json()["file"]})
-        rows = [(r.id, json.loads(r.result) if r.result else None, r.error) for r in item.collected]
+        rows = [(r.id, json_of(r.result) if r.result else None, r.error) for r in item.collected]
         acc = dict(item.accumulated or {})
         return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": acc})
 
@@ -351,7 +350,7 @@ class JoinsAsync(Processor):
     async def process(self, item: Item) -> Response:
         if item.gate == 0:
             return Response(done=True, result={"label": item.json()["file"]})
-        rows = [(r.id, json.loads(r.result) if r.result else None, r.error) async for r in item.collected]
+        rows = [(r.id, json_of(r.result) if r.result else None, r.error) async for r in item.collected]
         acc = dict(item.accumulated or {})
         return Response(done=True, result={"rows": rows, "len": len(item.collected), "acc": acc})
 
@@ -401,4 +400,4 @@ def test_a_python_pipelines_gate_collects_by_its_decorator(db_url: str, feed: Fe
     feed.add_partition("p", [*({"gate": 0, "data": {"file": f}} for f in "cab"), {"gate": 1}])
     with watching(db_url, flow):
         wait_status(feed, "p", "complete")
-    assert json.loads(feed.items("p", gate=1)[0]["result"]) == ["a", "b", "c"]
+    assert json_of(feed.items("p", gate=1)[0].result) == ["a", "b", "c"]

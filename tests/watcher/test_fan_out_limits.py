@@ -29,9 +29,9 @@ def test_a_handlers_answer_with_more_children_than_the_limit_fails_its_item_at_o
     processor = HTTPProcessor(handler.url, max_children=3)
     with watching(db_url, processor, max_children=3, max_attempts=5):
         status = wait_status(feed, "fan", "failed")
-    (failed,) = status["failed_items"]
-    assert (failed["attempts"], failed["last_error"]) == (1, LIMIT_ERROR)  # permanent: not retried
-    assert status["items"]["total"] == 1  # no child written
+    (failed,) = status.failed_items
+    assert (failed.attempts, failed.last_error) == (1, LIMIT_ERROR)  # permanent: not retried
+    assert status.items["total"] == 1  # no child written
     assert len(handler.deliveries) == 1
 
 
@@ -45,9 +45,9 @@ def test_a_python_processors_answer_with_more_children_than_the_limit_fails_its_
     feed.add_partition("fan", [(0, b"{}")])
     with watching(db_url, FansOutFour(), max_children=3, max_attempts=5):
         status = wait_status(feed, "fan", "failed")
-    (failed,) = status["failed_items"]
-    assert (failed["attempts"], failed["last_error"]) == (1, LIMIT_ERROR)
-    assert status["items"]["total"] == 1
+    (failed,) = status.failed_items
+    assert (failed.attempts, failed.last_error) == (1, LIMIT_ERROR)
+    assert status.items["total"] == 1
 
 
 def test_a_fan_out_at_the_limit_is_written_once_within_a_short_lease_while_another_watcher_polls(
@@ -69,10 +69,8 @@ def test_a_fan_out_at_the_limit_is_written_once_within_a_short_lease_while_anoth
         watching(db_url, HTTPProcessor(handler.url), **settings),
         watching(db_url, HTTPProcessor(handler.url), **settings),
     ):
-        wait_until(
-            lambda: feed.status("fan")["gates"]["0"]["complete"] == 21, timeout=120, what="gate 0 to be worked off"
-        )
-    assert feed.status("fan")["gates"]["1"]["available"] == MAX_CHILDREN
+        wait_until(lambda: feed.status("fan").gates["0"]["complete"] == 21, timeout=120, what="gate 0 to be worked off")
+    assert feed.status("fan").gates["1"]["available"] == MAX_CHILDREN
     with feed.store.read() as conn:
         seqs = conn.execute(select(func.count(), func.count(items.c.seq.distinct())).where(items.c.gate == 1)).one()
     assert tuple(seqs) == (MAX_CHILDREN, MAX_CHILDREN)  # each child once
@@ -91,8 +89,8 @@ def test_a_fan_out_at_the_limit_that_drains_its_gate_releases_the_partition_with
     handler.behavior = lambda body: (200, fan_out)
     feed.add_partition("fan", [(0, b"{}")], manual_checkpoint=True)
     with watching(db_url, HTTPProcessor(handler.url), lease_seconds=3.0):
-        wait_until(lambda: feed.status("fan")["gates"].get("1", {}).get("available") == MAX_CHILDREN, timeout=60)
-        wait_until(lambda: feed.status("fan")["lease"] is None, timeout=30, what="the partition to be released")
+        wait_until(lambda: feed.status("fan").gates.get("1", {}).get("available") == MAX_CHILDREN, timeout=60)
+        wait_until(lambda: feed.status("fan").lease is None, timeout=30, what="the partition to be released")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
@@ -116,5 +114,5 @@ def test_fan_outs_answered_together_are_written_in_group_commits_of_at_most_the_
 
         monkeypatch.setattr(running.store, "apply", counted)
         feed.add_partition("fan", [(0, b"{}")] * 10, manual_checkpoint=True)
-        wait_until(lambda: feed.status("fan")["gates"].get("1", {}).get("available") == 30, what="30 children")
+        wait_until(lambda: feed.status("fan").gates.get("1", {}).get("available") == 30, what="30 children")
     assert max(committed) == 3 and sum(committed) == 30  # one fan-out a commit: two would be 6 > 4

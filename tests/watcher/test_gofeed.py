@@ -16,17 +16,17 @@ hands it to `behavior`, which is exactly what a Go Feed handler does with its ra
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any
 
 from sqlalchemy import update
 
 from feedproc import Feed, HTTPProcessor
 from feedproc.core.records import Kind
+from feedproc.core.views import ItemRow
 from feedproc.store import Store
 from feedproc.store.schema import partitions
 
-from ..support import Answer, Delivery, HandlerService, answer, history_of, wait_status, wait_until, watching
+from ..support import Answer, Delivery, HandlerService, answer, history_of, json_of, wait_status, wait_until, watching
 
 # ---------------------------------------------------------------- helpers
 
@@ -41,8 +41,8 @@ def requests_to(handler: HandlerService, key: str) -> list[Delivery]:
         return [d for d in handler.deliveries if d.headers.get("feedproc-partition") == key]
 
 
-def data(item: dict[str, Any]) -> Any:
-    return json.loads(item["data"])
+def data(item: ItemRow) -> Any:
+    return json_of(item.data)
 
 
 def set_status(store: Store, key: str, status: str) -> None:
@@ -62,7 +62,7 @@ def set_status(store: Store, key: str, status: str) -> None:
 CASE = {"max_attempts": 2}
 
 
-def run_case(db_url: str, feed: Feed, handler: HandlerService, status: int, body: str, final: str) -> dict[str, Any]:
+def run_case(db_url: str, feed: Feed, handler: HandlerService, status: int, body: str, final: str) -> ItemRow:
     """Deliver one item to a handler answering `status`, `body` until its partition is `final`; the item."""
     handler.behavior = lambda item: (status, body)
     feed.add_partition("case", items=[(0, b"{}")])
@@ -85,12 +85,12 @@ def test_good_request_moves_the_item_to_gate_1_with_the_response_as_its_data(
         wait_until(lambda: len(requests_to(handler, "case")) >= 3, what="the item to be asked again at gate 1")
         [item] = feed.items("case")
 
-    assert (item["status"], item["gate"], item["attempts"]) == ("available", 1, 0)
-    assert item["data"] == b'{"data":1,"more":"json"}'
+    assert (item.status, item.gate, item.attempts) == ("available", 1, 0)
+    assert item.data == b'{"data":1,"more":"json"}'
     first, second = requests_to(handler, "case")[:2]
     assert (first.headers["feedproc-gate"], first.body) == ("0", {})
     assert (second.headers["feedproc-gate"], second.body) == ("1", {"data": 1, "more": "json"})
-    assert feed.status("case")["gate"] == 1
+    assert feed.status("case").gate == 1
 
 
 def test_completed_request_completes_the_item_with_the_response_as_its_data(
@@ -102,7 +102,7 @@ def test_completed_request_completes_the_item_with_the_response_as_its_data(
     item = run_case(
         db_url, feed, handler, 200, '{"gate": 1, "complete": true, "response": {"data": 1, "more":"json"}}', "complete"
     )
-    assert (item["status"], item["gate"], item["data"]) == ("complete", 0, b'{"data":1,"more":"json"}')
+    assert (item.status, item.gate, item.data) == ("complete", 0, b'{"data":1,"more":"json"}')
     assert len(requests_to(handler, "case")) == 1
 
 
@@ -113,23 +113,23 @@ def test_process_with_no_gate_completes_the_item_with_the_response_as_its_data(
     item = run_case(
         db_url, feed, handler, 200, '{"complete": true, "response": {"data": 1, "more":"json"}}', "complete"
     )
-    assert (item["status"], item["gate"], item["data"]) == ("complete", 0, b'{"data":1,"more":"json"}')
+    assert (item.status, item.gate, item.data) == ("complete", 0, b'{"data":1,"more":"json"}')
 
 
 def test_marshaling_error_is_a_transient_failure(db_url: str, feed: Feed, handler: HandlerService) -> None:
     """TestProcess "marshaling error": a 200 whose body `{"":` is not JSON is a retryable error,
     in Go Feed ("marshal error: unexpected EOF") and in feedproc (an invalid answer)."""
     item = run_case(db_url, feed, handler, 200, '{"":', "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 2)
-    assert item["last_error"] == "invalid answer: expected a JSON object, got '{\"\":'"
+    assert (item.status, item.attempts) == ("failed", 2)
+    assert item.last_error == "invalid answer: expected a JSON object, got '{\"\":'"
     assert [d.headers["feedproc-attempt"] for d in requests_to(handler, "case")] == ["1", "2"]
 
 
 def test_empty_string_is_a_transient_failure(db_url: str, feed: Feed, handler: HandlerService) -> None:
     """TestProcess "empty string": a 200 with an empty body is a retryable error ("marshal error: EOF")."""
     item = run_case(db_url, feed, handler, 200, "", "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 2)
-    assert item["last_error"] == "invalid answer: expected a JSON object, got ''"
+    assert (item.status, item.attempts) == ("failed", 2)
+    assert item.last_error == "invalid answer: expected a JSON object, got ''"
 
 
 def test_400_fails_the_item_at_once(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -137,23 +137,23 @@ def test_400_fails_the_item_at_once(db_url: str, feed: Feed, handler: HandlerSer
     in feedproc a 4xx other than 408/429 is permanent (CONTRACT.md section 3): the item fails at its
     first delivery."""
     item = run_case(db_url, feed, handler, 400, "{}", "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 1)
-    assert item["last_error"] == f"HTTP 400 from {handler.url}: {{}}"
+    assert (item.status, item.attempts) == ("failed", 1)
+    assert item.last_error == f"HTTP 400 from {handler.url}: {{}}"
     assert len(requests_to(handler, "case")) == 1
 
 
 def test_500_is_a_transient_failure(db_url: str, feed: Feed, handler: HandlerService) -> None:
     """TestProcess "500": retryable ("HTTP 500")."""
     item = run_case(db_url, feed, handler, 500, "{}", "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 2)
-    assert item["last_error"] == f"HTTP 500 from {handler.url}: {{}}"
+    assert (item.status, item.attempts) == ("failed", 2)
+    assert item.last_error == f"HTTP 500 from {handler.url}: {{}}"
 
 
 def test_300_is_a_transient_failure(db_url: str, feed: Feed, handler: HandlerService) -> None:
     """TestProcess "300": retryable ("HTTP 300"); feedproc follows no redirect."""
     item = run_case(db_url, feed, handler, 300, "{}", "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 2)
-    assert item["last_error"] == f"HTTP 300 from {handler.url}: {{}}"
+    assert (item.status, item.attempts) == ("failed", 2)
+    assert item.last_error == f"HTTP 300 from {handler.url}: {{}}"
 
 
 def test_500_with_error_message_is_a_transient_failure_keeping_the_message(
@@ -163,8 +163,8 @@ def test_500_with_error_message_is_a_transient_failure_keeping_the_message(
     message: additional error context", feedproc's last_error names the status and keeps the body."""
     body = '{"error": {"message": "additional error context"}}'
     item = run_case(db_url, feed, handler, 500, body, "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 2)
-    assert item["last_error"] == f"HTTP 500 from {handler.url}: {body}"
+    assert (item.status, item.attempts) == ("failed", 2)
+    assert item.last_error == f"HTTP 500 from {handler.url}: {body}"
 
 
 def test_non_retryable_500_with_error_message_fails_the_item_at_once(
@@ -173,8 +173,8 @@ def test_non_retryable_500_with_error_message_fails_the_item_at_once(
     """TestProcess "NonRetryable 500 with error message": `"no_retry": true` makes it permanent."""
     body = '{"error": {"message": "additional error context", "no_retry":true}}'
     item = run_case(db_url, feed, handler, 500, body, "failed")
-    assert (item["status"], item["attempts"]) == ("failed", 1)
-    assert item["last_error"] == f"HTTP 500 from {handler.url}: {body}"
+    assert (item.status, item.attempts) == ("failed", 1)
+    assert item.last_error == f"HTTP 500 from {handler.url}: {body}"
     assert len(requests_to(handler, "case")) == 1
 
 
@@ -185,7 +185,7 @@ def test_non_retryable_200_fails_the_item_at_once_with_its_message(
     item = run_case(
         db_url, feed, handler, 200, '{"error": {"message": "additional error context", "no_retry":true}}', "failed"
     )
-    assert (item["status"], item["attempts"], item["last_error"]) == ("failed", 1, "additional error context")
+    assert (item.status, item.attempts, item.last_error) == ("failed", 1, "additional error context")
     assert len(requests_to(handler, "case")) == 1
 
 
@@ -221,7 +221,7 @@ def test_an_item_is_asked_again_at_its_gate_until_processed_reaches_times(
         wait_status(feed, "p1_unowned", "complete")
 
     [s1_ready] = feed.items("p1_unowned")
-    assert (s1_ready["status"], data(s1_ready)) == ("complete", {"times": 3, "processed": 3})
+    assert (s1_ready.status, data(s1_ready)) == ("complete", {"times": 3, "processed": 3})
     requests = requests_to(handler, "p1_unowned")
     assert [d.body for d in requests] == [{"times": 3}, {"times": 3, "processed": 1}, {"times": 3, "processed": 2}]
     assert {(d.headers["feedproc-gate"], d.headers["feedproc-attempt"]) for d in requests} == {("0", "1")}
@@ -238,10 +238,10 @@ def test_a_failing_item_fails_its_partition_after_its_retries_and_its_sibling_co
         wait_status(feed, "p2_owned", "failed")
 
     s4_owned, s6_owned_should_fail = feed.items("p2_owned")
-    assert (s4_owned["status"], data(s4_owned)) == ("complete", {"times": 3, "processed": 3})
-    assert s6_owned_should_fail["status"] == "failed"
-    assert s6_owned_should_fail["attempts"] == 3
-    assert s6_owned_should_fail["last_error"] == (
+    assert (s4_owned.status, data(s4_owned)) == ("complete", {"times": 3, "processed": 3})
+    assert s6_owned_should_fail.status == "failed"
+    assert s6_owned_should_fail.attempts == 3
+    assert s6_owned_should_fail.last_error == (
         f'HTTP 500 from {handler.url}: {{"error": {{"message": "moving to failed item"}}}}'
     )
     assert data(s6_owned_should_fail) == {"times": 3, "fail": True}
@@ -253,13 +253,13 @@ def test_a_complete_item_is_never_processed_again(db_url: str, feed: Feed, handl
     processing by an operator's skip, the way feedproc has to complete an item by hand.)"""
     handler.behavior = go_test_processor
     feed.add_partition("p1_owned", items=[(0, TIMES_3), (0, TIMES_3), (0, TIMES_3)])
-    s3_id = feed.items("p1_owned")[0]["id"]
+    s3_id = feed.items("p1_owned")[0].id
     feed.act_on_items("skip", ids=[s3_id])
     with watching(db_url, raw(handler)):
         wait_status(feed, "p1_owned", "complete")
 
     s3_done, s5_owned, s7_owned = feed.items("p1_owned")
-    assert (s3_done["status"], data(s3_done)) == ("complete", {"times": 3})
+    assert (s3_done.status, data(s3_done)) == ("complete", {"times": 3})
     assert data(s5_owned) == data(s7_owned) == {"times": 3, "processed": 3}
     assert str(s3_id) not in {d.headers["feedproc-item-id"] for d in requests_to(handler, "p1_owned")}
 
@@ -275,7 +275,7 @@ def test_a_complete_partition_is_not_processed(db_url: str, feed: Feed, store: S
         wait_status(feed, "p1_owned", "complete")
 
     [s8_disabled] = feed.items("p1_disabled")
-    assert (s8_disabled["status"], data(s8_disabled)) == ("available", {"times": 3})
+    assert (s8_disabled.status, data(s8_disabled)) == ("available", {"times": 3})
     assert requests_to(handler, "p1_disabled") == []
 
 
@@ -319,11 +319,11 @@ def test_partitions_whose_watchers_went_away_are_taken_over(
     [s9_ready] = feed.items("p1_swap")
     s10_ready_should_fail, s11_ready = feed.items("p2_swap")
     assert data(s9_ready) == data(s11_ready) == {"times": 3, "processed": 3}
-    assert (s10_ready_should_fail["status"], s10_ready_should_fail["attempts"]) == ("failed", 3)
+    assert (s10_ready_should_fail.status, s10_ready_should_fail.attempts) == ("failed", 3)
     for key, previous in (("p1_swap", "p2"), ("p2_swap", "p1")):
         [takeover] = history_of(feed, key, "expired")
-        assert takeover["detail"] == {"previous": previous}
-        assert takeover["watcher"] in (w1.id, w2.id)
+        assert takeover.detail == {"previous": previous}
+        assert takeover.watcher in (w1.id, w2.id)
 
 
 def test_a_partition_moves_to_its_next_gate_only_when_every_item_of_its_gate_is_done(
@@ -342,8 +342,8 @@ def test_a_partition_moves_to_its_next_gate_only_when_every_item_of_its_gate_is_
     [gate_1] = [d for d in requests if d.headers["feedproc-gate"] == "1"]
     assert len(gate_0) == 4
     assert gate_1.start >= max(d.end for d in gate_0)
-    assert final["gate"] == 1
-    assert [e["detail"] for e in final["history"] if e["kind"] == "gate_advanced"] == [{"from": 0, "to": 1}]
+    assert final.gate == 1
+    assert [e.detail for e in final.history or () if e.kind == "gate_advanced"] == [{"from": 0, "to": 1}]
 
 
 def test_a_partition_whose_items_all_wait_at_gate_1_is_served_at_gate_1(
@@ -354,12 +354,12 @@ def test_a_partition_whose_items_all_wait_at_gate_1_is_served_at_gate_1(
     empty gate; a feedproc partition starts at its lowest item's gate (CONTRACT.md rule 1)."""
     handler.behavior = go_test_processor
     feed.add_partition("p1_gate", items=[(1, b'{"times": 3, "gate": 1}')] * 2)
-    assert feed.status("p1_gate")["gate"] == 1
+    assert feed.status("p1_gate").gate == 1
     with watching(db_url, raw(handler)):
         wait_status(feed, "p1_gate", "complete")
 
     for item in feed.items("p1_gate"):
-        assert (item["status"], item["gate"], data(item)) == ("complete", 1, {"times": 3, "gate": 1, "processed": 3})
+        assert (item.status, item.gate, data(item)) == ("complete", 1, {"times": 3, "gate": 1, "processed": 3})
     assert {d.headers["feedproc-gate"] for d in requests_to(handler, "p1_gate")} == {"1"}
 
 
@@ -377,9 +377,9 @@ def test_a_failed_item_keeps_its_partition_from_the_next_gate(db_url: str, feed:
         final = wait_status(feed, "p2_gate", "failed")
 
     s12_gate, s13_gate_fail, later = feed.items("p2_gate")
-    assert (s12_gate["status"], data(s12_gate)) == ("complete", {"times": 3, "gate": 1, "processed": 3})
-    assert (s13_gate_fail["status"], data(s13_gate_fail)) == ("failed", {"times": 3, "gate": 1, "fail": True})
-    assert (later["status"], final["gate"]) == ("available", 1)
+    assert (s12_gate.status, data(s12_gate)) == ("complete", {"times": 3, "gate": 1, "processed": 3})
+    assert (s13_gate_fail.status, data(s13_gate_fail)) == ("failed", {"times": 3, "gate": 1, "fail": True})
+    assert (later.status, final.gate) == ("available", 1)
     assert {d.headers["feedproc-gate"] for d in requests_to(handler, "p2_gate")} == {"1"}
 
 
@@ -400,8 +400,8 @@ def test_an_answer_for_an_item_changed_since_it_was_sent_changes_nothing(store: 
 
     applied = store.apply("w1", [answer(sent, Kind.DONE, data=b'{"times":3,"processed":1}')])
     assert (applied.written, applied.superseded) == ([], [sent.id])
-    skipped = next(item for item in feed.items("occ") if item["id"] == sent.id)
-    assert (skipped["status"], data(skipped)) == ("complete", {"times": 3})
+    skipped = next(item for item in feed.items("occ") if item.id == sent.id)
+    assert (skipped.status, data(skipped)) == ("complete", {"times": 3})
 
 
 def test_an_answer_from_a_watcher_whose_lease_was_taken_over_changes_nothing(store: Store, feed: Feed) -> None:
@@ -415,7 +415,7 @@ def test_an_answer_from_a_watcher_whose_lease_was_taken_over_changes_nothing(sto
 
     late = store.apply("w1", [answer(sent, Kind.DONE)])
     assert (late.written, late.lost) == ([], {sent.partition_id})
-    assert feed.items("occ")[0]["status"] == "available"
+    assert feed.items("occ")[0].status == "available"
     [again] = store.fetch_ready("w2", 10)
     assert store.apply("w2", [answer(again, Kind.DONE)]).written == [sent.id]
-    assert feed.status("occ")["status"] == "complete"
+    assert feed.status("occ").status == "complete"

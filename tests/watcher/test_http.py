@@ -26,6 +26,7 @@ import pytest
 from sqlalchemy import select
 
 from feedproc import Feed, HTTPProcessor, Item, Processor, Response
+from feedproc.core.views import FailedItem
 from feedproc.health import handler_base, handler_reason
 from feedproc.store import Store
 from feedproc.store.schema import items
@@ -38,7 +39,7 @@ def js(value: Any) -> bytes:
 
 
 def error_events(feed: Feed, key: str) -> list[str]:
-    return [e["detail"]["error"] for e in history_of(feed, key, "item_retried")]
+    return [e.detail["error"] for e in history_of(feed, key, "item_retried")]
 
 
 class PerItem:
@@ -119,7 +120,7 @@ def test_done_answer_completes_the_item(db_url: str, feed: Feed, handler: Handle
     with watching(db_url, HTTPProcessor(handler.url)):
         final = wait_status(feed, "done", "complete")
 
-    assert final["items"]["complete"] == 4
+    assert final.items["complete"] == 4
     assert len(handler.of("done")) == 4
 
 
@@ -139,7 +140,7 @@ def test_gate_answer_moves_the_item_and_stores_its_data(db_url: str, feed: Feed,
     assert second.body["data"] == {"step": "classified", "was": {"file": "x"}}
     assert second.body["attempt"] == 1
     assert second.body["id"] == first.body["id"]
-    assert final["gate"] == 3
+    assert final.gate == 3
 
 
 def test_not_yet_answer_is_asked_again_after_retry_after(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -159,7 +160,7 @@ def test_not_yet_answer_is_asked_again_after_retry_after(db_url: str, feed: Feed
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
     assert [d.body["data"]["polls"] for d in deliveries] == [0, 1, 2]
     assert all(gap >= 0.4 - 0.01 for gap in gaps(deliveries)), gaps(deliveries)
-    assert final["failed_items"] == []
+    assert final.failed_items == ()
 
 
 def test_children_are_added_and_delivered_at_their_gates(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -176,7 +177,7 @@ def test_children_are_added_and_delivered_at_their_gates(db_url: str, feed: Feed
     with watching(db_url, HTTPProcessor(handler.url)):
         final = wait_status(feed, "kids", "complete")
 
-    assert final["items"] == {"total": 5, "available": 0, "complete": 5, "failed": 0, "cancelled": 0}
+    assert final.items == {"total": 5, "available": 0, "complete": 5, "failed": 0, "cancelled": 0}
     deliveries = handler.of("kids")
     children = sorted((d.gate, json.dumps(d.body["data"])) for d in deliveries if not d.body["data"].get("root"))
     assert children == [(0, '{"child": "same-gate"}')] + [(2, json.dumps({"child": n})) for n in range(3)]
@@ -210,10 +211,10 @@ def test_4xx_fails_the_item_at_once_naming_status_and_body(db_url: str, feed: Fe
         final = wait_status(feed, "bad", "failed")
 
     assert len(handler.of("bad")) == 1
-    [failed] = final["failed_items"]
-    assert failed["attempts"] == 1
-    assert failed["last_error"].startswith("HTTP 422")
-    assert "unprocessable: field 'file' is missing" in failed["last_error"]
+    [failed] = final.failed_items
+    assert failed.attempts == 1
+    assert (failed.last_error or "").startswith("HTTP 422")
+    assert "unprocessable: field 'file' is missing" in (failed.last_error or "")
 
 
 def test_go_feed_error_with_no_retry_fails_the_item_at_once(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -223,7 +224,7 @@ def test_go_feed_error_with_no_retry_fails_the_item_at_once(db_url: str, feed: F
         final = wait_status(feed, "go-bad", "failed")
 
     assert len(handler.of("go-bad")) == 1
-    assert [(f["attempts"], f["last_error"]) for f in final["failed_items"]] == [(1, "cannot parse")]
+    assert [(f.attempts, f.last_error) for f in final.failed_items] == [(1, "cannot parse")]
 
 
 def test_go_feed_error_without_no_retry_is_retried(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -249,7 +250,7 @@ def test_503_is_transient_then_success(db_url: str, feed: Feed, handler: Handler
         final = wait_status(feed, "blip", "complete")
 
     assert [d.body["attempt"] for d in handler.of("blip")] == [1, 2]
-    assert final["failed_items"] == []
+    assert final.failed_items == ()
     [error] = error_events(feed, "blip")
     assert error.startswith("HTTP 503") and "overloaded" in error
 
@@ -286,7 +287,7 @@ def test_timeout_is_transient_and_children_of_the_successful_attempt_are_written
     with watching(db_url, HTTPProcessor(handler.url, timeout=0.5), retry_delay=0.1):
         final = wait_status(feed, "slowpoke", "complete")
 
-    assert final["items"]["total"] == 4  # the root and the children of one answer, once
+    assert final.items["total"] == 4  # the root and the children of one answer, once
     [error] = error_events(feed, "slowpoke")
     assert "timed out" in error
     children = [d.body["data"]["child"] for d in handler.of("slowpoke") if d.gate == 1]
@@ -317,10 +318,10 @@ def test_last_error_of_a_non_2xx_names_the_status_and_keeps_the_start_of_the_bod
     with watching(db_url, HTTPProcessor(handler.url), max_attempts=2):
         final = wait_status(feed, "boom", "failed")
 
-    [failed] = final["failed_items"]
-    assert failed["attempts"] == 2
-    assert failed["last_error"].startswith("HTTP 500")
-    assert "upstream exploded: xxx" in failed["last_error"]
+    [failed] = final.failed_items
+    assert failed.attempts == 2
+    assert (failed.last_error or "").startswith("HTTP 500")
+    assert "upstream exploded: xxx" in (failed.last_error or "")
 
 
 @pytest.mark.parametrize(
@@ -343,7 +344,7 @@ def test_invalid_2xx_answer_is_a_transient_failure(
     with watching(db_url, HTTPProcessor(handler.url)):
         final = wait_status(feed, "invalid", "complete")
 
-    assert final["items"] == {"total": 1, "available": 0, "complete": 1, "failed": 0, "cancelled": 0}
+    assert final.items == {"total": 1, "available": 0, "complete": 1, "failed": 0, "cancelled": 0}
     assert [d.body["attempt"] for d in handler.of("invalid")] == [1, 2]
     [error] = error_events(feed, "invalid")
     assert error.startswith(reason)
@@ -430,15 +431,15 @@ def is_hostile(body: dict[str, Any]) -> bool:
     return isinstance(body.get("data"), dict) and body["data"].get("hostile") is True
 
 
-def contained(feed: Feed, *, attempts: int = 2) -> dict[str, Any]:
+def contained(feed: Feed, *, attempts: int = 2) -> FailedItem:
     """Wait until the calm partition completed and the hostile one failed on its hostile item only;
     the failed item's record (its last_error and attempts)."""
     calm = wait_status(feed, "calm", "complete")
-    assert calm["items"]["complete"] == 3
+    assert calm.items["complete"] == 3
     hostile = wait_status(feed, "hostile", "failed")
-    assert hostile["items"] == {"total": 4, "available": 0, "complete": 3, "failed": 1, "cancelled": 0}
-    [failed] = hostile["failed_items"]
-    assert failed["attempts"] == attempts
+    assert hostile.items == {"total": 4, "available": 0, "complete": 3, "failed": 1, "cancelled": 0}
+    [failed] = hostile.failed_items
+    assert failed.attempts == attempts
     return failed
 
 
@@ -475,7 +476,7 @@ def test_hostile_answer_is_an_invalid_answer_and_others_complete(
     with watching(db_url, HTTPProcessor(handler.url), **HOSTILE):
         failed = contained(feed)
 
-    assert failed["last_error"].startswith(reason), failed["last_error"]
+    assert (failed.last_error or "").startswith(reason), failed.last_error
     # Attempts counted, no tight loop: the hostile item was asked exactly twice.
     assert len([d for d in handler.of("hostile") if is_hostile(d.body)]) == 2
 
@@ -489,7 +490,7 @@ def test_503_with_a_non_finite_retry_after_header_is_retried_after_the_backoff(
     with watching(db_url, HTTPProcessor(handler.url), **HOSTILE):
         failed = contained(feed)
 
-    assert failed["last_error"] == f"HTTP 503 from {handler.url}: busy"
+    assert failed.last_error == f"HTTP 503 from {handler.url}: busy"
     first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
     assert second.start - first.end < 2.0  # the backoff (0.05 s), the header taken as absent
 
@@ -502,7 +503,7 @@ def test_503_with_a_huge_retry_after_header_is_capped_at_max_retry_delay(
     with watching(db_url, HTTPProcessor(handler.url), max_retry_delay=0.5, **HOSTILE):
         failed = contained(feed)
 
-    assert failed["last_error"] == f"HTTP 503 from {handler.url}: busy"
+    assert failed.last_error == f"HTTP 503 from {handler.url}: busy"
     first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
     assert 0.5 - 0.01 <= second.start - first.end < 2.0  # the longer delay wins, capped at 0.5 s
 
@@ -523,7 +524,7 @@ def test_not_yet_with_a_huge_retry_after_is_asked_again_after_max_retry_delay(
         wait_status(feed, "calm", "complete")
         final = wait_status(feed, "hostile", "complete")
 
-    assert final["failed_items"] == []
+    assert final.failed_items == ()
     deliveries = [d for d in handler.of("hostile") if is_hostile(d.body)]
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
     assert all(0.5 - 0.01 <= gap < 2.0 for gap in gaps(deliveries)), gaps(deliveries)
@@ -565,7 +566,7 @@ def test_a_python_processors_bad_response_fails_its_item_and_others_complete(
     with watching(db_url, Hostile(make), **HOSTILE):
         failed = contained(feed)
 
-    assert failed["last_error"].startswith(reason), failed["last_error"]
+    assert (failed.last_error or "").startswith(reason), failed.last_error
 
 
 def test_a_python_processors_json_data_and_children_are_encoded(db_url: str, feed: Feed, store: Store) -> None:
@@ -689,7 +690,7 @@ def test_a_gzip_bomb_is_cut_at_max_answer_bytes_with_flat_memory(db_url: str, fe
     finally:
         tracemalloc.stop()
 
-    assert failed["last_error"] == f"answer larger than {limit} bytes from {service.url}"
+    assert failed.last_error == f"answer larger than {limit} bytes from {service.url}"
     # Inflated a chunk at a time, one 64 KiB chunk of the bomb alone would be 64 MiB.
     assert peak < 16 * (1 << 20), f"peak of traced memory {peak / (1 << 20):.1f} MiB"
 
@@ -705,7 +706,7 @@ def test_a_huge_content_length_is_refused_before_reading(db_url: str, feed: Feed
     with raw_handler(script) as service, watching(db_url, HTTPProcessor(service.url, timeout=30), **HOSTILE):
         failed = contained(feed)
 
-    assert failed["last_error"] == (
+    assert failed.last_error == (
         f"answer larger than {10 * 1024 * 1024} bytes (Content-Length: 1000000000000) from {service.url}"
     )
 
@@ -725,7 +726,7 @@ def test_timeout_bounds_the_whole_request_not_each_read(db_url: str, feed: Feed)
         failed = contained(feed)
         first, second = [d for d in service.of("hostile") if is_hostile(d.body)][:2]
 
-    assert failed["last_error"] == f"handler timed out after 1s (whole request, {service.url})"
+    assert failed.last_error == f"handler timed out after 1s (whole request, {service.url})"
     # The first delivery was cut at ~1 s: the second (after a 0.05 s backoff) began soon after, not
     # after the 50 s the dribble would last (the bound leaves room for a loaded 2-core machine).
     assert 1.0 - 0.01 <= second.start - first.start < 5, second.start - first.start
@@ -741,8 +742,8 @@ def test_an_unreachable_handler_is_named_without_its_credentials(db_url: str, fe
     with watching(db_url, HTTPProcessor(url), max_attempts=2):
         final = wait_status(feed, "secret", "failed")
 
-    [failed] = final["failed_items"]
-    error = failed["last_error"]
+    [failed] = final.failed_items
+    error = failed.last_error or ""
     assert error.startswith("handler unreachable: ClientConnectorError: Cannot connect to host 127.0.0.1:"), error
     assert error.endswith(f"(http://***@127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}/handle)"), error
     every_error = [error, *error_events(feed, "secret"), repr(HTTPProcessor(url))]
@@ -758,9 +759,9 @@ def test_a_handler_with_credentials_gets_them_but_errors_do_not_show_them(
     with watching(db_url, HTTPProcessor(url), max_attempts=2):
         final = wait_status(feed, "auth-fail", "failed")
 
-    [failed] = final["failed_items"]
+    [failed] = final.failed_items
     shown_url = handler.url.replace("http://", "http://***@")
-    assert failed["last_error"] == f"HTTP 500 from {shown_url}: boom: " + "x" * 494  # the body's first 500 bytes
+    assert failed.last_error == f"HTTP 500 from {shown_url}: boom: " + "x" * 494  # the body's first 500 bytes
     expected = "Basic " + base64.b64encode(b"feeder:s3cret").decode()
     assert all(d.headers["authorization"] == expected for d in handler.of("auth-fail"))
 
@@ -771,10 +772,10 @@ def test_a_handlers_secret_query_values_are_never_shown(db_url: str, feed: Feed,
     with watching(db_url, HTTPProcessor(handler.url + "?api_key=K3Y-s3cret&mode=fast"), max_attempts=2):
         final = wait_status(feed, "keyed", "failed")
 
-    [failed] = final["failed_items"]
-    assert failed["last_error"] == f"HTTP 500 from {handler.url}?api_key=***&mode=fast: boom"
+    [failed] = final.failed_items
+    assert failed.last_error == f"HTTP 500 from {handler.url}?api_key=***&mode=fast: boom"
     assert handler.of("keyed")  # the handler was called with its key
-    shown = [failed["last_error"], *error_events(feed, "keyed"), str(feed.recent_failures())]
+    shown = [failed.last_error, *error_events(feed, "keyed"), str(feed.recent_failures())]
     assert len(shown) == 3 and not [text for text in shown if "K3Y" in text], shown
 
 

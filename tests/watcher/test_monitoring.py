@@ -74,7 +74,7 @@ def test_metrics_count_completed_items_gate_advances_and_latency(
     feed.add_partition("p", [(0, b"1"), (0, b"2"), (1, b"3")])
     port = free_port()
     watchers.start("--handler", handler.url, *FAST, "--metrics-port", str(port))
-    wait_until(lambda: feed.status("p")["status"] == "complete", timeout=60, what="p to complete")
+    wait_until(lambda: feed.status("p").status == "complete", timeout=60, what="p to complete")
     text = scrape(port, feedproc_items_completed_total=3, feedproc_gate_advances_total=1)
     # the processing histogram per gate (its pipeline name, else its number)
     assert metric(text, "feedproc_processing_seconds_count", queue="default", gate="0") == 2
@@ -90,7 +90,7 @@ def test_metrics_count_retries_and_failures(feed: Feed, watchers: WatcherProcess
     feed.add_partition("p", [(0, b"1")])
     port = free_port()
     watchers.start("--handler", handler.url, *FAST, "--max-attempts", "2", "--metrics-port", str(port))
-    wait_until(lambda: feed.status("p")["status"] == "failed", timeout=60, what="p to fail")
+    wait_until(lambda: feed.status("p").status == "failed", timeout=60, what="p to fail")
     scrape(port, feedproc_items_retried_total=1, feedproc_items_failed_total=1, feedproc_items_processed_total=2)
 
 
@@ -159,7 +159,7 @@ def test_livez_stays_200_while_the_handler_is_down_and_readyz_names_it_redacted(
     health = get(port, "/healthz")
     assert health is not None and health.status_code == 503
     # Deliveries keep failing against the dead handler while it stays live.
-    wait_until(lambda: feed.items("p")[0]["attempts"] >= 2, timeout=60, what="two attempts")
+    wait_until(lambda: feed.items("p")[0].attempts >= 2, timeout=60, what="two attempts")
     assert get(port, "/livez").status_code == 200  # type: ignore[union-attr]
     for body in (ready.text, live.text, health.text):
         assert "secret" not in body and "user" not in body

@@ -17,7 +17,7 @@ from feedproc import Feed, Item, Pipeline, Response
 from feedproc.core.pipelines import parse_toml
 
 from ..api_support import free_port
-from ..support import HandlerService, feedproc_env, run_cli, spawn, wait_status, wait_until, watching
+from ..support import HandlerService, feedproc_env, json_of, run_cli, spawn, wait_status, wait_until, watching
 from .test_scheduling import ConcurrencyMeter
 
 
@@ -93,8 +93,8 @@ def test_an_unknown_gate_name_in_an_answer_is_an_invalid_answer(
     feed.add_partition("p", [(0, b"1")])
     with watching(db_url, None):
         status = wait_status(feed, "p", "failed")
-    [failed] = status["failed_items"]
-    assert "unknown gate 'nowhere'" in failed["last_error"] and "list" in failed["last_error"]
+    [failed] = status.failed_items
+    assert "unknown gate 'nowhere'" in (failed.last_error or "") and "list" in (failed.last_error or "")
 
 
 def test_a_gate_name_unknown_to_the_pipeline_is_refused_when_adding_items(feed: Feed) -> None:
@@ -129,10 +129,10 @@ def test_a_gates_attempts_and_item_timeout_are_its_own(db_url: str, feed: Feed, 
     feed.add_partition("p", [(0, b"1"), (1, b"2")])
     with watching(db_url, None, max_attempts=5):
         status = wait_status(feed, "p", "failed", timeout=60)
-    [failed] = status["failed_items"]
-    assert failed["gate"] == 1 and failed["attempts"] == 2
-    assert "timed out after 0.3s" in failed["last_error"]
-    assert len(feed.item(failed["id"])["history"]) == 2  # two deliveries at the slow gate, not the watcher's 5
+    [failed] = status.failed_items
+    assert failed.gate == 1 and failed.attempts == 2
+    assert "timed out after 0.3s" in (failed.last_error or "")
+    assert len(feed.item(failed.id).history) == 2  # two deliveries at the slow gate, not the watcher's 5
 
 
 def test_a_gates_handler_timeout_is_its_own(db_url: str, feed: Feed, handler: HandlerService) -> None:
@@ -144,7 +144,7 @@ def test_a_gates_handler_timeout_is_its_own(db_url: str, feed: Feed, handler: Ha
     feed.add_partition("p", [(0, b"1")])
     with watching(db_url, None):
         status = wait_status(feed, "p", "failed", timeout=60)
-    assert "timed out" in status["failed_items"][0]["last_error"]
+    assert "timed out" in (status.failed_items[0].last_error or "")
 
 
 def test_a_pipeline_applied_while_watchers_run_reaches_them(
@@ -184,7 +184,7 @@ def test_a_removed_pipeline_stops_delivery_without_failing_items_until_one_is_ap
         wait_until(lambda: running.watcher.router.spec is None, what="the watcher to see the removal")
         feed.add_partition("waits", [(0, b"2")])
         time.sleep(1.0)  # ten polls: nothing may be delivered or failed meanwhile
-        assert feed.status("waits")["items"]["available"] == 1 and len(handler.deliveries) == 1
+        assert feed.status("waits").items["available"] == 1 and len(handler.deliveries) == 1
         apply(feed, text)
         wait_status(feed, "waits", "complete")
 
@@ -238,8 +238,8 @@ def test_a_python_pipeline_routes_each_gate_to_its_function(db_url: str, feed: F
     with watching(db_url, uploads, queue="uploads", max_attempts=5):
         wait_status(feed, "ok", "complete")
         failed = wait_status(feed, "bad", "failed")
-    assert sorted(json.loads(i["data"])["text"] for i in feed.items("ok", gate=2)) == ["A", "B"]
-    assert failed["failed_items"][0]["attempts"] == 1  # the ocr gate's max_attempts, not the watcher's 5
+    assert sorted(json_of(i.data)["text"] for i in feed.items("ok", gate=2)) == ["A", "B"]
+    assert failed.failed_items[0].attempts == 1  # the ocr gate's max_attempts, not the watcher's 5
 
 
 def test_a_pipelines_settings_are_checked_where_it_is_written() -> None:
@@ -279,7 +279,7 @@ def test_pipeline_apply_from_a_python_pipeline_and_watch_serve_it(db_url: str, f
         process.terminate()
         _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err.decode()[-2000:]
-    assert [i["gate"] for i in feed.items("p")] == [0, 3]
+    assert [i.gate for i in feed.items("p")] == [0, 3]
 
 
 def test_watch_without_a_handler_needs_a_pipeline(db_url: str) -> None:
@@ -352,10 +352,10 @@ def test_three_watchers_start_each_tick_of_a_schedule_once(db_url: str, feed: Fe
     )
     with watching(db_url, None), watching(db_url, None), watching(db_url, None):
         wait_until(lambda: len(feed.partitions()) >= 4, timeout=60, what="four ticks' partitions")
-    keys = [p["key"] for p in feed.partitions(limit=500)]
+    keys = [p.key for p in feed.partitions(limit=500)]
     assert len(keys) == len(set(keys)) >= 4
     for key in keys:
-        created = [e for e in feed.status(key, history=50)["history"] if e["kind"] == "created"]
+        created = [e for e in feed.status(key, history=50).history or () if e.kind == "created"]
         assert len(created) == 1, (key, created)  # started by one watcher, not three
     assert {d.body["data"]["from"] for d in handler.deliveries} == {"schedule"}
 
@@ -414,5 +414,5 @@ def test_a_gate_outside_its_windows_is_not_dispatched(db_url: str, feed: Feed, h
     with watching(db_url, None, poll_interval=0.1):
         wait_status(feed, "goes", "complete")
         time.sleep(0.5)  # five more polls: the closed gate's item must still not start
-    assert feed.status("waits")["items"]["available"] == 1
+    assert feed.status("waits").items["available"] == 1
     assert [d.body["partition"] for d in handler.deliveries] == ["goes"]

@@ -36,11 +36,11 @@ def test_a_paused_queue_finishes_what_is_in_flight_and_starts_nothing_until_resu
         feed.set_queue("default", paused=True, by="ops")
         wait_until(lambda: running.watcher.queue_settings.paused, what="the watcher to read the pause")
         processor.release.set()
-        wait_until(lambda: feed.summary()["items"]["complete"] == 2, what="the two in flight to finish")
+        wait_until(lambda: feed.summary().items["complete"] == 2, what="the two in flight to finish")
         # Nothing can announce that nothing started: watch for ten poll intervals (0.05 s each).
         time.sleep(0.5)
         assert processor.started == 2
-        assert feed.queue("default")["paused_by"] == "ops"
+        assert feed.queue("default").paused_by == "ops"
         feed.set_queue("default", paused=False)
         wait_status(feed, "p", "complete")
     assert processor.started == 10

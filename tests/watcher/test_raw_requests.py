@@ -102,7 +102,7 @@ def feedproc_headers(request: RawRequest) -> dict[str, str]:
 
 
 def item_ids(feed: Feed, key: str) -> dict[bytes, int]:
-    return {item["data"]: item["id"] for item in feed.items(key)}
+    return {item.data: item.id for item in feed.items(key)}
 
 
 # ---------------------------------------------------------------- the body
@@ -147,7 +147,7 @@ def test_metadata_travels_in_feedproc_headers_and_the_content_type_is_json(
     [request] = raw.of("meta-7")
     [item] = feed.items("meta-7")
     assert feedproc_headers(request) == {
-        "feedproc-item-id": str(item["id"]),
+        "feedproc-item-id": str(item.id),
         "feedproc-partition": "meta-7",
         "feedproc-queue": "scan",
         "feedproc-gate": "0",
@@ -253,7 +253,7 @@ def test_with_a_callback_url_the_token_and_answer_url_travel_in_headers(
         api.close()
 
     assert request.body == b'{ "job" : 1 }'  # nothing was added to the handler's own data
-    assert [item["data"] for item in feed.items("later")] == [b'{"job":1,"ok":true}']
+    assert [item.data for item in feed.items("later")] == [b'{"job":1,"ok":true}']
 
 
 # ---------------------------------------------------------------- the JSON body stays the default
@@ -268,7 +268,7 @@ def test_json_requests_are_unchanged(db_url: str, feed: Feed, raw: RawHandler, o
 
     [request] = raw.requests
     [item] = feed.items("wrapped")
-    expected = b'{"id":%d,"partition":"wrapped","queue":"q","gate":0,"attempt":1,"data":{ "a" :1 }}' % item["id"]
+    expected = b'{"id":%d,"partition":"wrapped","queue":"q","gate":0,"attempt":1,"data":{ "a" :1 }}' % item.id
     assert request.body == expected
     assert feedproc_headers(request) == {}
     assert request.headers["content-type"] == "application/json"

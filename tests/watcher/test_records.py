@@ -68,7 +68,7 @@ def test_a_takeover_charge_that_failed_is_written_before_the_item_is_delivered_a
             lock.rollback()
         locker.close()
     assert processor.seen == [(lost.id, 2)]
-    history = [(h["outcome"], h["attempt"], h["watcher"]) for h in feed.item(lost.id)["history"]]
+    history = [(h.outcome, h.attempt, h.watcher) for h in feed.item(lost.id).history]
     assert history == [("lost", 1, A), ("done", 2, taker.id)]
 
 
@@ -103,7 +103,7 @@ def test_a_lease_given_up_while_it_could_not_be_renewed_gives_its_running_delive
             # assumes the lease lost, while the database still gives it the partition.
             locker.execute(select(watchers).where(watchers.c.id == running.id).with_for_update())
             wait_until(
-                lambda: any(e["kind"] == "released" for e in feed.status("p", history=50)["history"]),
+                lambda: any(e.kind == "released" for e in feed.status("p", history=50).history or ()),
                 timeout=30,
                 what="the lease given up and released",
             )
@@ -116,6 +116,6 @@ def test_a_lease_given_up_while_it_could_not_be_renewed_gives_its_running_delive
         wait_status(feed, "p", "complete", timeout=30)
     ((item, _), again) = processor.seen
     assert again == (item, 2)
-    history = [(h["outcome"], h["attempt"], h["watcher"]) for h in feed.item(item)["history"]]
+    history = [(h.outcome, h.attempt, h.watcher) for h in feed.item(item).history]
     assert history == [("given back", 1, running.id), ("done", 2, running.id)]
-    assert "gave its lease up during delivery 1" in feed.item(item)["history"][0]["error"]
+    assert "gave its lease up during delivery 1" in (feed.item(item).history[0].error or "")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from feedproc import Feed, Item, Processor, Response
+from feedproc.core.views import GateProgress
 from feedproc.store import Store
 
 from ..support import HandlerService, history_of, run_cli, statements_observed, wait_status, wait_until, watching
@@ -47,7 +48,7 @@ class SlowFirstAttempt(Processor):
 
 
 def retried_errors(feed: Feed, key: str) -> list[str]:
-    return [e["detail"]["error"] for e in history_of(feed, key, "item_retried")]
+    return [e.detail["error"] for e in history_of(feed, key, "item_retried")]
 
 
 def test_a_call_running_past_the_watchers_item_timeout_is_abandoned_and_retried(db_url: str, feed: Feed) -> None:
@@ -81,8 +82,8 @@ def test_an_item_timing_out_on_every_attempt_fails_with_the_timeout_as_its_error
 
     with watching(db_url, Forever(), max_attempts=2):
         final = wait_status(feed, "hopeless", "failed")
-    assert final["failed_items"][0]["attempts"] == 2
-    assert final["failed_items"][0]["last_error"] == "item timed out after 0.1s"
+    assert final.failed_items[0].attempts == 2
+    assert final.failed_items[0].last_error == "item timed out after 0.1s"
 
 
 def test_an_http_call_running_past_the_item_timeout_is_a_transient_failure(
@@ -146,9 +147,9 @@ def lease_all(store: Store, watcher_id: str, queue: str = "default") -> None:
 
 def test_queue_set_limit_is_stored_and_a_limit_below_1_means_none(feed: Feed) -> None:
     assert feed.set_queue("q", limit=4).limit == 4
-    assert feed.queue("q")["limit"] == 4
+    assert feed.queue("q").limit == 4
     assert feed.set_queue("q", limit=0).limited is False
-    assert feed.queue("q")["limit"] is None
+    assert feed.queue("q").limit is None
 
 
 def test_a_fetch_takes_no_more_than_the_limit_in_slots(feed: Feed, store: Store) -> None:
@@ -159,7 +160,7 @@ def test_a_fetch_takes_no_more_than_the_limit_in_slots(feed: Feed, store: Store)
     register(store, "w1")
     lease_all(store, "w1")
     assert len(store.fetch_ready("w1", 10, slots=SlotClaim("default"))) == 3
-    assert feed.queue("default")["slots_in_use"] == 3
+    assert feed.queue("default").slots_in_use == 3
 
 
 def test_slots_held_by_one_watcher_are_not_given_to_another(feed: Feed, store: Store) -> None:
@@ -199,10 +200,10 @@ def test_the_next_fetch_gives_back_the_slots_of_answered_items(feed: Feed, store
     register(store, "w1")
     lease_all(store, "w1")
     taken = store.fetch_ready("w1", 10, slots=SlotClaim("default"))
-    assert feed.queue("default")["slots_in_use"] == 2
+    assert feed.queue("default").slots_in_use == 2
     # Both calls returned (held 0), no worker is idle: the fetch only hands the slots back.
     assert store.fetch_ready("w1", 0, [i.id for i in taken], slots=SlotClaim("default", held=0)) == []
-    assert feed.queue("default")["slots_in_use"] == 0
+    assert feed.queue("default").slots_in_use == 0
 
 
 def test_a_dead_watchers_slots_come_back_when_its_registration_expires(feed: Feed, store: Store) -> None:
@@ -292,7 +293,7 @@ def test_several_watcher_processes_never_exceed_the_queue_limit_and_reach_it(
     assert meter.peak <= limit
     assert meter.peak == limit  # throughput reaches the limit
     assert mean >= 0.5 * limit, f"mean concurrency {mean:.2f} is far below the limit {limit}"
-    wait_until(lambda: feed.queue("default")["slots_in_use"] == 0, timeout=10, what="the slots to come back")
+    wait_until(lambda: feed.queue("default").slots_in_use == 0, timeout=10, what="the slots to come back")
 
 
 @pytest.mark.slow
@@ -329,7 +330,7 @@ def test_a_killed_watchers_slots_come_back_and_another_watcher_goes_on(
     feed.add_partition("p", [(0, js({"n": i})) for i in range(9)])
     fast = ("--handler", handler.url, "--concurrency", "5", "--poll-interval", "0.05", "--lease-seconds", "2")
     first = watchers.start(*fast)
-    wait_until(lambda: feed.queue("default")["slots_in_use"] == 3, timeout=30, what="the first watcher's 3 slots")
+    wait_until(lambda: feed.queue("default").slots_in_use == 3, timeout=30, what="the first watcher's 3 slots")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
     release.set()
@@ -369,8 +370,8 @@ class ReportsThenWaits(Processor):
         return Response(done=True)
 
 
-def gate_progress(feed: Feed, key: str, gate: int = 0) -> dict[str, Any]:
-    return feed.status(key)["progress"]["gates"][str(gate)]
+def gate_progress(feed: Feed, key: str, gate: int = 0) -> GateProgress:
+    return feed.status(key).progress.gates[str(gate)]
 
 
 def test_python_processor_progress_is_stored_with_the_heartbeat_and_shown_per_gate(db_url: str, feed: Feed) -> None:
@@ -378,16 +379,16 @@ def test_python_processor_progress_is_stored_with_the_heartbeat_and_shown_per_ga
     processor = ReportsThenWaits(0.4)
     with watching(db_url, processor, concurrency=2, lease_seconds=1.5):
         shown = wait_until(
-            lambda: (g := gate_progress(feed, "long"))["in_flight"] == 2 and g,
+            lambda: (g := gate_progress(feed, "long")).in_flight == 2 and g,
             timeout=20,
             what="the progress of two items in flight",
         )
-        assert shown["mean_progress"] == pytest.approx(0.4)
-        assert (shown["done"], shown["total"]) == (0, 3)
+        assert shown.mean_progress == pytest.approx(0.4)
+        assert (shown.done, shown.total) == (0, 3)
         processor.release.set()
         wait_status(feed, "long", "complete")
     final = gate_progress(feed, "long")
-    assert (final["done"], final["total"], final["in_flight"], final["mean_progress"]) == (3, 3, 0, None)
+    assert (final.done, final.total, final.in_flight, final.mean_progress) == (3, 3, 0, None)
 
 
 def test_a_plain_def_processor_may_report_progress_without_await(db_url: str, feed: Feed) -> None:
@@ -401,7 +402,7 @@ def test_a_plain_def_processor_may_report_progress_without_await(db_url: str, fe
             return Response(done=True)
 
     with watching(db_url, Sync(), lease_seconds=1.5):
-        wait_until(lambda: gate_progress(feed, "sync")["mean_progress"] == 0.25, timeout=20, what="progress 0.25")
+        wait_until(lambda: gate_progress(feed, "sync").mean_progress == 0.25, timeout=20, what="progress 0.25")
         release.set()
         wait_status(feed, "sync", "complete")
 
@@ -427,8 +428,8 @@ def test_http_not_yet_answer_with_progress_is_accepted_and_shown(
     handler.behavior = behavior
     feed.add_partition("web", [(0, b"{}")])
     with watching(db_url, HTTPProcessor(handler.url)):
-        wait_until(lambda: gate_progress(feed, "web")["mean_progress"] == 0.4, timeout=20, what="progress 0.4")
-        assert feed.status("web")["items"]["failed"] == 0
+        wait_until(lambda: gate_progress(feed, "web").mean_progress == 0.4, timeout=20, what="progress 0.4")
+        assert feed.status("web").items["failed"] == 0
         asked.set()
         wait_status(feed, "web", "complete")
     assert history_of(feed, "web", "item_retried") == []  # "not yet" is not a failure
@@ -452,9 +453,9 @@ def test_a_progress_report_under_a_lost_lease_is_not_stored(feed: Feed, store: S
     (item,) = store.fetch_ready("w1", 10)
     stale = ProgressReport(item.id, item.partition_id, lease.epoch - 1, item.gate, 0.9)
     store.heartbeat("w1", 30, [stale])
-    assert gate_progress(feed, "p")["mean_progress"] is None
+    assert gate_progress(feed, "p").mean_progress is None
     store.heartbeat("w1", 30, [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, 0.5)])
-    assert gate_progress(feed, "p")["mean_progress"] == 0.5
+    assert gate_progress(feed, "p").mean_progress == 0.5
 
 
 # ---------------------------------------------------------------- time windows
@@ -481,12 +482,13 @@ def test_a_partition_whose_window_is_closed_is_not_dispatched_while_an_open_one_
         wait_status(feed, "now", "complete")
         wait_until(lambda: history_of(feed, "night", "deferred"), timeout=10, what="the closed partition deferred")
     night = feed.status("night")
-    assert night["items"]["available"] == 3 and recorder.attempts == [1, 1, 1]
-    schedule = night["schedule"]
-    assert schedule["window_open"] is False
-    opens = datetime.fromisoformat(schedule["next_window_opens_at"].replace("Z", "+00:00"))
+    assert night.items["available"] == 3 and recorder.attempts == [1, 1, 1]
+    schedule = night.schedule
+    assert schedule.window_open is False
+    assert schedule.next_window_opens_at is not None
+    opens = datetime.fromisoformat(schedule.next_window_opens_at.replace("Z", "+00:00"))
     assert timedelta(minutes=118) < opens - datetime.now(UTC) < timedelta(minutes=121)
-    assert feed.status("now")["schedule"]["window_open"] is True
+    assert feed.status("now").schedule.window_open is True
 
 
 def test_a_queue_window_closed_now_holds_all_its_partitions_until_it_is_removed(db_url: str, feed: Feed) -> None:
@@ -496,7 +498,7 @@ def test_a_queue_window_closed_now_holds_all_its_partitions_until_it_is_removed(
     with watching(db_url, processor):
         time.sleep(1.0)  # many poll intervals (0.05 s): a dispatch would have happened by now
         assert processor.attempts == []
-        assert feed.queue("default")["window_open"] is False
+        assert feed.queue("default").window_open is False
         feed.set_queue("default", clear_windows=True)
         wait_status(feed, "held", "complete")
 
@@ -539,7 +541,7 @@ def test_a_time_zone_without_windows_is_malformed_and_changes_nothing(db_url: st
     assert run_cli(db_url, "status", "job").returncode == 1
     queue = run_cli(db_url, "queue", "set", "q", "--timezone", "Europe/Paris")
     assert queue.returncode == 2 and "--window" in queue.stderr
-    assert feed.queue("q")["timezone"] == "UTC"
+    assert feed.queue("q").timezone == "UTC"
 
 
 def test_progress_is_kept_by_a_not_yet_answer_and_cleared_by_a_transient_failure(feed: Feed, store: Store) -> None:
@@ -551,9 +553,12 @@ def test_progress_is_kept_by_a_not_yet_answer_and_cleared_by_a_transient_failure
     (item,) = store.fetch_ready("w1", 10)
     store.heartbeat("w1", 30, [ProgressReport(item.id, item.partition_id, lease.epoch, item.gate, 0.5)])
     fields: dict[str, Any] = {
-        "item_id": item.id, "partition_id": item.partition_id, "epoch": lease.epoch, "gate": item.gate
+        "item_id": item.id,
+        "partition_id": item.partition_id,
+        "epoch": lease.epoch,
+        "gate": item.gate,
     }
     store.apply("w1", [Outcome(version=item.version, kind=Kind.LATER, progress=0.7, **fields)])
-    assert gate_progress(feed, "p")["mean_progress"] == pytest.approx(0.7)
+    assert gate_progress(feed, "p").mean_progress == pytest.approx(0.7)
     store.apply("w1", [Outcome(version=item.version + 1, kind=Kind.RETRY, attempts=1, error="boom", **fields)])
-    assert (gate_progress(feed, "p")["in_flight"], gate_progress(feed, "p")["mean_progress"]) == (0, None)
+    assert (gate_progress(feed, "p").in_flight, gate_progress(feed, "p").mean_progress) == (0, None)

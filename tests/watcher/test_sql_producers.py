@@ -117,7 +117,7 @@ def test_the_readme_s_sql_producer_runs_as_written_and_its_partition_completes(d
     processor = TwoSteps()
     with watching(db_url, processor):
         final = wait_status(feed, "upload-7", "complete")
-    assert final["items"]["complete"] == 2
+    assert final.items["complete"] == 2
     assert sorted(data for gate, data in processor.seen if gate == 0) == [
         b'{"kind": "folder", "files": ["a.pdf", "b.pdf"]}',
         b'{"kind": "folder", "files": ["c.pdf"]}',
@@ -139,7 +139,7 @@ def test_items_written_with_sql_at_two_gates_cross_the_barrier_in_order(db_url: 
     processor = TwoSteps()
     with watching(db_url, processor):
         final = wait_status(feed, "two-gates", "complete")
-    assert final["items"] == {"total": 4, "available": 0, "complete": 4, "failed": 0, "cancelled": 0}
+    assert final.items == {"total": 4, "available": 0, "complete": 4, "failed": 0, "cancelled": 0}
     gates = [gate for gate, _ in processor.seen]
     assert gates[:3] == [0, 0, 0] and sorted(gates[3:]) == [1, 1, 1, 1]  # no gate-1 call before gate 0 drained
 
@@ -148,9 +148,9 @@ def test_an_item_written_with_sql_into_a_waiting_open_partition_is_dispatched(db
     feed.add_partition("open", [(0, b'{"first": 1}')], sealed=False)
     processor = TwoSteps()
     with watching(db_url, processor):
-        wait_until(lambda: feed.status("open")["items"]["complete"] == 1, what="the first item to complete")
+        wait_until(lambda: feed.status("open").items["complete"] == 1, what="the first item to complete")
         run_sql(db_url, insert_item_sql(db_url, "open", 1, '{"second": 2}'))  # the partition's gate is 1 now
-        wait_until(lambda: feed.status("open")["items"]["complete"] == 2, what="the SQL item to complete")
+        wait_until(lambda: feed.status("open").items["complete"] == 2, what="the SQL item to complete")
         feed.seal("open")
         wait_status(feed, "open", "complete")
     assert (1, b'{"second": 2}') in processor.seen
@@ -165,7 +165,7 @@ def test_an_item_written_with_sql_above_the_current_gate_does_not_make_the_parti
     before = _ready_at(feed, "held")
     run_sql(db_url, insert_item_sql(db_url, "held", 3, "{}"))
     assert _ready_at(feed, "held") == before is not None
-    assert feed.status("held")["gate"] == 0
+    assert feed.status("held").gate == 0
 
 
 def _ready_at(feed: Feed, key: str) -> Any:

@@ -45,12 +45,12 @@ def test_two_prefixes_share_one_database_and_each_watcher_serves_only_its_own(db
         with watching(db_url, served, table_prefix="alpha_"):
             wait_status(alpha, "same-key", "complete")
         assert served.seen == [b'"alpha"']
-        assert beta.status("same-key")["items"]["available"] == 2  # untouched by alpha's watcher
+        assert beta.status("same-key").items["available"] == 2  # untouched by alpha's watcher
         with pytest.raises(KeyError):
             feed.status("same-key")  # the default feed has no such partition
         with watching(db_url, Done(), table_prefix="beta_"):
             wait_status(beta, "same-key", "complete")
-        assert alpha.status("same-key")["items"]["total"] == 1
+        assert alpha.status("same-key").items["total"] == 1
     finally:
         alpha.close()
         beta.close()

@@ -35,8 +35,8 @@ def test_a_processor_that_raises_is_logged_at_each_retry_and_when_it_fails(
     (item,) = feed.items("told")
     retries, failures = records(caplog, "item_retried"), records(caplog, "item_failed")
     assert [(r.levelno, r.key, r.gate, r.item, r.attempt) for r in retries] == [
-        (logging.WARNING, "told", 0, item["id"], 1),
-        (logging.WARNING, "told", 0, item["id"], 2),
+        (logging.WARNING, "told", 0, item.id, 1),
+        (logging.WARNING, "told", 0, item.id, 2),
     ]
     (failed,) = failures
     assert failed.levelno == logging.WARNING and failed.attempt == 3 and failed.error == "KeyError: 'missing'"
@@ -44,9 +44,9 @@ def test_a_processor_that_raises_is_logged_at_each_retry_and_when_it_fails(
     (partition,) = records(caplog, "partition_failed")
     assert partition.levelno == logging.INFO and partition.key == "told"
     assert records(caplog, "leased")[0].key == "told"
-    history = feed.item(item["id"])["history"]
-    assert [h["outcome"] for h in history] == ["retry", "retry", "failed"]
-    assert all("Traceback" in h["error"] and "KeyError: 'missing'" in h["error"] for h in history)
+    history = feed.item(item.id).history
+    assert [h.outcome for h in history] == ["retry", "retry", "failed"]
+    assert all("Traceback" in (h.error or "") and "KeyError: 'missing'" in (h.error or "") for h in history)
 
 
 def test_gate_advances_and_completions_are_logged_at_info(

@@ -10,14 +10,14 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from feedproc import Feed, HTTPProcessor, Item, PermanentError, Processor, Response
 from feedproc.core.pipelines import parse_toml
+from feedproc.core.views import Tolerated
 
-from ..support import HandlerService, wait_status, wait_until, watching
+from ..support import HandlerService, json_of, wait_status, wait_until, watching
 
 PIPELINE = """
 queue = "default"
@@ -45,10 +45,10 @@ def test_a_handler_failing_items_for_good_within_the_tolerance_lets_the_partitio
     feed.add_partition("scan", [*numbered(40), (1, b'{"rank": true}')])
     with watching(db_url, HTTPProcessor(handler.url), concurrency=8):
         status = wait_status(feed, "scan", "complete")
-    assert status["gates"]["0"] == {"available": 0, "complete": 38, "failed": 2, "cancelled": 0}
-    assert status["tolerated"] == {"0": {"failed": 2, "allowed": "5%", "items": 40, "limit": 2, "exceeded": False}}
+    assert status.gates["0"] == {"available": 0, "complete": 38, "failed": 2, "cancelled": 0}
+    assert status.tolerated == {"0": Tolerated(failed=2, allowed="5%", items=40, limit=2, exceeded=False)}
     assert [d.body["data"] for d in handler.of("scan") if d.gate == 1] == [{"rank": True}], "gate 1 never ran"
-    assert {f["last_error"][:8] for f in status["failed_items"]} == {"HTTP 400"}
+    assert {(f.last_error or "")[:8] for f in status.failed_items} == {"HTTP 400"}
 
 
 class Holding:
@@ -118,7 +118,7 @@ def test_crossing_the_tolerance_stops_the_partition_promptly_and_aborts_its_requ
     feed.add_partition("p", numbered(20), tolerate="2")
     with watching(db_url, HTTPProcessor(holding.url, timeout=120), concurrency=6) as running:
         status = wait_status(feed, "p", "failed", timeout=30)
-        assert status["items"]["failed"] == 3 and status["items"]["cancelled"] == 17
+        assert status.items["failed"] == 3 and status.items["cancelled"] == 17
         wait_until(
             lambda: holding.held and holding.aborted == holding.held, timeout=10, what="the held requests aborted"
         )
@@ -130,11 +130,11 @@ def test_crossing_the_tolerance_stops_the_partition_promptly_and_aborts_its_requ
         wait_until(lambda: not running.watcher.inflight, timeout=10, what="the cancelled calls' outcomes handled")
         assert running.watcher.fatal is None
     after = feed.status("p")
-    assert (after["status"], after["items"]) == (status["status"], status["items"]), "a late answer changed it"
+    assert (after.status, after.items) == (status.status, status.items), "a late answer changed it"
     for item_id in holding.held:  # the cancellation is their last word: nothing of the aborted calls was written
         item = feed.item(item_id)
-        assert item["status"] == "cancelled" and [h["outcome"] for h in item["history"]] == ["cancelled"]
-        assert item["last_error"] == "cancelled: 3 of 20 items failed at gate 0, more than the 2 tolerated"
+        assert item.status == "cancelled" and [h.outcome for h in item.history] == ["cancelled"]
+        assert item.last_error == "cancelled: 3 of 20 items failed at gate 0, more than the 2 tolerated"
 
 
 def test_a_late_answer_of_an_item_cancelled_by_a_crossing_is_dropped(db_url: str, feed: Feed) -> None:
@@ -143,7 +143,7 @@ def test_a_late_answer_of_an_item_cancelled_by_a_crossing_is_dropped(db_url: str
 
     class Stubborn(Processor):
         def process(self, item: Item) -> Response:
-            n = json.loads(item.data)["n"]
+            n = json_of(item.data)["n"]
             if n == 0:
                 started.set()
                 release.wait(30)
@@ -158,8 +158,8 @@ def test_a_late_answer_of_an_item_cancelled_by_a_crossing_is_dropped(db_url: str
         (slow,) = feed.items("p", status="cancelled")
         release.set()
         assert returned.wait(30)
-        wait_until(lambda: slow["id"] not in running.watcher.inflight, timeout=10, what="its outcome handled")
+        wait_until(lambda: slow.id not in running.watcher.inflight, timeout=10, what="its outcome handled")
         assert running.watcher.fatal is None
-    item: dict[str, Any] = feed.item(slow["id"])
-    assert item["status"] == "cancelled" and [h["outcome"] for h in item["history"]] == ["cancelled"]
-    assert feed.status("p")["status"] == "failed"
+    item = feed.item(slow.id)
+    assert item.status == "cancelled" and [h.outcome for h in item.history] == ["cancelled"]
+    assert feed.status("p").status == "failed"

@@ -202,7 +202,7 @@ def test_a_batch_is_one_span_whose_traceparent_its_request_carries(
     handler.behavior = lambda body: (200, {"answers": [{"done": True} for _ in body["items"]]})
     with Feed(db_url) as feed:
         feed.add_partition("batched", [(0, b"{}")] * 5)
-        ids = [item["id"] for item in feed.items("batched")]
+        ids = [item.id for item in feed.items("batched")]
         with watching(db_url, HTTPProcessor(handler.url), batch=5, batch_wait=0.3, concurrency=1):
             wait_status(feed, "batched", "complete")
     [batch] = [s for s in spans(provider) if s.name == "feedproc.deliver_batch"]

@@ -27,7 +27,7 @@ from feedproc.store import Store
 from feedproc.store.foundations import db_now, seconds_from_now
 from feedproc.store.schema import items, partitions
 
-from ..support import WatcherThread, history_of, wait_status, wait_until, watching
+from ..support import WatcherThread, history_of, lease_of, wait_status, wait_until, watching
 
 # ---------------------------------------------------------------- running a watcher in a thread
 
@@ -133,9 +133,9 @@ def test_fan_out_children_then_fan_in_behind_the_gate_barrier(db_url: str, feed:
     with watching(db_url, FanOut(recorder, width=6), concurrency=8):
         final = wait_status(feed, "fan", "complete")
 
-    assert final["items"]["total"] == 7
-    assert final["items"]["complete"] == 7
-    assert final["gate"] == 2
+    assert final.items["total"] == 7
+    assert final.items["complete"] == 7
+    assert final.gate == 2
     root_first, children, root_last = recorder.of(gate=0), recorder.of(gate=1), recorder.of(gate=2)
     assert len(root_first) == 1 and len(root_last) == 1
     assert sorted(c.data["child"] for c in children) == list(range(6))
@@ -202,10 +202,10 @@ def test_exception_is_a_transient_failure_retried_with_backoff_then_success(db_u
     assert [c.attempt for c in calls] == [1, 2, 3]
     assert calls[1].start - calls[0].ended >= 0.2 - 0.01
     assert calls[2].start - calls[1].ended >= 0.4 - 0.01
-    assert final["failed_items"] == []
+    assert final.failed_items == ()
     retried = history_of(feed, "flaky", "item_retried")
-    assert [e["detail"]["attempts"] for e in retried] == [1, 2]
-    assert retried[0]["detail"]["error"] == "ValueError: flaky on attempt 1"
+    assert [e.detail["attempts"] for e in retried] == [1, 2]
+    assert retried[0].detail["error"] == "ValueError: flaky on attempt 1"
 
 
 def test_running_out_of_attempts_fails_the_item_with_its_last_error(db_url: str, feed: Feed) -> None:
@@ -215,9 +215,9 @@ def test_running_out_of_attempts_fails_the_item_with_its_last_error(db_url: str,
         final = wait_status(feed, "hopeless", "failed")
 
     assert [c.attempt for c in recorder.of("hopeless")] == [1, 2, 3]
-    [failed] = final["failed_items"]
-    assert failed["attempts"] == 3
-    assert failed["last_error"] == "ValueError: flaky on attempt 3"
+    [failed] = final.failed_items
+    assert failed.attempts == 3
+    assert failed.last_error == "ValueError: flaky on attempt 3"
 
 
 class Strict(Processor):
@@ -240,11 +240,9 @@ def test_permanent_error_fails_item_and_partition_and_retry_then_completes(db_ur
     processor = Strict(recorder)
     with watching(db_url, processor, max_attempts=5):
         failed = wait_status(feed, "strict", "failed")
-        assert failed["gate"] == 0
-        assert [(f["gate"], f["attempts"], f["last_error"]) for f in failed["failed_items"]] == [
-            (0, 1, "bad input: not ok")
-        ]
-        assert failed["items"] == {"total": 3, "available": 1, "complete": 1, "failed": 1, "cancelled": 0}
+        assert failed.gate == 0
+        assert [(f.gate, f.attempts, f.last_error) for f in failed.failed_items] == [(0, 1, "bad input: not ok")]
+        assert failed.items == {"total": 3, "available": 1, "complete": 1, "failed": 1, "cancelled": 0}
         assert recorder.of("strict", gate=1) == []  # the failed gate holds the partition back
         assert len(recorder.of("strict", gate=0)) == 2  # one delivery each: no retry of a permanent failure
 
@@ -252,8 +250,8 @@ def test_permanent_error_fails_item_and_partition_and_retry_then_completes(db_ur
         assert feed.retry("strict") == 1
         final = wait_status(feed, "strict", "complete")
 
-    assert final["items"]["complete"] == 3
-    assert final["failed_items"] == []
+    assert final.items["complete"] == 3
+    assert final.failed_items == ()
     assert len(recorder.of("strict", gate=1)) == 1
     assert Counter(c.data["ok"] for c in recorder.of("strict", gate=0)) == {False: 2, True: 1}
 
@@ -340,8 +338,8 @@ def test_a_watcher_full_of_waiting_partitions_still_serves_ready_ones(db_url: st
     with watching(db_url, NotYetForHours(), max_partitions=2):
         wait_status(feed, "ready", "complete", timeout=15)
         waiting = wait_status(feed, "wait-1", "available", history=50)
-    assert waiting["items"]["available"] == 1 and waiting["failed_items"] == []
-    assert any(e["kind"] == "released" for e in waiting["history"])
+    assert waiting.items["available"] == 1 and waiting.failed_items == ()
+    assert any(e.kind == "released" for e in waiting.history or ())
 
 
 # ---------------------------------------------------------------- leases
@@ -391,11 +389,11 @@ def test_lost_lease_late_answer_changes_nothing_and_partition_is_no_longer_dispa
         wait_until(lambda: not first.watcher.inflight, what="the late answer to be flushed")
 
     taken = feed.status("taken", history=100)
-    assert taken["status"] == "available"
-    assert taken["items"]["complete"] == 0  # the late "done" was discarded
-    assert taken["items"]["available"] == 3
-    assert taken["lease"]["owner"] == "thief"
-    assert [e["kind"] for e in taken["history"] if e["kind"] in ("completed", "item_retried", "item_failed")] == []
+    assert taken.status == "available"
+    assert taken.items["complete"] == 0  # the late "done" was discarded
+    assert taken.items["available"] == 3
+    assert lease_of(taken).owner == "thief"
+    assert [e.kind for e in taken.history or () if e.kind in ("completed", "item_retried", "item_failed")] == []
     assert len(recorder.of("taken")) == 1  # never dispatched again by the first watcher
     with store.read() as conn:
         states = conn.execute(
@@ -414,7 +412,7 @@ def add_partitions(feed: Feed, prefix: str, count: int, size: int) -> list[str]:
 
 def wait_all_leased_by(feed: Feed, keys: list[str], watcher: WatcherThread) -> None:
     wait_until(
-        lambda: all((feed.status(k)["lease"] or {}).get("owner") == watcher.id for k in keys),
+        lambda: all(getattr(feed.status(k).lease, "owner", None) == watcher.id for k in keys),
         what=f"watcher {watcher.id} to lease every partition",
     )
 
@@ -483,10 +481,10 @@ def test_stop_releases_leases_at_once_and_another_watcher_finishes_long_before_e
     stopped = time.monotonic()
 
     after_stop = feed.status("handover", history=50)
-    assert after_stop["lease"] is None
-    yielded = [e for e in after_stop["history"] if e["kind"] == "yielded"]
-    assert [e["watcher"] for e in yielded] == [first.id]
-    assert after_stop["items"]["available"] > 0
+    assert after_stop.lease is None
+    yielded = [e for e in after_stop.history or () if e.kind == "yielded"]
+    assert [e.watcher for e in yielded] == [first.id]
+    assert after_stop.items["available"] > 0
 
     with watching(db_url, Slow(recorder, 0.1, "second"), concurrency=4, lease_seconds=lease_seconds):
         wait_status(feed, "handover", "complete", timeout=lease_seconds)
@@ -506,12 +504,12 @@ def test_stop_writes_the_answer_of_the_item_in_flight_before_releasing(db_url: s
     [call] = recorder.calls
     assert call.end is not None
     after_stop = feed.status("inflight")
-    assert after_stop["lease"] is None
-    assert after_stop["items"]["complete"] == 1, (
+    assert after_stop.lease is None
+    assert after_stop.items["complete"] == 1, (
         f"the answer of item {call.item_id}, finished during the grace period, was not written before the "
         "lease was released: it will be delivered again"
     )
-    assert after_stop["items"]["available"] == 1
+    assert after_stop.items["available"] == 1
 
 
 @pytest.mark.postgres_only
@@ -554,10 +552,10 @@ def test_answer_held_up_by_a_database_blip_is_written_on_stop(db_url: str, feed:
         running.stop()
 
     after_stop = feed.status("blip", history=50)
-    assert after_stop["lease"] is None
-    assert after_stop["items"]["complete"] == 1, (
+    assert after_stop.lease is None
+    assert after_stop.items["complete"] == 1, (
         "the answer that was waiting for its write when stop() came was dropped: "
-        f"{after_stop['items']}, history {[e['kind'] for e in after_stop['history']]}"
+        f"{after_stop.items}, history {[e.kind for e in after_stop.history or ()]}"
     )
 
 

@@ -21,7 +21,7 @@ from feedproc.store import Store
 from feedproc.store.schema import items, partitions
 from feedproc.watcher import delivery as watcher_module  # where a delivery's answer is read
 
-from ..support import WatcherThread, wait_status, wait_until, watching
+from ..support import WatcherThread, json_of, wait_status, wait_until, watching
 
 
 class Numbered(Processor):
@@ -36,7 +36,7 @@ def add(feed: Feed, key: str, count: int = 20) -> None:
 
 
 def item_id(feed: Feed, key: str, n: int) -> int:
-    return next(i["id"] for i in feed.items(key) if json.loads(i["data"]) == {"n": n})
+    return next(i.id for i in feed.items(key) if json_of(i.data) == {"n": n})
 
 
 class Times:
@@ -68,9 +68,9 @@ def test_an_answer_the_rules_cannot_read_fails_its_item_transiently(
     with watching(db_url, Numbered()):
         wait_status(feed, "good", "complete")
         wait_status(feed, "bad", "complete")
-    history = feed.item(target)["history"]
-    assert [h["outcome"] for h in history] == ["retry", "done"]
-    assert "injected: validation" in history[0]["error"] and "Traceback" in history[0]["error"]
+    history = feed.item(target).history
+    assert [h.outcome for h in history] == ["retry", "done"]
+    assert "injected: validation" in (history[0].error or "") and "Traceback" in (history[0].error or "")
 
 
 def test_an_answer_that_cannot_be_encoded_fails_its_item_and_the_batch_is_written(
@@ -91,9 +91,9 @@ def test_an_answer_that_cannot_be_encoded_fails_its_item_and_the_batch_is_writte
     with watching(db_url, Numbered()):
         wait_status(feed, "good", "complete")
         wait_status(feed, "bad", "complete")
-    history = feed.item(target)["history"]
-    assert [h["outcome"] for h in history] == ["retry", "done"]
-    assert "the answer could not be written" in history[0]["error"]
+    history = feed.item(target).history
+    assert [h.outcome for h in history] == ["retry", "done"]
+    assert "the answer could not be written" in (history[0].error or "")
 
 
 def test_a_database_write_that_fails_for_one_answer_fails_only_that_item(
@@ -116,10 +116,10 @@ def test_a_database_write_that_fails_for_one_answer_fails_only_that_item(
     with watching(db_url, Numbered()):
         wait_status(feed, "good", "complete")
         wait_status(feed, "bad", "complete")
-    (failed, done) = feed.item(target)["history"]
-    assert failed["outcome"] == "retry" and "injected: the database refused the row" in failed["error"]
-    assert done["outcome"] == "done"
-    assert feed.status("bad")["items"]["complete"] == 20
+    (failed, done) = feed.item(target).history
+    assert failed.outcome == "retry" and "injected: the database refused the row" in (failed.error or "")
+    assert done.outcome == "done"
+    assert feed.status("bad").items["complete"] == 20
 
 
 def test_an_error_holding_nul_is_recorded_escaped_and_its_batch_is_written(db_url: str, feed: Feed) -> None:
@@ -136,11 +136,11 @@ def test_an_error_holding_nul_is_recorded_escaped_and_its_batch_is_written(db_ur
 
     with watching(db_url, FailsOnceWithNul()):
         wait_status(feed, "p", "complete")
-    (failed, done) = feed.item(target)["history"]
-    assert failed["outcome"] == "retry" and "ValueError: bad\\u0000byte" in failed["error"]
-    assert "could not be written" not in failed["error"] and "[SQL" not in failed["error"]
-    assert done["outcome"] == "done"
-    assert all(i["deliveries"] == 1 for i in feed.items("p") if i["id"] != target)  # none delivered twice
+    (failed, done) = feed.item(target).history
+    assert failed.outcome == "retry" and "ValueError: bad\\u0000byte" in (failed.error or "")
+    assert "could not be written" not in (failed.error or "") and "[SQL" not in (failed.error or "")
+    assert done.outcome == "done"
+    assert all(i.deliveries == 1 for i in feed.items("p") if i.id != target)  # none delivered twice
 
 
 def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
@@ -165,7 +165,7 @@ def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
         def emit(self, record: logging.LogRecord) -> None:
             if "letting the partition go" in record.getMessage() and record.levelno == logging.ERROR:
                 let_go.set()
-                if feed.status("good")["status"] == "complete":
+                if feed.status("good").status == "complete":
                     broken.clear()
 
     logger, heal = logging.getLogger("feedproc.watcher"), Heal()
@@ -177,8 +177,8 @@ def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
     finally:
         logger.removeHandler(heal)
     assert let_go.is_set()
-    history = feed.item(item_id(feed, "bad", 1))["history"]
-    assert "could not write the answer of delivery 1: RuntimeError: injected: settle" in history[0]["error"]
+    history = feed.item(item_id(feed, "bad", 1)).history
+    assert "could not write the answer of delivery 1: RuntimeError: injected: settle" in (history[0].error or "")
 
 
 def test_a_watcher_whose_writes_keep_failing_stops_and_lets_its_leases_go(
@@ -194,7 +194,7 @@ def test_a_watcher_whose_writes_keep_failing_stops_and_lets_its_leases_go(
     try:
         wait_until(lambda: not running.thread.is_alive(), timeout=30, what="the watcher to give up")
         assert running.watcher.fatal is not None and "injected: every write fails" in running.watcher.fatal
-        assert feed.status("p")["lease"] is None  # released on the way out
+        assert feed.status("p").lease is None  # released on the way out
     finally:
         running.stop()
 

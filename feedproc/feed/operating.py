@@ -1,0 +1,105 @@
+"""`Feed`, operating: retry, cancel, skip and checkpoint partitions and items, clean finished ones up,
+and set a queue's limit, windows, mode, pause and accumulate rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core.records import QueueSettings
+from .base import retried
+from .reading import Reading
+
+
+class Operating(Reading):
+    """Acting on partitions, items and queues (retries, cancels, cleanup, queue settings)."""
+
+    @retried
+    def retry(self, key: str) -> int:
+        """Put a failed partition and its failed items (attempts reset) back to work."""
+        return self.store.retry(key)
+
+    def retry_failed(
+        self, *, queue: str | None = None, prefix: str | None = None, error: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Retry failed partitions in bulk: up to `limit` (at most 500) of them, filtered as in
+        `partitions`, each in its own transaction. Returns `{"key", "retried": items}` per partition;
+        one that stopped being failed meanwhile is left out."""
+        from ..core.errors import Refused
+
+        limit = max(1, min(limit, 500))
+        done = []
+        for partition in self.partitions(status="failed", queue=queue, prefix=prefix, error=error, limit=limit):
+            try:
+                done.append({"key": partition.key, "retried": self.retry(partition.key)})
+            except Refused:
+                continue
+        return done
+
+    @retried
+    def cancel(self, key: str) -> None:
+        """Cancel `key` and its available items; refused for a complete partition."""
+        self.store.cancel(key)
+
+    @retried
+    def act_on_items(
+        self,
+        action: str,
+        *,
+        ids: Sequence[int] | None = None,
+        key: str | None = None,
+        gate: int | None = None,
+        by: str = "python",
+    ) -> dict[str, Any]:
+        """Retry (due now, attempts reset), skip (complete without processing) or cancel items:
+        those named by `ids`, or every failed or available item of partition `key` (at `gate`).
+        Recorded in each item's deliveries and the partition's history with `by`; a call in
+        progress for a skipped or cancelled item is cancelled. Refused (nothing changes) when a
+        named item is not failed or available, or its partition is finished."""
+        return self.store.act_on_items(action, ids=ids, key=key, gate=gate, by=by)
+
+    @retried
+    def checkpoint(self, key: str) -> int:
+        """Advance a manual-checkpoint partition whose gate has drained; returns its new gate."""
+        return self.store.checkpoint(key)
+
+    @retried
+    def cleanup(self, older_than: float, *, include_failed: bool = False, dry_run: bool = False) -> dict[str, int]:
+        """Delete complete and cancelled (and, if asked, failed) partitions last changed more than
+        `older_than` seconds ago, with their items and history, in bounded batches; with
+        `dry_run`, count what would go and delete nothing."""
+        statuses = ("complete", "cancelled", "failed") if include_failed else ("complete", "cancelled")
+        return self.store.cleanup(older_than, statuses=statuses, dry_run=dry_run)
+
+    @retried
+    def set_queue(
+        self,
+        name: str,
+        *,
+        limit: int | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        clear_windows: bool = False,
+        mode: str | None = None,
+        paused: bool | None = None,
+        accumulate: Mapping[str, str] | None = None,
+        by: str = "python",
+    ) -> QueueSettings:
+        """Store a queue's global concurrency limit (sum of weights in flight across all watchers
+        and workers; < 1 means none), its windows of the day and/or its mode ("push": watchers
+        deliver its items; "pull": workers claim them) and/or whether it is `paused` (nothing new is
+        dispatched or claimed, fleet-wide; in-flight items finish) and/or how answers' `accumulate`
+        numbers merge in its partitions ({"pages": "sum"}: sum, min, max or count; a pipeline gate's
+        own declaration wins for its answers; {} removes it); arguments left None keep their
+        value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
+        return self.store.set_queue(
+            name,
+            limit=limit,
+            windows=windows,
+            window_tz=window_tz,
+            clear_windows=clear_windows,
+            mode=mode,
+            paused=paused,
+            accumulate=accumulate,
+            by=by,
+        )

@@ -1,0 +1,98 @@
+"""`Feed`, producing: partitions and items added, sealed; the pipelines that name a queue's gates and
+schedule its partitions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from ..core.pipelines import PipelineSpec
+from .base import FeedBase, ItemLike, retried
+
+
+class Producing(FeedBase):
+    """Adding work: partitions, items, pipelines and their schedules."""
+
+    @retried
+    def add_partition(
+        self,
+        key: str,
+        items: Iterable[ItemLike] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        tolerate: str | int | None = None,
+    ) -> int:
+        """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
+
+        Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
+        input; nothing is written then. Returns the number of items added. Scheduling controls:
+        `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
+        (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
+        `tolerate`: failed items each of its gates lets pass without failing it, `"5%"` of the
+        gate's items or a count (over its queue's pipeline gates' own `tolerate`).
+        """
+        with self.gate_naming(queue=queue):  # {"gate": "ocr"}
+            return self.store.add_partition(
+                key,
+                items,
+                queue=queue,
+                priority=priority,
+                sealed=sealed,
+                manual_checkpoint=manual_checkpoint,
+                not_before=not_before,
+                weight=weight,
+                item_timeout=item_timeout,
+                windows=windows,
+                window_tz=window_tz,
+                tolerate=tolerate,
+            )
+
+    @retried
+    def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
+        """Add items to an open partition; refused if it is sealed or finished, or a gate is too low.
+        A gate may be given by its name in the partition's queue's pipeline."""
+        with self.gate_naming(key=key):
+            return self.store.add_items(key, items)
+
+    @retried
+    def seal(self, key: str) -> None:
+        """Declare that no more items will be added to `key`."""
+        self.store.seal(key)
+
+    @retried
+    def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:
+        """Store `spec` as its queue's pipeline (see `core.pipelines`); returns it with its version,
+        unchanged when the stored one is the same. Running watchers follow it within a poll interval."""
+        return self.store.apply_pipeline(spec, by=by)
+
+    def pipeline(self, queue: str) -> PipelineSpec | None:
+        """A queue's stored pipeline, or None."""
+        return self.store.pipeline(queue)
+
+    def pipelines(self) -> list[PipelineSpec]:
+        """Every stored pipeline."""
+        return self.store.pipelines()
+
+    @retried
+    def remove_pipeline(self, queue: str) -> bool:
+        """Remove a queue's pipeline and its schedules; returns whether it had one."""
+        return self.store.remove_pipeline(queue)
+
+    def gate_names(self, queue: str) -> dict[int, str]:
+        """Gate number -> name in a queue's pipeline (empty without one): for showing gates."""
+        spec = self.store.pipeline(queue)
+        return spec.numbers if spec is not None else {}
+
+    @retried
+    def fire_schedules(self, queue: str, now: datetime | None = None) -> list[str]:
+        """Create the partitions of `queue`'s schedules whose tick is due at `now` (None: the
+        database's clock), each tick's once however many callers; returns the keys created."""
+        return self.store.fire_schedules(queue, now)
