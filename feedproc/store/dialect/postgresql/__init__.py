@@ -18,10 +18,10 @@ from sqlalchemy.engine import Connection
 
 from ....core.records import Outcome, ProgressReport, ReadyItem
 from ...answers import with_results
-from ...foundations import db_minute, pg_bigint_array
+from ...foundations import pg_bigint_array
 from ...gating import ITEM_COLUMNS
-from ...schema import stats
 from .. import AccumulatorRow
+from ..sqlite import add_to_stats_by
 from .statements import (
     NOTIFY,
     NOTIFY_FINISHED,
@@ -72,14 +72,7 @@ class PostgreSQLDialect:
         SQLITE.insert_stamped(conn, table, rows, now)  # an executemany of one INSERT, as SQLite's
 
     def add_to_stats(self, conn: Connection, queue: str, source: str, values: Mapping[str, int]) -> None:
-        statement = pg_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-        excluded = statement.excluded
-        conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["bucket", "queue", "source"],
-                set_={k: stats.c[k] + excluded[k] for k in values},
-            )
-        )
+        add_to_stats_by(pg_upsert, conn, queue, source, values)  # SQLite's ON CONFLICT, PostgreSQL's insert
 
     def insert_partition(self, conn: Connection, statement: Insert) -> int:
         return SQLITE.insert_partition(conn, statement)  # INSERT ... RETURNING, as SQLite's

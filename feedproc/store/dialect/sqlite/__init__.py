@@ -11,7 +11,7 @@ The statements, with what explains each one's shape, are in `statements.py`; the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -78,14 +78,7 @@ class SQLiteDialect:
             conn.execute(insert(table).values({column: db_now() for column in now}), rows)
 
     def add_to_stats(self, conn: Connection, queue: str, source: str, values: Mapping[str, int]) -> None:
-        statement = sqlite_upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
-        excluded = statement.excluded
-        conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["bucket", "queue", "source"],
-                set_={k: stats.c[k] + excluded[k] for k in values},
-            )
-        )
+        add_to_stats_by(sqlite_upsert, conn, queue, source, values)
 
     def insert_partition(self, conn: Connection, statement: Insert) -> int:
         return int(conn.execute(statement.returning(P.id)).scalar_one())
@@ -249,3 +242,18 @@ class SQLiteDialect:
 
     def deletable(self, chunk: Select[Any]) -> Select[Any]:
         return chunk
+
+
+def add_to_stats_by(
+    upsert: Callable[[Table], Any], conn: Connection, queue: str, source: str, values: Mapping[str, int]
+) -> None:
+    """Add `values` to this minute's stats row, creating it: INSERT ... ON CONFLICT DO UPDATE, which
+    SQLite and PostgreSQL spell alike, each with its own dialect's `insert` (`upsert`)."""
+    statement = upsert(stats).values(bucket=db_minute(), queue=queue, source=source[:120], **values)
+    excluded = statement.excluded
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=["bucket", "queue", "source"],
+            set_={k: stats.c[k] + excluded[k] for k in values},
+        )
+    )
