@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -196,6 +197,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
     from playwright.sync_api import expect
 
     broken = {"on": True}
+    seen_running = threading.Event()
 
     def behave(body: dict[str, Any]) -> tuple[Any, ...]:
         if body["partition"] == "scans/bad" and broken["on"]:
@@ -206,10 +208,11 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
                 }
             }
             return 200, raise_for
-        # two seconds each: every delivery spans a heartbeat (every 5/3 s), which records its start,
-        # and is still running at the page's next refresh (every 2 s); at one second the running
-        # view's "elapsed" was missed now and then on a loaded machine (MariaDB, CI)
-        return 200, {"done": True}, {}, 2.0
+        # Held until the page has shown a running delivery's "elapsed" (or 30 s): a heartbeat (every
+        # 5/3 s) must record its start and a refresh of the page (every 2 s) must come after it; a
+        # fixed two seconds each was missed now and then on a loaded machine (PostgreSQL, CI).
+        seen_running.wait(30)
+        return 200, {"done": True}
 
     handler.behavior = behave
     feed.add_partition("scans/bad", [(0, b'{"file": "locked.pdf", "pages": [1, 2, 3]}'), (0, b'{"file": "ok.pdf"}')])
@@ -224,6 +227,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         expect(page.locator("table.running tbody tr[data-item]").first).to_be_visible(timeout=60_000)
         expect(page.locator("table.running td.elapsed span[title^='since']").first).to_be_visible(timeout=30_000)
         screenshot(page, "dashboard-running.png")
+        seen_running.set()
 
         bad = wait_until(lambda: feed.items("scans/bad", status="failed") or None, what="the locked PDF to fail")[0]
         page.goto(f"{serve.url}/items/{bad.id}")
@@ -251,6 +255,7 @@ def test_running_view_item_retry_and_queue_pause_in_a_browser(
         expect(queue).to_have_attribute("data-paused", "no", timeout=10_000)
         wait_status(feed, "scans/big", "complete", timeout=120)
     finally:
+        seen_running.set()  # no handler thread left waiting
         serve.stop()
 
 
