@@ -127,7 +127,8 @@ class StoreBase:
         its table prefix, SQLite's BEGIN IMMEDIATE, MariaDB's ANSI quoting and UTC session)."""
         if not isinstance(conn, Connection):
             raise TypeError(f"connection must be a SQLAlchemy Connection, not {type(conn).__name__}")
-        if conn.closed or not conn.in_transaction():
+        autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        if conn.closed or not conn.in_transaction() or autocommit:
             raise InvalidInput("the connection has no transaction begun: pass one inside `with feed.begin() as conn:`")
         if conn.engine.url != self.engine.url:
             raise InvalidInput(

@@ -33,7 +33,7 @@ def rows(feed: Feed, table: str) -> int:
 
 
 def feedproc_rows(feed: Feed) -> dict[str, int]:
-    return {table: rows(feed, f"feedproc_{table}") for table in ("partitions", "items", "events")}
+    return {table: rows(feed, f"feedproc_{table}") for table in ("partitions", "items", "events", "stats")}
 
 
 class Abort(Exception):
@@ -122,6 +122,16 @@ def test_a_connection_without_a_transaction_is_refused(feed: Feed) -> None:
         feed.add_partition("loose", ITEMS, connection=conn)
     with pytest.raises(NotFound):
         feed.status("loose")
+
+
+def test_an_autocommit_connection_is_refused(feed: Feed) -> None:
+    """Each of its statements would commit on its own: no transaction of the caller's to join."""
+    with feed.store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with conn.begin(), pytest.raises(InvalidInput, match="no transaction begun"):
+            feed.add_partition("autocommitted", ITEMS, connection=conn)
+    with pytest.raises(NotFound):
+        feed.status("autocommitted")
 
 
 def test_what_is_not_a_connection_is_a_type_error(feed: Feed) -> None:
