@@ -29,8 +29,9 @@ def retried(call: F) -> F:
     once, when a write was refused as read-only: the store has closed its connections then, and a
     session opened while the database was read-only stays so after it takes writes again
     (PostgreSQL's default_transaction_read_only, SQLite's read-only storage). Never when the call
-    runs in the caller's transaction (a `connection=` keyword): the error is the caller's to handle. Tenacity takes over
-    only after a failure: its decorator costs 11 us a call, on the worker API's claims too."""
+    runs in the caller's transaction (a `connection=` keyword): the error is the caller's to handle.
+    Tenacity takes over only after a failure: its decorator costs 11 us a call, on the worker API's
+    claims too."""
     again = tenacity.retry(
         retry=tenacity.retry_if_exception_type(DatabaseConflict),
         stop=tenacity.stop_after_attempt(CONFLICT_RETRIES),
