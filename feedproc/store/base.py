@@ -265,6 +265,16 @@ def this_process(role: str) -> str:
     return f"{role}:{socket.gethostname()[:80]}:{os.getpid()}"
 
 
+def this_thread(role: str) -> str:
+    """A `feedproc_stats` source for this thread: `role:host:pid:thread`. Producers count their adds
+    here: an add in a caller's transaction holds its counter row until the caller commits, and with
+    one row per process every other thread's add to that queue waited for that commit (measured on
+    PostgreSQL: a transaction held open 2.0 s made another thread's add wait 2.05 s)."""
+    import threading
+
+    return f"{this_process(role)}:{threading.get_native_id()}"
+
+
 def event(
     pid: int,
     kind: str,

@@ -30,7 +30,7 @@ from .base import (
     NO_LEASE,
     I,
     P,
-    this_process,
+    this_thread,
 )
 from .foundations import db_now
 from .gating import CROSSED, GateWriter
@@ -133,7 +133,7 @@ class Producing(GateWriter):
         if first_gate != 0:  # inserted at gate 0, where most partitions start
             conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
         self._event(conn, pid, "created", detail={"items": count, "gate": first_gate, **(detail or {})})
-        self._tally(conn, queue, this_process(source), {"added": count})
+        self._tally(conn, queue, this_thread(source), {"added": count})
         self._settle(conn, pid, failed_now=False)
         return count
 
@@ -148,7 +148,7 @@ class Producing(GateWriter):
                 raise Refused(f"partition {key!r} is sealed: no items can be added")
             count, _ = self._insert_items(conn, row.id, new_items, partition_gate=row.gate)
             self._event(conn, row.id, "items_added", detail={"items": count})
-            self._tally(conn, row.queue, this_process("producer"), {"added": count})
+            self._tally(conn, row.queue, this_thread("producer"), {"added": count})
             self._settle(conn, row.id, failed_now=False)
             return count
 
@@ -185,7 +185,7 @@ class Producing(GateWriter):
             ).rowcount
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
-            self._tally(conn, row.queue, this_process("producer"), {"added": count})  # back in the backlog
+            self._tally(conn, row.queue, this_thread("producer"), {"added": count})  # back in the backlog
             self._settle(conn, row.id, failed_now=False)
             return count
 

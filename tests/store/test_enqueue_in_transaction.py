@@ -5,6 +5,7 @@ only feedproc's part, and a connection that is not this feed's database and tabl
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +199,22 @@ def test_a_rollback_notifies_no_one_and_a_commit_wakes_listeners(feed: Feed) -> 
             if note.payload == "committed":
                 break
     assert heard == ["committed"]
+
+
+@pytest.mark.servers_only  # SQLite has one write lock: any open write transaction holds it
+def test_an_add_held_open_in_one_thread_does_not_hold_up_another_threads_add(feed: Feed) -> None:
+    """Each thread counts its adds on a row of its own: one row per process made every other
+    thread's add to the queue wait for the open transaction's commit."""
+    added = threading.Event()
+
+    def add_meanwhile() -> None:
+        feed.add_partition("meanwhile", ITEMS)
+        added.set()
+
+    with feed.begin() as conn:
+        feed.add_partition("held-open", ITEMS, connection=conn)
+        other = threading.Thread(target=add_meanwhile)
+        other.start()
+        assert added.wait(10), "the other thread's add waited for this transaction"
+    other.join()
+    assert feed.status("held-open").status == feed.status("meanwhile").status == "available"
