@@ -28,8 +28,10 @@ def retried(call: F) -> F:
     deadlock rolled everything back, and running it again is what the database asks for); once, at
     once, when a write was refused as read-only: the store has closed its connections then, and a
     session opened while the database was read-only stays so after it takes writes again
-    (PostgreSQL's default_transaction_read_only, SQLite's read-only storage). Tenacity takes over
-    only after a failure: its decorator costs 11 us a call, on the worker API's claims too."""
+    (PostgreSQL's default_transaction_read_only, SQLite's read-only storage). Never when the call
+    runs in the caller's transaction (a `connection=` keyword): the error is the caller's to handle.
+    Tenacity takes over only after a failure: its decorator costs 11 us a call, on the worker API's
+    claims too."""
     again = tenacity.retry(
         retry=tenacity.retry_if_exception_type(DatabaseConflict),
         stop=tenacity.stop_after_attempt(CONFLICT_RETRIES),
@@ -39,6 +41,11 @@ def retried(call: F) -> F:
 
     @functools.wraps(call)
     def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("connection") is not None:
+            # In the caller's transaction: a conflict may have rolled all of it back (MariaDB does,
+            # on a deadlock), so running feedproc's part again alone would be wrong; the caller
+            # runs its transaction again.
+            return call(*args, **kwargs)
         try:
             return call(*args, **kwargs)
         except DatabaseRefusesWrites:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sqlalchemy.engine import Connection
+
 from ..core.records import QueueSettings
 from .base import retried
 from .reading import Reading
@@ -37,9 +39,10 @@ class Operating(Reading):
         return done
 
     @retried
-    def cancel(self, key: str) -> None:
-        """Cancel `key` and its available items; refused for a complete partition."""
-        self.store.cancel(key)
+    def cancel(self, key: str, *, connection: Connection | None = None) -> None:
+        """Cancel `key` and its available items; refused for a complete partition. `connection`:
+        in the caller's transaction, as `add_partition`'s."""
+        self.store.cancel(key, connection=connection)
 
     @retried
     def act_on_items(

@@ -4,7 +4,10 @@ schedule its partitions."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
+
+from sqlalchemy.engine import Connection
 
 from ..core.pipelines import PipelineSpec
 from .base import FeedBase, ItemLike, retried
@@ -29,6 +32,7 @@ class Producing(FeedBase):
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         tolerate: str | int | None = None,
+        connection: Connection | None = None,
     ) -> int:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
@@ -38,6 +42,10 @@ class Producing(FeedBase):
         (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         `tolerate`: failed items each of its gates lets pass without failing it, `"5%"` of the
         gate's items or a count (over its queue's pipeline gates' own `tolerate`).
+
+        `connection`: write in the caller's transaction on it instead (from `Feed.begin()`):
+        nothing is committed unless the caller commits, and a rollback leaves no trace. A refusal
+        (DuplicateKey, InvalidInput) undoes only this call (a savepoint) and is not retried.
         """
         with self.gate_naming(queue=queue):  # {"gate": "ocr"}
             return self.store.add_partition(
@@ -53,19 +61,30 @@ class Producing(FeedBase):
                 windows=windows,
                 window_tz=window_tz,
                 tolerate=tolerate,
+                connection=connection,
             )
 
     @retried
-    def add_items(self, key: str, items: Iterable[ItemLike]) -> int:
+    def add_items(self, key: str, items: Iterable[ItemLike], *, connection: Connection | None = None) -> int:
         """Add items to an open partition; refused if it is sealed or finished, or a gate is too low.
-        A gate may be given by its name in the partition's queue's pipeline."""
+        A gate may be given by its name in the partition's queue's pipeline (read as committed: not
+        for a partition the caller's `connection` created and has not committed yet).
+        `connection`: in the caller's transaction, as `add_partition`'s."""
         with self.gate_naming(key=key):
-            return self.store.add_items(key, items)
+            return self.store.add_items(key, items, connection=connection)
 
     @retried
-    def seal(self, key: str) -> None:
-        """Declare that no more items will be added to `key`."""
-        self.store.seal(key)
+    def seal(self, key: str, *, connection: Connection | None = None) -> None:
+        """Declare that no more items will be added to `key`. `connection`: in the caller's
+        transaction, as `add_partition`'s."""
+        self.store.seal(key, connection=connection)
+
+    def begin(self) -> AbstractContextManager[Connection]:
+        """A transaction of the caller's on this feed's database, for its own statements and for
+        `add_partition`, `add_items`, `seal` and `cancel` given `connection=`: committed when the
+        `with` block ends, rolled back when it raises (on SQLite it begins with BEGIN IMMEDIATE,
+        as feedproc's own writes do). Its statements raise SQLAlchemy's errors, as the caller's."""
+        return self.store.caller_write()
 
     @retried
     def apply_pipeline(self, spec: PipelineSpec, *, by: str = "python") -> PipelineSpec:

@@ -30,7 +30,7 @@ from .base import (
     NO_LEASE,
     I,
     P,
-    this_process,
+    this_thread,
 )
 from .foundations import db_now
 from .gating import CROSSED, GateWriter
@@ -57,8 +57,10 @@ class Producing(GateWriter):
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         tolerate: str | int | None = None,
+        connection: Connection | None = None,
     ) -> int:
-        """Create a partition with its items in one transaction; returns the number of items.
+        """Create a partition with its items in one transaction (or in the caller's `connection`'s,
+        `joined`); returns the number of items.
 
         `weight` is each of its items' share of the queue's concurrency limit, `item_timeout` the
         seconds a processor call may take (overriding the watcher's), `windows` / `window_tz` the
@@ -77,7 +79,7 @@ class Producing(GateWriter):
             except ValueError as error:
                 raise InvalidInput(str(error)) from None
         try:
-            with self.write() as conn:
+            with self.write(connection) as conn:
                 return self._create_partition(
                     conn,
                     key,
@@ -131,13 +133,14 @@ class Producing(GateWriter):
         if first_gate != 0:  # inserted at gate 0, where most partitions start
             conn.execute(update(partitions).where(P.id == pid).values(gate=first_gate))
         self._event(conn, pid, "created", detail={"items": count, "gate": first_gate, **(detail or {})})
-        self._tally(conn, queue, this_process(source), {"added": count})
+        self._tally(conn, queue, this_thread(source), {"added": count})
         self._settle(conn, pid, failed_now=False)
         return count
 
-    def add_items(self, key: str, new_items: NewItems) -> int:
-        """Add items to an open partition (not sealed, not finished); returns how many."""
-        with self.write() as conn:
+    def add_items(self, key: str, new_items: NewItems, *, connection: Connection | None = None) -> int:
+        """Add items to an open partition (not sealed, not finished); returns how many. In the
+        caller's transaction on `connection` when given (`joined`)."""
+        with self.write(connection) as conn:
             row = self._lock(conn, key)
             if row.status != AVAILABLE:
                 raise Refused(f"partition {key!r} is {row.status}: no items can be added")
@@ -145,13 +148,14 @@ class Producing(GateWriter):
                 raise Refused(f"partition {key!r} is sealed: no items can be added")
             count, _ = self._insert_items(conn, row.id, new_items, partition_gate=row.gate)
             self._event(conn, row.id, "items_added", detail={"items": count})
-            self._tally(conn, row.queue, this_process("producer"), {"added": count})
+            self._tally(conn, row.queue, this_thread("producer"), {"added": count})
             self._settle(conn, row.id, failed_now=False)
             return count
 
-    def seal(self, key: str) -> None:
-        """Mark that no more items will be added; a drained, sealed partition completes."""
-        with self.write() as conn:
+    def seal(self, key: str, *, connection: Connection | None = None) -> None:
+        """Mark that no more items will be added; a drained, sealed partition completes. In the
+        caller's transaction on `connection` when given (`joined`)."""
+        with self.write(connection) as conn:
             row = self._lock(conn, key)
             if row.sealed:
                 return
@@ -181,13 +185,14 @@ class Producing(GateWriter):
             ).rowcount
             self._touch(conn, row.id, status=AVAILABLE)
             self._event(conn, row.id, "retried", detail={"items": count})
-            self._tally(conn, row.queue, this_process("producer"), {"added": count})  # back in the backlog
+            self._tally(conn, row.queue, this_thread("producer"), {"added": count})  # back in the backlog
             self._settle(conn, row.id, failed_now=False)
             return count
 
-    def cancel(self, key: str) -> None:
-        """Cancel a partition and its available items (failed items stay failed). Terminal."""
-        with self.write() as conn:
+    def cancel(self, key: str, *, connection: Connection | None = None) -> None:
+        """Cancel a partition and its available items (failed items stay failed). Terminal. In the
+        caller's transaction on `connection` when given (`joined`)."""
+        with self.write(connection) as conn:
             row = self._lock(conn, key)
             if row.status == CANCELLED:
                 return

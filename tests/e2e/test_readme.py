@@ -310,8 +310,23 @@ def test_the_pull_session_with_curl_runs_as_written(tmp_path: Path) -> None:
     assert "lease_expires_at" in heartbeat and answer == answer_shown
 
 
+def test_the_enqueue_in_your_transaction_example_commits_both_or_neither(tmp_path: Path) -> None:
+    """signup.py commits its upload's row and partition together; run again, its INSERT fails and
+    the block rolls back, so neither is there twice."""
+    (tmp_path / "signup.py").write_text(python_files()["signup.py"])
+    url = f"sqlite:///{tmp_path / 'feedproc.db'}"
+    run = [sys.executable, "signup.py"]
+    first = subprocess.run(run, cwd=tmp_path, env=feedproc_env(url), capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stdout == "available\n", first.stderr
+    again = subprocess.run(run, cwd=tmp_path, env=feedproc_env(url), capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "UNIQUE constraint failed: uploads.name" in again.stderr
+    with sqlite3.connect(tmp_path / "feedproc.db") as db:
+        assert db.execute("SELECT name FROM uploads").fetchall() == [("upload-43",)]
+        assert db.execute("SELECT key FROM feedproc_partitions").fetchall() == [("upload-43",)]
+
+
 #: The whole-file examples the tests above run, each by its name.
-RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py", "test_uploads.py"}
+RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py", "test_uploads.py", "signup.py"}
 
 
 def test_every_example_file_in_the_documentation_is_run() -> None:
