@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection
 
 from ..core.errors import Refused
 from .base import ACTIVE_CLAIM, AVAILABLE, NO_LEASE, A, C, E, F, I, P, this_process
@@ -32,6 +33,19 @@ _FRESH_ITEM: dict[str, Any] = {
     "claimed_until": None,
     "result": None,
 }
+
+
+def keep_origins(conn: Connection, ids: list[int]) -> None:
+    """Copy the gate and data of the producer's items among `ids` into their `origin_*` columns,
+    unless an earlier answer did: called, in the answer's transaction, before answers replace them.
+    An item whose origin is still NULL was never moved or rewritten, so its gate and data now are
+    the ones it was added with, whether or not the answer's version matches. Only answers that move
+    or rewrite items pay for it; the common one, "done", does not."""
+    conn.execute(
+        update(items)
+        .where(I.id.in_(ids), I.origin_gate.is_(None), I.parent_id.is_(None))
+        .values(origin_gate=I.gate, origin_data=I.data)
+    )
 
 
 class Lifecycle(GateWriter):
@@ -55,10 +69,19 @@ class Lifecycle(GateWriter):
                 .values(state="superseded", ended_at=db_now())
             )
             removed = conn.execute(delete(items).where(ours, children)).rowcount
+            moved_back = ours & I.origin_gate.is_not(None)
+            conn.execute(update(items).where(moved_back).values(gate=I.origin_gate, data=I.origin_data))
+            # A statement of its own: MariaDB/MySQL assign left to right, each seeing the last.
+            conn.execute(update(items).where(moved_back).values(origin_gate=None, origin_data=None))
             count = conn.execute(
                 update(items)
                 .where(ours)
-                .values(next_attempt_at=db_now(), version=I.version + 1, updated_at=db_now(), **_FRESH_ITEM)
+                .values(
+                    next_attempt_at=db_now(),
+                    version=I.version + 1,
+                    updated_at=db_now(),
+                    **_FRESH_ITEM,
+                )
             ).rowcount
             conn.execute(delete(accumulators).where(accumulators.c.partition_id == row.id))
             conn.execute(delete(inflight).where(F.partition_id == row.id))

@@ -57,6 +57,35 @@ def test_resubmit_puts_the_producers_items_back_at_the_first_gate_and_drops_chil
     assert (partition["status"], partition["gate"]) == ("available", 0)
 
 
+def test_resubmit_brings_moved_and_rewritten_items_back_to_the_gate_and_data_they_were_added_with(
+    store: Store,
+) -> None:
+    register(store, A)
+    store.add_partition("p", [(0, b'"one"'), (0, b'"two"')])
+    first, second = lease_and_fetch(store)
+    store.apply(A, [answer(first, Kind.MOVE, new_gate=2, data=b'"moved"'), answer(second, Kind.DONE, data=b'"out"')])
+    (moved,) = lease_and_fetch(store)
+    store.apply(A, [answer(moved, Kind.MOVE, new_gate=3, data=b'"moved again"')])
+    (again,) = lease_and_fetch(store)
+    store.apply(A, [answer(again, Kind.DONE)])
+    assert store.status("p")["status"] == "complete"
+
+    store.resubmit("p")
+
+    assert rows_of(store, "p") == [(0, "available", b'"one"', None, 0, None), (0, "available", b'"two"', None, 0, None)]
+
+
+def test_answers_that_only_complete_items_store_no_second_copy(store: Store) -> None:
+    register(store, A)
+    store.add_partition("p", [(0, b"{}"), (0, b"{}")])
+    first, second = lease_and_fetch(store)
+    store.apply(A, [answer(first, Kind.DONE), answer(second, Kind.RETRY, error="later", attempts=1)])
+
+    with store.read() as conn:
+        kept = conn.execute(select(func.count()).where(items.c.origin_gate.is_not(None))).scalar_one()
+    assert kept == 0
+
+
 def test_resubmit_keeps_the_history_and_records_a_resubmitted_event(store: Store) -> None:
     finished_with_children(store)
     before = [e["kind"] for e in store.history("p")]
