@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from ..core.errors import Refused
 from .base import ACTIVE_CLAIM, AVAILABLE, NO_LEASE, A, C, E, F, I, P, this_process
+from .escaping import storable
 from .foundations import db_now
 from .gating import GateWriter
 from .schema import accumulators, attempts, claims, events, inflight, items, partitions
@@ -57,6 +58,7 @@ class Lifecycle(GateWriter):
         (attempts, errors and results reset), its accumulators are emptied; its history and the
         items' delivery records are kept, with a `resubmitted` event. Refused while it is available
         (at work or waiting). Returns the number of items it runs again."""
+        by = storable(by, 120)  # as the other actions record who did them
         with self.write() as conn:
             row = self._lock(conn, key)
             if row.status == AVAILABLE:

@@ -173,6 +173,20 @@ def test_remove_deletes_a_finished_partition_with_everything_that_refers_to_it(s
         store.status("p")
 
 
+def test_an_answer_for_a_removed_partition_is_dropped(store: Store) -> None:
+    register(store, A)
+    store.add_partition("p", [(0, b"{}")], sealed=False)
+    (ready,) = lease_and_fetch(store)
+    store.cancel("p")
+    store.remove("p")
+
+    applied = store.apply(A, [answer(ready, Kind.DONE, children=(NewItem(gate=1, data=b"{}"),))])
+
+    assert not applied.written
+    with store.read() as conn:
+        assert conn.execute(select(func.count()).select_from(items)).scalar_one() == 0
+
+
 def test_remove_leaves_other_partitions_alone(store: Store) -> None:
     store.add_partition("gone", [(0, b"{}")])
     store.add_partition("kept", [(0, b"{}")])
