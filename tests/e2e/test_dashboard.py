@@ -115,6 +115,7 @@ def test_a_finished_partition_offers_resubmit_and_remove_and_an_active_one_neith
         assert f'data-action="{action}"' not in active
 
 
+@pytest.mark.sqlite_only
 def test_an_unknown_partition_page_is_404(api: ApiServer) -> None:
     assert api.get("/partitions/nope").status_code == 404
 
