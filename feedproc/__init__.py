@@ -27,7 +27,7 @@ from .core.errors import (
     SchemaAhead,
     SchemaMissing,
 )
-from .core.models import Item, NewItem, Response
+from .core.models import AddedPartition, Item, NewItem, Response
 
 if TYPE_CHECKING:
     from .feed import Feed
@@ -66,6 +66,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AddedPartition",
     "DatabaseConflict",
     "DatabaseRefused",
     "DatabaseRefusesWrites",

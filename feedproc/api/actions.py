@@ -1,5 +1,5 @@
-"""An operator's actions on partitions and items: seal, retry, cancel or checkpoint a partition (the
-commands of the same names), and retry, skip or cancel items, by id or as every failed or available
+"""An operator's actions on partitions and items: seal, retry, cancel, checkpoint, resubmit or remove a
+partition (the commands of the same names), and retry, skip or cancel items, by id or as every failed or available
 item of a partition. All need an operate token; a refusal is a 409 that changes nothing."""
 
 from __future__ import annotations
@@ -39,6 +39,24 @@ def cancel(key: KeyPath, request: Request) -> dict[str, Any]:
     feed = _feed(request)
     feed.cancel(_key(key))
     return {"partition": _status(feed, key)}
+
+
+@router.post("/partitions/{key:path}/resubmit", dependencies=Operating, tags=["actions"])
+def resubmit(key: KeyPath, request: Request) -> dict[str, Any]:
+    """Run a finished partition again from its first gate with the items its producer added
+    (`feedproc resubmit`): children its answers added go, attempts, errors, results and
+    accumulators are reset, its history stays (a `resubmitted` event, by "api"). 409 while it is
+    available."""
+    feed = _feed(request)
+    count = feed.resubmit(_key(key), by="api")
+    return {"resubmitted": count, "partition": _status(feed, key)}
+
+
+@router.delete("/partitions/{key:path}", dependencies=Operating, tags=["actions"])
+def remove(key: KeyPath, request: Request) -> dict[str, Any]:
+    """Delete a finished partition now with its items, history, delivery records, claims and
+    accumulators (`feedproc remove`); 409 while it is available: cancel it first."""
+    return {"key": key, "removed": _feed(request).remove(_key(key))}
 
 
 @router.post("/partitions/{key:path}/checkpoint", dependencies=Operating, tags=["actions"])

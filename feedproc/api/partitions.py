@@ -59,7 +59,11 @@ class NewPartition(BaseModel):
     """`feedproc add` as JSON."""
 
     model_config = ConfigDict(extra="forbid")
-    key: str = Field(..., description="1-200 characters of A-Z a-z 0-9 . _ : / -", examples=["upload-42"])
+    key: str | None = Field(
+        None,
+        description="1-200 characters of A-Z a-z 0-9 . _ : / -; omitted: a UUIDv7 is generated",
+        examples=["upload-42"],
+    )
     items: list[ItemIn] = Field(default_factory=list)
     queue: str = "default"
     priority: int = Field(0, ge=-(2**31), le=INT32, strict=True)
@@ -106,25 +110,29 @@ def _page(rows: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
 @router.post("/partitions", status_code=201, dependencies=AddingItems, tags=["partitions"])
 def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
     """Create a partition with its items in one transaction (`feedproc add`); sealed unless `open`.
-    More items than `--max-items` (default 100,000): 413, nothing written."""
+    Without a `key`, one is generated (a UUIDv7); the answer's `key` is the partition's. More items
+    than `--max-items` (default 100,000): 413, nothing written."""
     feed = _feed(request)
     with feed.gate_naming(queue=body.queue):  # {"gate": "ocr"}
         items = _items(body.items)
-    count = feed.add_partition(
-        body.key,
-        items,
-        queue=body.queue,
-        priority=body.priority,
-        sealed=not body.open,
-        manual_checkpoint=body.manual_checkpoint,
-        not_before=_not_before(body.not_before),
-        weight=body.weight,
-        item_timeout=body.item_timeout,
-        windows=body.windows,
-        window_tz=body.timezone,
-        tolerate=body.tolerate,
-    )
-    return {"added": count, "partition": _status(feed, body.key)}
+    options: dict[str, Any] = {
+        "queue": body.queue,
+        "priority": body.priority,
+        "sealed": not body.open,
+        "manual_checkpoint": body.manual_checkpoint,
+        "not_before": _not_before(body.not_before),
+        "weight": body.weight,
+        "item_timeout": body.item_timeout,
+        "windows": body.windows,
+        "window_tz": body.timezone,
+        "tolerate": body.tolerate,
+    }
+    if body.key is not None:
+        key, count = body.key, feed.add_partition(body.key, items, **options)
+    else:
+        added = feed.add_partition(None, items, **options)
+        key, count = added.key, added.items
+    return {"key": key, "added": count, "partition": _status(feed, key)}
 
 
 @router.get("/partitions", dependencies=Reading, tags=["partitions"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,7 +31,7 @@ def migrate(db: DbOption = None) -> None:
 
 @app.command()
 def add(
-    key: str,
+    key: Annotated[str | None, typer.Argument(help="The partition's key; omitted: a UUIDv7 is generated.")] = None,
     items: ItemsOption = None,
     queue: Annotated[str, typer.Option(help="Queue of the partition.")] = "default",
     priority: Annotated[int, typer.Option(help="Higher is leased first.")] = 0,
@@ -54,26 +54,29 @@ def add(
     ] = None,
     db: DbOption = None,
 ) -> None:
-    """Create partition KEY with its items, in one transaction."""
+    """Create partition KEY with its items, in one transaction (no KEY: one is generated and printed)."""
     when = parse_time(not_before)
     timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
     if items is None and not open_:  # a sealed partition without items completes at once: surely a slip
         raise InvalidInput("add needs --items FILE|- (or --open, to add its items later)")
+    options: dict[str, Any] = {
+        "queue": queue,
+        "priority": priority,
+        "sealed": not open_,
+        "manual_checkpoint": manual_checkpoint,
+        "not_before": when,
+        "weight": weight,
+        "item_timeout": timeout,
+        "windows": window or None,
+        "window_tz": timezone,
+        "tolerate": tolerate,
+    }
     with _feed(db) as feed:
-        count = feed.add_partition(
-            key,
-            read_items(items),
-            queue=queue,
-            priority=priority,
-            sealed=not open_,
-            manual_checkpoint=manual_checkpoint,
-            not_before=when,
-            weight=weight,
-            item_timeout=timeout,
-            windows=window or None,
-            window_tz=timezone,
-            tolerate=tolerate,
-        )
+        if key is not None:
+            count = feed.add_partition(key, read_items(items), **options)
+        else:
+            added = feed.add_partition(None, read_items(items), **options)
+            key, count = added.key, added.items
     typer.echo(f"added partition {key} with {count} items")
 
 
@@ -109,6 +112,22 @@ def cancel(key: str, db: DbOption = None) -> None:
     with _feed(db) as feed:
         feed.cancel(key)
     typer.echo(f"cancelled {key}")
+
+
+@app.command()
+def resubmit(key: str, db: DbOption = None) -> None:
+    """Run a finished partition again from its first gate with the items its producer added."""
+    with _feed(db) as feed:
+        count = feed.resubmit(key, by="cli")
+    typer.echo(f"resubmitted {key}: {count} items are available again")
+
+
+@app.command()
+def remove(key: str, db: DbOption = None) -> None:
+    """Delete a finished partition now, with its items and history (cancel an active one first)."""
+    with _feed(db) as feed:
+        removed = feed.remove(key)
+    typer.echo(f"removed {key}: {removed['items']} items, {removed['events']} events")
 
 
 @app.command()

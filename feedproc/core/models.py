@@ -7,6 +7,7 @@ import math
 import re
 import reprlib
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -50,6 +51,27 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):  # `$` alone would let "key\n" through
         raise InvalidInput(f"invalid partition key {key!r}: use 1-200 characters of A-Z a-z 0-9 . _ : / -")
     return key
+
+
+def uuid7(millis: int, random: bytes) -> str:
+    """A UUIDv7 (RFC 9562) as text, for generated partition keys: its first 48 bits are `millis`
+    (Unix time in milliseconds), so such keys sort by creation to the millisecond, and 74 of the
+    80 bits of `random` (10 bytes) fill the rest beside the version and variant. Python 3.11's
+    `uuid` has no uuid7; the caller reads the clock and the randomness (the core has neither)."""
+    if len(random) != 10:
+        raise ValueError("uuid7 takes 10 random bytes")
+    value = (millis & (2**48 - 1)) << 80 | int.from_bytes(random, "big")
+    value = value & ~(0xF << 76) | 0x7 << 76  # the version, 7, in the 4 bits after the time
+    value = value & ~(0x3 << 62) | 0x2 << 62  # the RFC's variant, 0b10, at the top of the last 64 bits
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True, slots=True)
+class AddedPartition:
+    """What `Feed.add_partition(None, ...)` created: the key it generated, and the items added."""
+
+    key: str
+    items: int
 
 
 def check_queue(queue: str) -> str:

@@ -1,5 +1,5 @@
-"""`Feed`, operating: retry, cancel, skip and checkpoint partitions and items, clean finished ones up,
-and set a queue's limit, windows, mode, pause and accumulate rules."""
+"""`Feed`, operating: retry, cancel, skip and checkpoint partitions and items, resubmit or remove a
+finished partition, clean finished ones up, and set a queue's limit, windows, mode, pause and accumulate rules."""
 
 from __future__ import annotations
 
@@ -43,6 +43,21 @@ class Operating(Reading):
         """Cancel `key` and its available items; refused for a complete partition. `connection`:
         in the caller's transaction, as `add_partition`'s."""
         self.store.cancel(key, connection=connection)
+
+    @retried
+    def resubmit(self, key: str, *, by: str = "python") -> int:
+        """Run finished partition `key` (complete, failed or cancelled) again from its first gate
+        with the items its producer added: children its answers added are deleted, attempts, errors,
+        results and accumulators reset; its history is kept, with a `resubmitted` event naming
+        `by`. Refused while it is available (cancel it first to stop it). Returns the items it runs."""
+        return self.store.resubmit(key, by=by)
+
+    @retried
+    def remove(self, key: str) -> dict[str, int]:
+        """Delete finished partition `key` now, with its items, history, delivery records, claims
+        and accumulators (one transaction); refused while it is available: cancel it first.
+        Returns the rows removed per kind."""
+        return self.store.remove(key)
 
     @retried
     def act_on_items(

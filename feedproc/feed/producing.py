@@ -6,17 +6,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import Any, overload
 
 from sqlalchemy.engine import Connection
 
+from ..core.models import AddedPartition
 from ..core.pipelines import PipelineSpec
+from ..store import generated_key
 from .base import FeedBase, ItemLike, retried
 
 
 class Producing(FeedBase):
     """Adding work: partitions, items, pipelines and their schedules."""
 
-    @retried
+    @overload
     def add_partition(
         self,
         key: str,
@@ -33,7 +36,44 @@ class Producing(FeedBase):
         window_tz: str | None = None,
         tolerate: str | int | None = None,
         connection: Connection | None = None,
-    ) -> int:
+    ) -> int: ...
+
+    @overload
+    def add_partition(
+        self,
+        key: None = None,
+        items: Iterable[ItemLike] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        tolerate: str | int | None = None,
+        connection: Connection | None = None,
+    ) -> AddedPartition: ...
+
+    def add_partition(
+        self,
+        key: str | None = None,
+        items: Iterable[ItemLike] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        sealed: bool = True,
+        manual_checkpoint: bool = False,
+        not_before: datetime | None = None,
+        weight: int = 1,
+        item_timeout: float | None = None,
+        windows: str | Sequence[str] | None = None,
+        window_tz: str | None = None,
+        tolerate: str | int | None = None,
+        connection: Connection | None = None,
+    ) -> int | AddedPartition:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
         Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
@@ -46,23 +86,34 @@ class Producing(FeedBase):
         `connection`: write in the caller's transaction on it instead (from `Feed.begin()`):
         nothing is committed unless the caller commits, and a rollback leaves no trace. A refusal
         (DuplicateKey, InvalidInput) undoes only this call (a savepoint) and is not retried.
+
+        With `key=None` a key is generated (a UUIDv7: keys sort by creation) and the call returns
+        an `AddedPartition`, the key with the number of items: a caller with a key of its own keeps
+        the `int` it always had, and one without one cannot miss the key it needs to follow it.
         """
         with self.gate_naming(queue=queue):  # {"gate": "ocr"}
-            return self.store.add_partition(
-                key,
-                items,
-                queue=queue,
-                priority=priority,
-                sealed=sealed,
-                manual_checkpoint=manual_checkpoint,
-                not_before=not_before,
-                weight=weight,
-                item_timeout=item_timeout,
-                windows=windows,
-                window_tz=window_tz,
-                tolerate=tolerate,
-                connection=connection,
-            )
+            options: dict[str, Any] = {
+                "queue": queue,
+                "priority": priority,
+                "sealed": sealed,
+                "manual_checkpoint": manual_checkpoint,
+                "not_before": not_before,
+                "weight": weight,
+                "item_timeout": item_timeout,
+                "windows": windows,
+                "window_tz": window_tz,
+                "tolerate": tolerate,
+            }
+            if key is not None:
+                return self._add_partition(key, items, options, connection=connection)
+            generated = generated_key()  # once, outside the retries: a retry adds the same partition
+            return AddedPartition(generated, self._add_partition(generated, items, options, connection=connection))
+
+    @retried
+    def _add_partition(
+        self, key: str, items: Iterable[ItemLike], options: dict[str, Any], *, connection: Connection | None = None
+    ) -> int:
+        return self.store.add_partition(key, items, **options, connection=connection)
 
     @retried
     def add_items(self, key: str, items: Iterable[ItemLike], *, connection: Connection | None = None) -> int:

@@ -61,14 +61,14 @@
     return value;
   }
 
-  async function post(path, body, what, done) {
+  async function post(path, body, what, done, method = "POST") {
     const value = token(what);
     if (!value) return;
     try {
       const headers = { Authorization: "Bearer " + value };
       if (body !== undefined) headers["Content-Type"] = "application/json";
       const response = await fetch("/api/v1" + path, {
-        method: "POST",
+        method: method,
         headers: headers,
         body: body === undefined ? undefined : JSON.stringify(body),
       });
@@ -85,10 +85,17 @@
   function actOnPartition(button) {
     const key = button.dataset.key;
     const action = button.dataset.action;
+    const path = "/partitions/" + encodeURIComponent(key);
     if (action === "cancel" && !window.confirm("Cancel partition " + key + "?")) return;
-    return post("/partitions/" + encodeURIComponent(key) + "/" + action, undefined, action + " " + key, (body) =>
+    if (action === "resubmit" && !window.confirm("Run partition " + key + " again from its first gate?")) return;
+    if (action === "remove") {
+      if (!window.confirm("Delete partition " + key + " with its items and history?")) return;
+      return post(path, undefined, "remove " + key, () => "Removed " + key + ".", "DELETE");
+    }
+    return post(path + "/" + action, undefined, action + " " + key, (body) =>
       action === "retry" ? "Retrying " + key + ": " + body.retried + " failed items are available again."
-                         : "Cancelled " + key + ".");
+      : action === "resubmit" ? "Resubmitted " + key + ": " + body.resubmitted + " items are available again."
+                              : "Cancelled " + key + ".");
   }
 
   function actOnItem(button) {

@@ -3,7 +3,8 @@
 Callers:
 
 * producers (`Feed`, the CLI): add partitions and items, seal, retry, cancel, checkpoint, read status
-  (`producing.py`, `reading.py`); operators: retry, skip or cancel single items (`actions.py`);
+  (`producing.py`, `reading.py`), resubmit or remove a finished partition (`lifecycle.py`);
+  operators: retry, skip or cancel single items (`actions.py`);
 * operators (`feedproc serve`, /metrics): bounded reads across partitions (`operators.py`), the
   dashboard's running view, charts and timings (`insight.py`), cleanup (`retention.py`);
 * watchers: register and heartbeat, lease / steal / hand over / release partitions (`leasing.py`),
@@ -43,11 +44,12 @@ from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
 from .insight import Insight
 from .leasing import Leasing
+from .lifecycle import Lifecycle
 from .lost import LostDeliveries
 from .operators import Operators
 from .pending import Pending
 from .pipelines import Pipelines
-from .producing import Producing
+from .producing import Producing, generated_key
 from .pulling import ClaimAnswer, Pulling
 from .queues import Queues
 from .reading import FAILED_ITEMS_SHOWN, MAX_PAGE, Reading
@@ -64,6 +66,7 @@ __all__ = [
     "ClaimAnswer",
     "Store",
     "alembic_config",
+    "generated_key",
     "migrations_path",
 ]
 
@@ -71,6 +74,7 @@ __all__ = [
 class Store(
     Scheduling,
     Producing,
+    Lifecycle,
     ItemActions,
     Reading,
     Operators,

@@ -25,6 +25,7 @@ from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, 
 from .escaping import storable
 from .foundations import db_now, seconds_from_now
 from .gating import GateWriter
+from .lifecycle import keep_origins
 from .schema import attempts, claims, inflight, items
 
 # A claimed item falls due this long after its claim ends, not at once: time for a watcher's sweep
@@ -135,6 +136,7 @@ class Answers(GateWriter, Accumulating):
         children, record each delivery that did not complete its item (the completing one is recorded
         on the item row) and failures."""
         rows, completed, history, records, trimmed = [], [], [], [], []
+        origins: list[int] = []  # items whose answer moves them or replaces their data (`keep_origins`)
         results = False  # whether any answer carries a result (fan-in): then every row has one
         narrow_done = self.dialect.writes_done_narrowly  # the common answer by `complete_items`
         accepted = [o for o in kept if o.kind == Kind.ACCEPTED]
@@ -154,6 +156,8 @@ class Answers(GateWriter, Accumulating):
             if narrow_done and o.kind == Kind.DONE and o.data is None and o.result is None:
                 completed.append(o)
             else:
+                if o.kind == Kind.MOVE or (o.data is not None and not failure):
+                    origins.append(o.item_id)
                 rows.append(
                     {
                         "id": o.item_id,
@@ -203,6 +207,8 @@ class Answers(GateWriter, Accumulating):
                 accumulating = []
             matched += self.dialect.complete_items(conn, completed, watcher_id, merged)
         if rows:
+            if origins:  # before the data or gate they were added with is replaced
+                keep_origins(conn, origins)
             if results:  # every row then has one (None keeps the item's)
                 by_id: dict[Any, bytes | None] = {o.item_id: o.result for o in kept}
                 for row in rows:

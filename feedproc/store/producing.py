@@ -7,6 +7,8 @@ gate advance, and ends by settling the partition through the gate rules (`gating
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -19,7 +21,7 @@ from ..core import windows as timewindows
 from ..core.errors import DatabaseRefused, DuplicateKey, InvalidInput, Refused
 from ..core.fanin import Tolerance
 from ..core.gates import Move
-from ..core.models import MAX_INT32, NewItem, check_key, check_queue, shown
+from ..core.models import MAX_INT32, NewItem, check_key, check_queue, shown, uuid7
 from .base import (
     AVAILABLE,
     CANCELLED,
@@ -226,6 +228,11 @@ class Producing(GateWriter):
                 raise Refused(f"partition {key!r} cannot be checkpointed: {reason}")
             self._settle(conn, row.id, checkpoint=True, failed_now=False)
             return outcome.gate
+
+
+def generated_key() -> str:
+    """A new partition key for a producer that gave none: a UUIDv7 of this moment (`core.models.uuid7`)."""
+    return uuid7(time.time_ns() // 1_000_000, os.urandom(10))
 
 
 def _schedule_values(

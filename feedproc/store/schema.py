@@ -108,6 +108,10 @@ items = Table(
     # without a pipeline, the gate whose items' results it collects when delivered.
     Column("result", Blob, nullable=True),
     Column("collect", Integer, nullable=True),
+    # Resubmit (0011): the gate and data its producer added it with, copied by the first answer that
+    # moves it or replaces its data (NULL until then: no second copy at insert).
+    Column("origin_gate", Integer, nullable=True),
+    Column("origin_data", Blob, nullable=True),
     Index(
         "feedproc_items_failed",
         "partition_id",

@@ -49,7 +49,7 @@ def error_of(response: httpx.Response, status: int) -> str:
 def test_create_answers_201_with_the_partitions_status_object(api: ApiServer, feed: Feed) -> None:
     response = create(api, "upload-1", [{"gate": 0, "data": {"f": "a.pdf"}}, {"gate": 2, "data": [1, 2]}], priority=5)
     assert response.status_code == 201, response.text
-    assert response.json() == {"added": 2, "partition": feed.status("upload-1").to_json()}
+    assert response.json() == {"key": "upload-1", "added": 2, "partition": feed.status("upload-1").to_json()}
     assert [i.data for i in feed.items("upload-1")] == [b'{"f":"a.pdf"}', b"[1,2]"]
 
 

@@ -104,6 +104,19 @@ def test_a_key_with_dot_segments_links_and_acts_on_itself_not_another_partition(
 
 
 @pytest.mark.sqlite_only
+def test_a_finished_partition_offers_resubmit_and_remove_and_an_active_one_neither(api: ApiServer, feed: Feed) -> None:
+    feed.add_partition("done", [(0, b"1")])
+    feed.cancel("done")
+    feed.add_partition("busy", [(0, b"1")])
+
+    finished, active = api.get("/partitions/done").text, api.get("/partitions/busy").text
+
+    for action in ("resubmit", "remove"):
+        assert f'data-action="{action}" data-key="done"' in finished
+        assert f'data-action="{action}"' not in active
+
+
+@pytest.mark.sqlite_only
 def test_an_unknown_partition_page_is_404(api: ApiServer) -> None:
     assert api.get("/partitions/nope").status_code == 404
 
@@ -416,6 +429,13 @@ def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
         page.goto(serve.url + "/partitions/later%2F1")
         page.locator("section.partition button[data-action='cancel']").click()
         expect(page.locator("section.partition")).to_have_attribute("data-status", "cancelled", timeout=10_000)
+        page.locator("section.partition button[data-action='resubmit']").click()
+        expect(page.locator("#flash")).to_contain_text("Resubmitted later/1")
+        page.locator("section.partition button[data-action='cancel']").click()
+        expect(page.locator("section.partition")).to_have_attribute("data-status", "cancelled", timeout=10_000)
+        page.locator("section.partition button[data-action='remove']").click()
+        expect(page.locator("#flash")).to_contain_text("Removed later/1")
+        assert httpx.get(f"{serve.url}/api/v1/partitions/later/1").status_code == 404
 
         wait_status(feed, "bad/1", "failed")
         wait_status(feed, "bad/2", "failed")

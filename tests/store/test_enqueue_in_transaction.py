@@ -137,7 +137,7 @@ def test_an_autocommit_connection_is_refused(feed: Feed) -> None:
 
 def test_what_is_not_a_connection_is_a_type_error(feed: Feed) -> None:
     with pytest.raises(TypeError, match="SQLAlchemy Connection"):
-        feed.add_partition("odd", ITEMS, connection="sqlite:///x.db")  # type: ignore[arg-type]
+        feed.add_partition("odd", ITEMS, connection="sqlite:///x.db")  # type: ignore[call-overload]
 
 
 def test_a_connection_to_another_database_is_refused(feed: Feed, tmp_path: Path) -> None:

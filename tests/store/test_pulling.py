@@ -30,7 +30,7 @@ def pull(feed: Feed) -> Feed:
 
 
 def add(feed: Feed, key: str, *items: tuple[int, bytes], priority: int = 0, **kwargs: object) -> None:
-    feed.add_partition(key, list(items), queue=QUEUE, priority=priority, **kwargs)  # type: ignore[arg-type]
+    feed.add_partition(key, list(items), queue=QUEUE, priority=priority, **kwargs)  # type: ignore[call-overload]
 
 
 def run_out(feed: Feed) -> None:
