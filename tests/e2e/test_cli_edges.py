@@ -161,7 +161,7 @@ def test_help_names_arguments_plainly_and_gives_flags_no_type() -> None:
     for command in ([], ["add"], ["status"], ["watch"], ["item"]):
         text = cli(*command, "--help").stdout
         assert "<bool>" not in text and "{key}" not in text.lower(), text
-    assert "Usage: feedproc add [OPTIONS] KEY " in cli("add", "--help").stdout
+    assert "Usage: feedproc add [OPTIONS] [KEY] " in cli("add", "--help").stdout
 
 
 @pytest.mark.sqlite_only
