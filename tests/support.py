@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.engine import Connection
 
-from feedproc import Feed, Watcher, WatcherConfig
+from feedproc import Feed, Item, Processor, Response, Watcher, WatcherConfig
 from feedproc.core.records import Applied, Kind, Outcome, ReadyItem
 from feedproc.core.views import HistoryEntry, PartitionStatus, StatusLease
 from feedproc.store import Store
@@ -520,3 +520,14 @@ def lease_of(status: PartitionStatus) -> StatusLease:
     """The lease a partition's status shows, failing the test when it shows none."""
     assert status.lease is not None, f"{status.key} is not leased"
     return status.lease
+
+
+class Done(Processor):
+    """Completes every item, remembering which it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def process(self, item: Item) -> Response:
+        self.seen.append(item.data)
+        return Response(done=True)

@@ -6,20 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from feedproc import Feed, Item, Processor, Response
+from feedproc import Feed
 
-from ..support import wait_status, watching
-
-
-class Done(Processor):
-    """Completes every item, remembering which it saw."""
-
-    def __init__(self) -> None:
-        self.seen: list[bytes] = []
-
-    def process(self, item: Item) -> Response:
-        self.seen.append(item.data)
-        return Response(done=True)
+from ..support import Done, wait_status, watching
 
 
 class Abort(Exception):

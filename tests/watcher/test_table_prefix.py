@@ -13,21 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, make_url, text
 
-from feedproc import Feed, Item, Processor, Response
+from feedproc import Feed
 from feedproc.core.errors import InvalidInput
 
-from ..support import feedproc_env, wait_status, watching
-
-
-class Done(Processor):
-    """Completes every item, remembering which it saw."""
-
-    def __init__(self) -> None:
-        self.seen: list[bytes] = []
-
-    def process(self, item: Item) -> Response:
-        self.seen.append(item.data)
-        return Response(done=True)
+from ..support import Done, feedproc_env, wait_status, watching
 
 
 def prefixed(db_url: str, prefix: str) -> Feed:
