@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from ..core.errors import Refused
-from .base import ACTIVE_CLAIM, AVAILABLE, NO_LEASE, A, C, E, F, I, P, this_process
+from .base import ACTIVE_CLAIM, AVAILABLE, NO_LEASE, A, C, E, F, I, P, this_thread
 from .escaping import storable
 from .foundations import db_now
 from .gating import GateWriter
@@ -99,7 +99,7 @@ class Lifecycle(GateWriter):
             )
             detail = {"items": count, "children_removed": removed, "was": row.status, "by": by}
             self._event(conn, row.id, "resubmitted", detail=detail)
-            self._tally(conn, row.queue, this_process("producer"), {"added": count})
+            self._tally(conn, row.queue, this_thread("producer"), {"added": count})
             self._settle(conn, row.id, failed_now=False)
             return int(count)
 
