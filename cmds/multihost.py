@@ -5,7 +5,7 @@ repository root, with the test extra installed):
     sudo .venv/bin/python cmds/multihost.py [--only balance,scale,latency,cutoff,blackhole,resets,capacity]
                                             [--json results.json]
 
-Each scenario starts its own PostgreSQL (the system's server binaries, on port 55432), a bridge and
+Each scenario starts its own PostgreSQL (the system's server binaries, on port 25432), a bridge and
 one network namespace per watcher host, and removes all of it when it ends, also on failure. It
 talks only to the addresses it assigns itself (10.231.7.0/24 on its own bridge). About 15 minutes.
 """

@@ -4,7 +4,8 @@ every two seconds, draws the charts (uPlot, bundled under static/vendor) and sen
 API with the bearer token the operator typed in.
 
 Pages: `/` (summary, throughput and backlog charts, partitions with filters and sorting, watchers,
-recent failures), `/running` (items in flight now), `/queues` and `/queues/NAME` (settings, slots,
+recent failures), `/running` (items in flight now), `/hooks` (completion hooks failed and pending,
+with retry), `/queues` and `/queues/NAME` (settings and hooks, slots,
 backlog per gate, charts, pause/resume), `/partitions/KEY` (gates with timings and ETA, failed items,
 items a page at a time, history) and `/items/ID` (data, deliveries with tracebacks, actions). Each
 page's live part is also served alone under `/ui/...` for the refresh; times show relative, with
@@ -328,6 +329,29 @@ def running_live(request: Request) -> HTMLResponse:
 
 def _running(feed: Feed) -> dict[str, Any]:
     return {"running": GateNames(feed).rows(listed_json(feed.running()))}
+
+
+#: Hooks of each state the hooks page lists (the newest).
+HOOKS_SHOWN = 100
+
+
+@router.get("/hooks", response_class=HTMLResponse)
+def hooks_page(request: Request) -> HTMLResponse:
+    return _page(request, "hooks.html", _hooks(request.app.state.feed), "/ui/hooks")
+
+
+@router.get("/ui/hooks", response_class=HTMLResponse)
+def hooks_live(request: Request) -> HTMLResponse:
+    return _render(request, "_hooks.html", _hooks(request.app.state.feed))
+
+
+def _hooks(feed: Feed) -> dict[str, Any]:
+    """Failed hooks (to retry) and pending ones (being delivered), newest first."""
+    return {
+        "failed": listed_json(feed.hooks(status="failed", limit=HOOKS_SHOWN)),
+        "pending": listed_json(feed.hooks(status="pending", limit=HOOKS_SHOWN)),
+        "shown": HOOKS_SHOWN,
+    }
 
 
 @router.get("/queues", response_class=HTMLResponse)

@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .core.hooks import HOOK_STATES
+
 prometheus_client.disable_created_metrics()
 
 # The text format every Prometheus version reads (what `generate_latest` writes by default).
@@ -78,6 +80,10 @@ class WatcherMetrics:
         )
         self.fenced = fenced.labels(queue, "database")
         self.given_up = fenced.labels(queue, "watcher")
+        #: Completion hooks' calls by this watcher: sent, retried (a failed attempt) or failed (the last one).
+        self.hooks = Counter(
+            "feedproc_hook_calls", "Completion hooks called: sent, retried or failed.", ["queue", "outcome"], registry=r
+        )
         self._backlog = _Backlog(queue)
         r.register(self._backlog)
 
@@ -193,6 +199,16 @@ class _Gauges(Collector):
             for (queue,), n in sorted(self.gauges[key].items()):
                 family.add_metric([queue], n)
             yield family
+        hooks = GaugeMetricFamily(
+            "feedproc_hooks",
+            "Completion hooks' deliveries by queue and status: pending, sent, failed.",
+            labels=["queue", "status"],
+        )
+        counted = self.gauges.get("hooks", {})
+        for queue in sorted({queue for queue, _ in counted}):
+            for status in HOOK_STATES:  # each state of a queue with hooks, 0 too: `failed > 0` alerts clear
+                hooks.add_metric([queue, status], counted.get((queue, status), 0))
+        yield hooks
 
 
 def render_gauges(gauges: Mapping[str, Mapping[tuple[str, ...], int]]) -> bytes:

@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +54,11 @@ from typing import Any
 
 from .core.models import Item, Response
 from .core.pipelines import PipelineSpec
-from .core.views import HistoryEntry, ItemRow, ItemView, PartitionStatus
+from .core.views import HistoryEntry, HookView, ItemRow, ItemView, PartitionStatus
 from .feed import Feed, ItemLike
 from .processors import ProcessorLike
 from .processors.pipeline import Pipeline
+from .processors.transactional import AnyProcessor
 from .watcher import Watcher, WatcherConfig
 from .watcher.config import current_names
 
@@ -119,7 +120,9 @@ class Harness:
     arguments) or a function of an `Item` answering a `Response` (plain or `async def`).
     `queue`: the queue served (a Pipeline's own by default, else "default"). `directory`: where
     the database file goes (pytest's `tmp_path` keeps it for a look afterwards: `harness.url`);
-    by default a temporary directory removed by `close()`. `settings`: the watcher's
+    by default a temporary directory removed by `close()`. `hooks`: functions of the queue's
+    `python` completion hooks (a Pipeline's own are called too), called at the end of the step
+    that finished their partition; HTTP hooks are called as well. `settings`: the watcher's
     (`WatcherConfig` fields: `max_attempts`, `retry_delay`, `item_timeout`, `concurrency`, `batch`...).
 
     A context manager (`with Harness(pipeline) as harness:`), hence a pytest fixture that yields it.
@@ -127,10 +130,11 @@ class Harness:
 
     def __init__(
         self,
-        processor: Pipeline | PipelineSpec | ProcessorLike | type | Function,
+        processor: Pipeline | PipelineSpec | AnyProcessor | type | Function,
         *,
         queue: str | None = None,
         directory: str | Path | None = None,
+        hooks: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
         **settings: Any,
     ) -> None:
         spec = processor.spec if isinstance(processor, Pipeline) else processor
@@ -142,6 +146,9 @@ class Harness:
         #: The watcher's settings for every step.
         self.config = WatcherConfig(**{**DEFAULTS, **current_names(settings), "queue": self.queue})
         self._processor = _processor_of(processor)
+        self._hooks = dict(hooks or {})  # functions of `python` hooks, besides a Pipeline's own
+        own = processor.hook_functions if isinstance(processor, Pipeline) else {}
+        self._hook_names = sorted({*own, *self._hooks})
         self._temporary: tempfile.TemporaryDirectory[str] | None = None
         if directory is None:
             self._temporary = tempfile.TemporaryDirectory(prefix="feedproc-testing-")
@@ -197,7 +204,7 @@ class Harness:
         raises is raised here."""
         store = self.feed.store
         due = store.next_due(self.queue)
-        if due is None or due > 0:
+        if (due is None or due > 0) and not store.hooks_due(self.queue, python_hooks=self._hook_names):
             return Step(0, (), due)
         unfinished, delivered = set(store.unfinished(self.queue)), store.deliveries_made(self.queue)
         problem = self._run(timeout)
@@ -267,7 +274,7 @@ class Harness:
     async def _watch(self, timeout: float) -> str | None:
         """Run a watcher until nothing is due now, then stop it (its leases released)."""
         loop = asyncio.get_running_loop()
-        watcher = Watcher(self.feed.store, self._processor, self.config)
+        watcher = Watcher(self.feed.store, self._processor, self.config, hooks=self._hooks)
         looks = ThreadPoolExecutor(1, thread_name_prefix="feedproc-testing-look")
         run = asyncio.create_task(watcher.run(), name="watcher")
         deadline = loop.time() + timeout
@@ -278,6 +285,8 @@ class Harness:
                 if due is None or due > 0 or loop.time() >= deadline:
                     break
                 await asyncio.wait([run], timeout=QUIET_POLL)
+            if not run.done():  # the hooks of the partitions this step finished, called before it ends
+                await watcher.deliver_hooks()
         finally:
             watcher.stop()
             try:
@@ -316,6 +325,10 @@ class Harness:
         """The results (`Response(result=...)`) of `key`'s items at `gate` that produced one, in item
         id order, parsed as JSON (bytes when they are not JSON)."""
         return [_parsed(item.result) for item in self.items(key, gate=gate) if item.result is not None]
+
+    def hooks(self, key: str | None = None) -> list[HookView]:
+        """The queue's completion hooks' deliveries (of partition `key`), newest first."""
+        return self.feed.hooks(queue=self.queue, key=key)
 
     def errors(self, key: str, *, gate: int | str | None = None) -> list[str]:
         """The errors of `key`'s failed items (at `gate`), in item id order."""
@@ -405,7 +418,7 @@ def _parsed(result: bytes) -> Any:
         return result
 
 
-def _processor_of(processor: Pipeline | PipelineSpec | ProcessorLike | type | Function) -> ProcessorLike | None:
+def _processor_of(processor: Pipeline | PipelineSpec | AnyProcessor | type | Function) -> AnyProcessor | None:
     """What the watcher is given: a Pipeline as itself, a stored spec as nothing (each gate routes
     to its own), a class made, a function wrapped."""
     if isinstance(processor, Pipeline):

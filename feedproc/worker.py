@@ -47,6 +47,7 @@ class RemoteWorker:
     `token`: FEEDPROC_WORKER_TOKEN (or the API token). `concurrency`: items in flight at most.
     `lease_seconds`: each claim's length, renewed by a heartbeat every third of it. `timeout`:
     seconds a processor call may take (None: unbounded; heartbeats keep long work claimed).
+    `min_priority` / `max_priority`: claim only items of partitions with a priority in that range.
     """
 
     def __init__(
@@ -62,6 +63,8 @@ class RemoteWorker:
         claim_wait: float = 20.0,
         timeout: float | None = None,
         shutdown_grace: float = 30.0,
+        min_priority: int | None = None,
+        max_priority: int | None = None,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.queue = queue
@@ -72,6 +75,12 @@ class RemoteWorker:
         self.claim_wait = claim_wait
         self.timeout = timeout
         self.shutdown_grace = shutdown_grace
+        # Sent with every claim when given (the API checks the range).
+        self._priorities = {
+            name: value
+            for name, value in (("min_priority", min_priority), ("max_priority", max_priority))
+            if value is not None
+        }
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.api_url, headers=headers, timeout=claim_wait + 30)
         # Collected results' pages, read by processors on their threads (`item.collected`): the URL's
@@ -140,7 +149,13 @@ class RemoteWorker:
             pass
 
     async def _claim(self, room: int) -> list[dict[str, Any]]:
-        body = {"worker": self.worker, "max": room, "lease_seconds": self.lease_seconds, "wait": self.claim_wait}
+        body = {
+            "worker": self.worker,
+            "max": room,
+            "lease_seconds": self.lease_seconds,
+            "wait": self.claim_wait,
+            **self._priorities,
+        }
         claim = asyncio.ensure_future(self._post(f"/api/v1/queues/{self.queue}/claim", body))
         await _first(claim, self._stopping.wait())
         if not claim.done():  # stopped during the long poll: hang up (the server hands back what it claims then)
@@ -182,6 +197,7 @@ class RemoteWorker:
             progress[0] = fraction
 
         item = Item(item_id, entry["partition"], entry["queue"], entry["gate"], entry["attempt"], data, report, stop)
+        item.deliveries = int(entry.get("deliveries", entry["attempt"]))  # (a server of before 0014: not sent)
         if "collected" in entry:  # a fan-in item: what it collects, and the accumulator
             item.collected = self._collected(entry["collected"])
             item.accumulated = entry.get("accumulated") or {}

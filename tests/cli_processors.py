@@ -10,13 +10,18 @@ import asyncio
 import gc
 import json
 import os
+import time
 
-from feedproc import Item, Processor, Response
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from feedproc import Item, Processor, Response, TransactionalProcessor
 from feedproc.bench.watch import tally
 
 LOG_VARIABLE = "FEEDPROC_TEST_DELIVERY_LOG"
 DELAY_VARIABLE = "FEEDPROC_TEST_DELAY"
 HOLD_VARIABLE = "FEEDPROC_TEST_HOLD"
+INSIDE_VARIABLE = "FEEDPROC_TEST_INSIDE"
 
 
 def log_delivery(item: Item) -> None:
@@ -155,3 +160,37 @@ class CountsCollected(Processor):
         with open("/proc/self/status") as status:
             peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
         return Response(done=True, result={"count": count, "twice": twice, "sum": total, "peak_rss_mb": peak})
+
+
+#: The ledger a transactional processor writes: no unique key, so that a row written twice shows.
+LEDGER_TABLE = "CREATE TABLE ledger (item_id BIGINT NOT NULL, pid INTEGER NOT NULL)"
+
+
+class Ledger(TransactionalProcessor):
+    """Completes each item in its answer's transaction after inserting one ledger row for it (this
+    process's pid beside the item's id). Its delivery is logged before; after the insert, with the
+    transaction still open, `pid item-id` is appended to the file named by $FEEDPROC_TEST_INSIDE
+    (when set); then, if the item's data says `"hold": true`, it waits while the $FEEDPROC_TEST_HOLD
+    file exists; then it waits $FEEDPROC_TEST_DELAY s."""
+
+    def __init__(self) -> None:
+        self.delay = float(os.environ.get(DELAY_VARIABLE, "0.05"))
+        self.hold = os.environ.get(HOLD_VARIABLE)
+        self.inside = os.environ.get(INSIDE_VARIABLE)
+
+    def process(self, item: Item, connection: Connection) -> Response:
+        log_delivery(item)
+        connection.execute(
+            text("INSERT INTO ledger (item_id, pid) VALUES (:id, :pid)"), {"id": item.id, "pid": os.getpid()}
+        )
+        if self.inside:
+            fd = os.open(self.inside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{os.getpid()} {item.id}\n".encode())
+            finally:
+                os.close(fd)
+        held = bool(json.loads(item.data or b"{}").get("hold"))
+        while held and self.hold and os.path.exists(self.hold):
+            time.sleep(0.02)
+        time.sleep(self.delay)
+        return Response(done=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import io
 import json
 import locale
 import os
@@ -14,7 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, text
 from sqlalchemy.engine import Connection
 
 from feedproc import Feed, Item, Processor, Response, Watcher, WatcherConfig
@@ -35,15 +38,21 @@ from feedproc.store.schema import claims, events, items, partitions
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.05, what: str = "") -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test at the deadline."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, every: float | None = None, what: str = "") -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test at the deadline. It is
+    asked every `every` seconds, or by default at once, then after 0.02 s, the pause growing by a
+    quarter each time up to 0.1 s: a predicate is often `feed.status()` (several queries), and at a
+    fixed 0.05 s the polls of waits lasting seconds were half of a test worker's CPU."""
     deadline = time.monotonic() + timeout
+    pause = every if every is not None else 0.02
     last: Any = None
     while time.monotonic() < deadline:
         last = predicate()
         if last:
             return last
-        time.sleep(every)
+        time.sleep(pause)
+        if every is None:
+            pause = min(pause * 1.25, 0.1)
     pytest.fail(f"timed out after {timeout}s waiting for {what or predicate} (last value: {last!r})")
 
 
@@ -287,6 +296,10 @@ def feedproc_env(db_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+#: Commands that run until stopped (signal handlers, logging set up, servers): always a process.
+LONG_RUNNING = frozenset({"watch", "work", "serve", "demo", "bench"})
+
+
 def run_cli(
     db_url: str,
     *args: str,
@@ -294,15 +307,61 @@ def run_cli(
     cwd: Path | None = None,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m feedproc ARGS` against `db_url` (with `env` added to the environment)."""
-    return run_process(
-        [sys.executable, "-m", "feedproc", *args],
-        env=feedproc_env(db_url, **(env or {})),
-        input=input,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    """`feedproc ARGS` against `db_url` (with `env` added to the environment): its exit code and
+    output. A one-shot command runs in this process (`feedproc.cli.main`, what the console script
+    calls, on the same arguments, environment, standard input and working directory): a process
+    each cost about a second of CPU to start, most of the end-to-end tier's time on 2 cores. The
+    long-running commands, and `process=True`, run `python -m feedproc` in a process of its own."""
+    if process or LONG_RUNNING.intersection(args):
+        return run_process(
+            [sys.executable, "-m", "feedproc", *args],
+            env=feedproc_env(db_url, **(env or {})),
+            input=input,
+            timeout=timeout,
+            cwd=cwd,
+        )
+    return _run_here(["feedproc", *args], {"FEEDPROC_DATABASE_URL": db_url, **(env or {})}, input, cwd)
+
+
+def _run_here(
+    argv: list[str], env: dict[str, str], input: str | None, cwd: Path | None
+) -> subprocess.CompletedProcess[str]:
+    """`main()` with this environment, standard input and working directory, its output captured
+    as a process's would be (text over byte buffers: the CLI reads `sys.stdin.buffer`)."""
+    from feedproc.cli import main
+
+    def stream(data: bytes = b"") -> io.TextIOWrapper:
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", write_through=True)
+
+    stdin, stdout, stderr = stream((input or "").encode()), stream(), stream()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved = sys.stdin, sys.stdout, sys.stderr
+    os.environ.update(env)
+    sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        main(argv[1:])
+    except SystemExit as exited:
+        code = exited.code if isinstance(exited.code, int) else (0 if exited.code is None else 1)
+    except BaseException:  # what an uncaught exception does to a process: a traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(argv, code, _written(stdout), _written(stderr))
+
+
+def _written(stream: io.TextIOWrapper) -> str:
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode("utf-8", "replace")
 
 
 class WatcherProcesses:
@@ -413,9 +472,19 @@ FAST: dict[str, Any] = {"poll_interval": 0.05, "lease_seconds": 3.0, "retry_dela
 class WatcherThread:
     """A `feedproc.Watcher` on its own event loop in a background thread, with its own Store."""
 
-    def __init__(self, db_url: str, processor: Any, *, table_prefix: str | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        processor: Any,
+        *,
+        table_prefix: str | None = None,
+        hooks: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+        hook_secret: str | None = None,
+        **settings: Any,
+    ) -> None:
         self.store = Store(db_url, table_prefix=table_prefix)
-        self.watcher = Watcher(self.store, processor, WatcherConfig(**{**FAST, **settings}))
+        config = WatcherConfig(**{**FAST, **settings})
+        self.watcher = Watcher(self.store, processor, config, hooks=hooks, hook_secret=hook_secret)
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=f"watcher-{self.watcher.id}", daemon=True)
@@ -531,3 +600,10 @@ class Done(Processor):
     def process(self, item: Item) -> Response:
         self.seen.append(item.data)
         return Response(done=True)
+
+
+def ledger_rows(feed: Feed) -> Counter[int]:
+    """How many rows of `cli_processors.LEDGER_TABLE` each item has, as committed (the ledger a
+    transactional processor writes one row per item to)."""
+    with feed.store.engine.connect() as conn:
+        return Counter(conn.execute(text("SELECT item_id FROM ledger")).scalars())

@@ -13,6 +13,7 @@ One module per part, each route module with its own router:
 - `actions`: seal, retry, cancel, checkpoint a partition; retry, skip, cancel items;
 - `queues`: queue settings, pause and resume; stored pipelines;
 - `activity`: watchers and their leases, recent failures (and their bulk retry), running, throughput;
+- `hooks`: completion hooks' deliveries, listed, read and retried;
 - `workers`: the worker API (claim, heartbeat, answer, release) for pull workers and callbacks.
 """
 
@@ -30,7 +31,7 @@ from ..core.models import MAX_CHILDREN, MAX_ITEMS
 from ..feed import Feed
 from ..health import DatabaseProbe
 from ..metrics import CONTENT_TYPE, render_down, render_gauges
-from . import actions, activity, collected, partitions, queues, workers
+from . import actions, activity, collected, hooks, partitions, queues, workers
 from .common import DEFAULT_MAX_BODY, BodyLimit, expensive, expensive_reads
 from .docs import DocsPolicy
 from .errors import install_error_handlers
@@ -64,7 +65,7 @@ answer's children too (`--max-children`, 413).
 DOCS_PAGES = ("/api/v1/docs", "/api/v1/redoc")
 
 #: The route modules in the order their routes are matched and listed in the OpenAPI document.
-ROUTE_MODULES = (partitions, actions, queues, activity, workers, collected)
+ROUTE_MODULES = (partitions, actions, queues, activity, hooks, workers, collected)
 
 
 def create_app(
@@ -112,7 +113,8 @@ def create_app(
 
     @app.get("/metrics", dependencies=Reading, tags=["operations"], response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
-        """Prometheus text: partitions by status, backlog, failed items, leases, live watchers per queue."""
+        """Prometheus text: partitions by status, backlog, failed items, leases, live watchers and
+        completion hooks by status, per queue."""
         try:
             text = render_gauges(await expensive(request, feed.gauges))
         except FeedprocError as error:

@@ -1,6 +1,7 @@
-"""An operator's actions on partitions and items: seal, retry, cancel, checkpoint, resubmit or remove a
-partition (the commands of the same names), and retry, skip or cancel items, by id or as every failed or available
-item of a partition. All need an operate token; a refusal is a 409 that changes nothing."""
+"""An operator's actions on partitions and items: seal, retry, cancel, checkpoint, resubmit, remove or
+reprioritise a partition (the commands of the same names), and retry, skip or cancel items, by id or
+as every failed or available item of a partition. All need an operate token; a refusal is a 409 that
+changes nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.models import MAX_PRIORITY, MIN_PRIORITY
 from ..gate_labels import gate_filter
 from .common import GATE_HELP, INT64, GateIn, KeyPath, _feed, _key, _status
 from .errors import ApiError
@@ -65,6 +67,22 @@ def checkpoint(key: KeyPath, request: Request) -> dict[str, Any]:
     feed = _feed(request)
     gate = feed.checkpoint(_key(key))
     return {"gate": gate, "partition": _status(feed, key)}
+
+
+class PriorityChange(BaseModel):
+    """A partition's new priority."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: int = Field(..., ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True, description="higher is leased first")
+
+
+@router.post("/partitions/{key:path}/priority", dependencies=Operating, tags=["actions"])
+def set_priority(key: KeyPath, body: PriorityChange, request: Request) -> dict[str, Any]:
+    """Change a partition's priority (`feedproc priority KEY N`): its next lease and claim order
+    follow it; recorded in its history (by "api") unless unchanged. 404 for an unknown key."""
+    feed = _feed(request)
+    was = feed.set_priority(_key(key), body.priority, by="api")
+    return {"priority": body.priority, "was": was, "partition": _status(feed, key)}
 
 
 class ItemSelection(BaseModel):

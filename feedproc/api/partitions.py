@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ..core.models import KEY_PATTERN, MAX_PAGE, QUEUE_PATTERN, item_from_row
+from ..core.models import KEY_PATTERN, MAX_PAGE, MAX_PRIORITY, MIN_PRIORITY, QUEUE_PATTERN, item_from_row
 from ..core.views import listed_json
 from ..gate_labels import GateNames, gate_filter, with_name
 from .common import (
@@ -66,16 +66,33 @@ class NewPartition(BaseModel):
     )
     items: list[ItemIn] = Field(default_factory=list)
     queue: str = "default"
-    priority: int = Field(0, ge=-(2**31), le=INT32, strict=True)
+    priority: int | None = Field(
+        None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        strict=True,
+        description="higher is leased and claimed first (64-bit); omitted: the queue's default, else 0",
+    )
     open: bool = Field(False, strict=True, description="leave unsealed: more items may be added")
     manual_checkpoint: bool = Field(False, strict=True)
     not_before: str | None = Field(None, description="ISO 8601; without a zone it is UTC")
-    weight: int = Field(1, ge=1, le=INT32, strict=True, description="share of the queue's limit per item in flight")
+    weight: int | None = Field(
+        None,
+        ge=1,
+        le=INT32,
+        strict=True,
+        description="share of the queue's limit per item in flight; omitted: the queue's default, else 1",
+    )
     item_timeout: float | None = Field(None, gt=0, le=86400 * 7, description="seconds a processor call may take")
     windows: list[str] | None = Field(None, max_length=24, description='windows of the day, e.g. ["22:00-06:00"]')
     timezone: str | None = Field(None, max_length=64, description="the windows' time zone (default UTC)")
     tolerate: Tolerance | None = Field(
         None, description='failed items each gate lets pass: a count, or a percentage of its items ("5%")'
+    )
+    deadline: float | str | None = Field(
+        None,
+        description="seconds from now, or an ISO 8601 time (without a zone it is UTC), after which the partition, "
+        'unless finished, fails with "deadline exceeded"',
     )
 
 
@@ -94,6 +111,17 @@ def _not_before(value: str | None) -> datetime | None:
         return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except (ValueError, OverflowError):
         raise ApiError(400, f"not_before {value!r} is not an ISO 8601 time") from None
+
+
+def _deadline(value: float | str | None) -> datetime | float | None:
+    """A number of seconds as it is; a string as an ISO 8601 time (400 when it is not one)."""
+    if value is None or isinstance(value, float | int):
+        return value
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ApiError(400, f"deadline {value!r} is neither a number of seconds nor an ISO 8601 time") from None
 
 
 def _items(items: list[ItemIn]) -> list[Any]:
@@ -126,6 +154,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         "windows": body.windows,
         "window_tz": body.timezone,
         "tolerate": body.tolerate,
+        "deadline": _deadline(body.deadline),
     }
     if body.key is not None:
         key, count = body.key, feed.add_partition(body.key, items, **options)

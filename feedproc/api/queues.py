@@ -1,6 +1,6 @@
-"""Queues and their pipelines: each queue's settings and state, changed with `feedproc queue set`'s
-fields or paused and resumed fleet-wide; the stored pipelines, read-only here (credentials shown as
-`***`: no read reveals them)."""
+"""Queues and their pipelines: each queue's settings and state (its completion hooks too), changed
+with `feedproc queue set`'s fields or paused and resumed fleet-wide; the stored pipelines, read-only
+here (credentials shown as `***`: no read reveals them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.models import QUEUE_PATTERN
+from ..core.models import MAX_PRIORITY, MIN_PRIORITY, QUEUE_PATTERN
 from ..core.views import listed_json
 from .common import INT32, _feed
 from .errors import ApiError
@@ -32,6 +32,19 @@ class QueueChange(BaseModel):
         description='how answers\' accumulate numbers merge: {"pages": "sum", "max_score": "max"}'
         " (sum, min, max or count); {} removes the declaration",
     )
+    hooks: dict[str, str | None] | None = Field(
+        None,
+        max_length=3,
+        description='completion hooks: {"on_complete": URL or "python", "on_fail": ..., "on_cancel": ...};'
+        ' "" or null removes one, those not named keep theirs',
+    )
+    priority: int | None = Field(
+        None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True, description="priority of a partition added without one"
+    )
+    weight: int | None = Field(None, ge=1, le=INT32, strict=True, description="weight of a partition added without one")
+    clear_defaults: bool = Field(
+        False, strict=True, description="remove the default priority and weight first (0 and 1 again)"
+    )
 
 
 @router.get("/queues", dependencies=Reading, tags=["queues"])
@@ -50,9 +63,9 @@ def get_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], request
 def change_queue(
     name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
 ) -> dict[str, Any]:
-    """Change a queue's limit, windows, time zone, mode, pause or accumulate declaration (`feedproc
-    queue set|pause|resume`); an admin token (pause and resume alone: operate). 400 naming a bad
-    declaration: nothing is changed then."""
+    """Change a queue's limit, windows, time zone, mode, pause, accumulate declaration, completion
+    hooks or default priority and weight (`feedproc queue set|pause|resume`); an admin token (pause
+    and resume alone: operate). 400 naming a bad declaration or hook: nothing is changed then."""
     feed = _feed(request)
     feed.set_queue(
         name,
@@ -63,6 +76,10 @@ def change_queue(
         mode=body.mode,
         paused=body.paused,
         accumulate=body.accumulate,
+        hooks=body.hooks,
+        priority=body.priority,
+        weight=body.weight,
+        clear_defaults=body.clear_defaults,
         by="api",
     )
     return feed.queue(name).to_json()

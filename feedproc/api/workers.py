@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..auth import Grant
 from ..core.errors import FeedprocError, StaleClaim
-from ..core.models import QUEUE_PATTERN
+from ..core.models import MAX_PRIORITY, MIN_PRIORITY, QUEUE_PATTERN
 from ..feed import Feed
 from .collected import results_url
 from .common import INT64, _data, _feed
@@ -41,6 +41,12 @@ class ClaimRequest(BaseModel):
     max: int = Field(10, ge=1, le=1000, strict=True, description="items at most")
     lease_seconds: float = Field(60.0, ge=1, le=86400, description="how long each claim holds without a heartbeat")
     wait: float = Field(0.0, ge=0, le=60, description="seconds to wait for work when none is ready (long poll)")
+    min_priority: int | None = Field(
+        None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True, description="only partitions of this priority or higher"
+    )
+    max_priority: int | None = Field(
+        None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True, description="only partitions of this priority or lower"
+    )
 
 
 class Heartbeat(BaseModel):
@@ -120,8 +126,9 @@ def _fast_json(body: dict[str, Any]) -> Any:
 async def claim(queue: QueuePath, body: ClaimRequest, request: Request, grant: Worker) -> dict[str, Any]:
     """Claim up to `max` ready items of a pull-mode queue, each held for `lease_seconds` unless a
     heartbeat extends it; with `wait`, hold the request up to that many seconds until there is
-    work. Items come only from their partition's current gate, in priority order. Each item:
-    id, partition, queue, gate, attempt, data (or data_base64), token, lease_expires_at; a fan-in
+    work. Items come only from their partition's current gate, in priority order, and with
+    `min_priority` / `max_priority` only from partitions of a priority in that range. Each item:
+    id, partition, queue, gate, attempt, deliveries, data (or data_base64), token, lease_expires_at; a fan-in
     item also `collected` ({"gate", "count", "failed", "results" or "results_url"}, the URL
     authorised by the claim's token) and `accumulated`. 409 when the queue is not in pull mode; 403
     when the token may not claim from it."""
@@ -133,7 +140,13 @@ async def claim(queue: QueuePath, body: ClaimRequest, request: Request, grant: W
     deadline = loop.time() + body.wait
     while True:
         claimed = await run_in_threadpool(
-            feed.claim, queue, body.worker, max_items=body.max, lease_seconds=body.lease_seconds
+            feed.claim,
+            queue,
+            body.worker,
+            max_items=body.max,
+            lease_seconds=body.lease_seconds,
+            min_priority=body.min_priority,
+            max_priority=body.max_priority,
         )
         if await request.is_disconnected():  # the worker gave up (stopping): nobody will hear of these
             for entry in claimed:

@@ -66,6 +66,28 @@ DbOption = Annotated[
     ),
 ]
 LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+# Completion hooks' delivery, the same options for `watch` and `serve` (both deliver hooks).
+HookAttemptsOption = Annotated[
+    int,
+    typer.Option(
+        envvar="FEEDPROC_HOOK_ATTEMPTS", min=1, metavar="N", help="Calls of a completion hook before it fails."
+    ),
+]
+HookTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        envvar="FEEDPROC_HOOK_TIMEOUT", min=0.1, metavar="S", help="Seconds one call of a completion hook may take."
+    ),
+]
+HookMaxDelayOption = Annotated[
+    float,
+    typer.Option(
+        envvar="FEEDPROC_HOOK_MAX_DELAY",
+        min=0.1,
+        metavar="S",
+        help="Longest wait between a hook's attempts (doubling from 1 s). Hooks are signed with $FEEDPROC_HOOK_SECRET.",
+    ),
+]
 LogFormatOption = Annotated[
     str,
     typer.Option(
@@ -192,6 +214,18 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_deadline(value: str) -> datetime | float:
+    """`--deadline`: a duration (`parse_duration`: 90, 90s, 10m, 2h) or an ISO 8601 time (no zone: UTC)."""
+    text = value.strip()
+    if text[:1].isdigit() and text[-1:].lower() in (*_UNITS, *"0123456789") and text.count("-") == 0:
+        return parse_duration(text, "--deadline")
+    try:
+        parsed = datetime.fromisoformat(text)
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise InvalidInput(f"--deadline {value!r}: expected a duration like 10m or an ISO 8601 time") from None
 
 
 def parse_duration(value: str, option: str, *, unit_required: bool = False) -> float:

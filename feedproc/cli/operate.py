@@ -10,6 +10,7 @@ import typer
 
 from ..core.errors import InvalidInput
 from ..core.fanin import parse_operations
+from ..core.hooks import check_target
 from ..core.models import check_key
 from ..core.views import listed_json
 from .app import (
@@ -153,7 +154,8 @@ def _item_id(word: str) -> int:
 
 
 queue_app = typer.Typer(
-    no_args_is_help=True, help="Queue settings: concurrency limit, time windows, push or pull, pause and resume."
+    no_args_is_help=True,
+    help="Queue settings: concurrency limit, time windows, push or pull, completion hooks, pause and resume.",
 )
 app.add_typer(queue_app, name="queue")
 
@@ -187,10 +189,32 @@ def queue_set(
     no_accumulate: Annotated[
         bool, typer.Option("--no-accumulate", help="Remove the queue's accumulate declaration.")
     ] = False,
+    on_complete: Annotated[
+        str | None,
+        typer.Option(metavar="URL|python", help="Call this when a partition completes ('' removes the hook)."),
+    ] = None,
+    on_fail: Annotated[
+        str | None, typer.Option(metavar="URL|python", help="Call this when a partition fails ('' removes it).")
+    ] = None,
+    on_cancel: Annotated[
+        str | None,
+        typer.Option(metavar="URL|python", help="Call this when a partition is cancelled ('' removes it)."),
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Priority of a partition added without one (64-bit).")
+    ] = None,
+    weight: Annotated[int | None, typer.Option(metavar="N", help="Weight of a partition added without one.")] = None,
+    no_defaults: Annotated[
+        bool, typer.Option("--no-defaults", help="Remove the default priority and weight (0 and 1 again).")
+    ] = False,
     db: DbOption = None,
 ) -> None:
-    """Store queue NAME's concurrency limit, windows, mode and/or accumulate declaration (options
-    not given keep their value)."""
+    """Store queue NAME's concurrency limit, windows, mode, accumulate declaration, completion hooks
+    and/or the priority and weight its partitions get when added without theirs (options not given
+    keep their value).
+
+    A hook is an http(s) URL, POSTed the partition's summary (signed with $FEEDPROC_HOOK_SECRET), or
+    `python`: a function its watchers were given."""
     if mode is not None and mode not in ("push", "pull"):
         raise typer.BadParameter(f"must be push or pull, got {mode!r}", param_hint="--mode")
     if accumulate and no_accumulate:
@@ -203,6 +227,11 @@ def queue_set(
             raise InvalidInput(str(error)) from None
     elif no_accumulate:
         declared = {}
+    given = {"on_complete": on_complete, "on_fail": on_fail, "on_cancel": on_cancel}
+    hooks = {name: target for name, target in given.items() if target is not None} or None
+    for hook, target in (hooks or {}).items():  # before touching the database; '' removes the hook
+        if target:
+            check_target(target, where="--" + hook.replace("_", "-"))
     with _feed(db) as feed:
         settings = feed.set_queue(
             name,
@@ -212,12 +241,34 @@ def queue_set(
             clear_windows=no_windows,
             mode=mode,
             accumulate=declared,
+            hooks=hooks,
+            priority=priority,
+            weight=weight,
+            clear_defaults=no_defaults,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
     said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
     accumulate_text = f", accumulate {said}" if said else ""
-    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}")
+    hooks_text = _hooks_text(dict(settings.hooks))
+    defaults = _defaults_text(settings.default_priority, settings.default_weight)
+    typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}{hooks_text}{defaults}")
+
+
+def _defaults_text(priority: int | None, weight: int | None) -> str:
+    """A queue's default priority and weight as `queue set` and `queue show` print them (if set)."""
+    shown = ", ".join(
+        f"default {what} {value}" for what, value in (("priority", priority), ("weight", weight)) if value is not None
+    )
+    return f", {shown}" if shown else ""
+
+
+def _hooks_text(hooks: dict[str, str]) -> str:
+    """A queue's hooks as `queue set` and `queue show` print them, credentials hidden."""
+    from ..core.redaction import redact_url
+
+    shown = ", ".join(f"{hook} {redact_url(target)}" for hook, target in hooks.items())
+    return f", hooks {shown}" if shown else ""
 
 
 @queue_app.command("pause")
@@ -242,7 +293,7 @@ def queue_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Show queues' limits, slots in use and windows (with when the next one opens)."""
+    """Show queues' limits, slots in use, windows (with when the next one opens) and hooks."""
     with _feed(db) as feed:
         rows = [q.to_json() for q in feed.queues() if name is None or q.name == name]
         if name is not None and not rows:
@@ -260,7 +311,9 @@ def queue_show(
         paused = f", paused since {q['paused_at']} by {q['paused_by']}" if q["paused"] else ""
         declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
         accumulate = f", accumulate {declared}" if declared else ""
-        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{paused}")
+        hooks = _hooks_text(q.get("hooks") or {})
+        defaults = _defaults_text(q.get("priority"), q.get("weight"))
+        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{paused}")
 
 
 @app.command()

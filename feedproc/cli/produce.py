@@ -1,4 +1,4 @@
-"""Producer commands: migrate, add, add-items, seal, retry, cancel, checkpoint, cleanup."""
+"""Producer commands: migrate, add, add-items, seal, retry, cancel, checkpoint, priority, cleanup."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import InvalidInput
+from ..core.models import MAX_PRIORITY, MIN_PRIORITY, check_key, check_priority
 from .app import (
     DbOption,
     ItemsOption,
     _feed,
     app,
+    parse_deadline,
     parse_duration,
     parse_time,
     read_items,
@@ -34,13 +36,21 @@ def add(
     key: Annotated[str | None, typer.Argument(help="The partition's key; omitted: a UUIDv7 is generated.")] = None,
     items: ItemsOption = None,
     queue: Annotated[str, typer.Option(help="Queue of the partition.")] = "default",
-    priority: Annotated[int, typer.Option(help="Higher is leased first.")] = 0,
+    priority: Annotated[
+        int | None,
+        typer.Option(help="Higher is leased first: a signed 64-bit integer (default: the queue's, else 0)."),
+    ] = None,
     open_: Annotated[bool, typer.Option("--open", help="Leave unsealed: more items may be added.")] = False,
     manual_checkpoint: Annotated[
         bool, typer.Option(help="Hold each drained gate until `feedproc checkpoint`.")
     ] = False,
     not_before: Annotated[str | None, typer.Option(help="ISO 8601 time before which nothing is dispatched.")] = None,
-    weight: Annotated[int, typer.Option(min=1, help="Share of the queue's concurrency limit per item in flight.")] = 1,
+    weight: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Share of the queue's concurrency limit per item in flight (default: the queue's, else 1)."
+        ),
+    ] = None,
     item_timeout: Annotated[
         str | None, typer.Option(metavar="S", help="A processor call taking longer is a transient failure.")
     ] = None,
@@ -52,10 +62,18 @@ def add(
         str | None,
         typer.Option(metavar="N|P%", help="Failed items each gate lets pass: a count, or a percentage of its items."),
     ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION|TIME",
+            help="Fail the partition unless finished by then: a duration from now (90s, 10m, 2h) or an ISO 8601 time.",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction (no KEY: one is generated and printed)."""
     when = parse_time(not_before)
+    until = parse_deadline(deadline) if deadline is not None else None
     timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
     if items is None and not open_:  # a sealed partition without items completes at once: surely a slip
         raise InvalidInput("add needs --items FILE|- (or --open, to add its items later)")
@@ -70,6 +88,7 @@ def add(
         "windows": window or None,
         "window_tz": timezone,
         "tolerate": tolerate,
+        "deadline": until,
     }
     with _feed(db) as feed:
         if key is not None:
@@ -136,6 +155,27 @@ def checkpoint(key: str, db: DbOption = None) -> None:
     with _feed(db) as feed:
         gate = feed.checkpoint(key)
     typer.echo(f"{key} moved to gate {gate}")
+
+
+@app.command(context_settings={"ignore_unknown_options": True})  # a negative N is not an option
+def priority(
+    key: str,
+    n: Annotated[str, typer.Argument(metavar="N", help=f"The new priority, {MIN_PRIORITY} to {MAX_PRIORITY}.")],
+    db: DbOption = None,
+) -> None:
+    """Change KEY's priority (higher is leased and claimed first) from its next lease on."""
+    check_key(key)  # malformed: exit 2 before touching the database
+    new = check_priority(parse_priority(n))
+    with _feed(db) as feed:
+        was = feed.set_priority(key, new, by="cli")
+    typer.echo(f"{key}: priority {new} (was {was})")
+
+
+def parse_priority(word: str) -> int | str:
+    """`word` as an integer if it is one (digits, maybe signed); else as it is, for `check_priority`
+    to refuse naming it. A word of more than 21 characters is never read as a number."""
+    digits = word[1:] if word[:1] in "+-" else word
+    return int(word) if digits.isdigit() and digits.isascii() and len(word) <= 21 else word
 
 
 @app.command()

@@ -14,10 +14,13 @@ import typer
 
 from .. import logs
 from ..core.errors import InvalidInput, Refused
-from ..core.models import MAX_CHILDREN
+from ..core.models import MAX_CHILDREN, check_priority
 from ..core.redaction import credentials_conflict
 from .app import (
     DbOption,
+    HookAttemptsOption,
+    HookMaxDelayOption,
+    HookTimeoutOption,
     LogFormatOption,
     LogLevelOption,
     app,
@@ -60,6 +63,12 @@ def watch(
     max_attempts: Annotated[
         int, typer.Option(envvar="FEEDPROC_MAX_ATTEMPTS", min=1, help="Deliveries per gate before an item fails.")
     ] = 5,
+    max_not_yet: Annotated[
+        int,
+        typer.Option(
+            envvar="FEEDPROC_MAX_NOT_YET", min=1, help='"Not yet" answers of an item per gate before it fails.'
+        ),
+    ] = 1000,
     retry_delay: Annotated[
         float, typer.Option(envvar="FEEDPROC_RETRY_DELAY", min=0.0, help="First backoff delay; doubles each retry.")
     ] = 1.0,
@@ -109,6 +118,9 @@ def watch(
     header: Annotated[
         list[str] | None, typer.Option(metavar="'NAME: VALUE'", help="Extra HTTP header for the handler (repeatable).")
     ] = None,
+    hook_attempts: HookAttemptsOption = 25,
+    hook_timeout: HookTimeoutOption = 10.0,
+    hook_max_delay: HookMaxDelayOption = 60.0,
     batch: Annotated[
         int,
         typer.Option(
@@ -224,6 +236,7 @@ def watch(
             lease_seconds=lease_seconds,
             poll_interval=poll_interval,
             max_attempts=max_attempts,
+            max_not_yet=max_not_yet,
             retry_delay=retry_delay,
             max_retry_delay=max_retry_delay,
             shutdown_grace=shutdown_grace,
@@ -233,6 +246,9 @@ def watch(
             batch_wait=_batch_wait_ms(ctx, batch_wait_ms, batch_wait) / 1000,
             prefetch=prefetch,
             max_children=max_children,
+            hook_attempts=hook_attempts,
+            hook_timeout=hook_timeout,
+            hook_max_delay=hook_max_delay,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
@@ -258,6 +274,8 @@ def watch(
         logs.add_secret(value)
     logs.add_url_secrets(handler)
     logs.add_url_secrets(database_url(db))
+    if hook_secret := os.environ.get("FEEDPROC_HOOK_SECRET"):  # signs hooks; never logged
+        logs.add_secret(hook_secret)
     watcher = Watcher.connect(
         database_url(db), target, config, table_prefix=global_options(ctx).table_prefix, http_options=http_options
     )
@@ -382,6 +400,12 @@ def work(
     ] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds one handler request may take.")] = 30.0,
     shutdown_grace: Annotated[float, typer.Option(min=0.0, help="Seconds in-flight items get on stop.")] = 30.0,
+    min_priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Claim only from partitions of this priority or higher.")
+    ] = None,
+    max_priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Claim only from partitions of this priority or lower.")
+    ] = None,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
@@ -400,6 +424,9 @@ def work(
         if url is not None:
             check_http_url(url, name)
     _check_log_options(log_level, log_format)
+    for name, bound in (("--min-priority", min_priority), ("--max-priority", max_priority)):
+        if bound is not None:
+            check_priority(bound, name)
     if processor is not None:
         sys.path.insert(0, os.getcwd())
         target: Any = load_processor(processor)
@@ -422,6 +449,8 @@ def work(
         lease_seconds=lease_seconds,
         timeout=parse_duration(item_timeout, "--item-timeout") if item_timeout else None,
         shutdown_grace=shutdown_grace,
+        min_priority=min_priority,
+        max_priority=max_priority,
     )
     logging.getLogger("feedproc.worker").info(
         "worker %s claiming from %s, queue %s", remote.worker, redact_url(api), queue

@@ -6,15 +6,29 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .. import logs
 from ..core.errors import Refused
 from ..core.models import MAX_CHILDREN, MAX_ITEMS
-from .app import DbOption, LogFormatOption, LogLevelOption, app, database_url, global_options
+from .app import (
+    DbOption,
+    HookAttemptsOption,
+    HookMaxDelayOption,
+    HookTimeoutOption,
+    LogFormatOption,
+    LogLevelOption,
+    app,
+    database_url,
+    global_options,
+)
 from .run import _check_log_options
+
+if TYPE_CHECKING:
+    from ..feed import Feed
+    from ..watcher.hooks import HookSettings, HookThread
 
 
 @app.command()
@@ -56,10 +70,24 @@ def serve(
     max_attempts: Annotated[
         int, typer.Option(min=1, help="Pull workers: deliveries per gate before an item fails.")
     ] = 5,
+    max_not_yet: Annotated[
+        int, typer.Option(min=1, help='Pull workers: "not yet" answers of an item per gate before it fails.')
+    ] = 1000,
     retry_delay: Annotated[
         float, typer.Option(min=0.0, help="Pull workers: first backoff delay; doubles each retry.")
     ] = 1.0,
     max_retry_delay: Annotated[float, typer.Option(min=0.0, help="Pull workers: longest backoff delay.")] = 600.0,
+    hooks: Annotated[
+        bool,
+        typer.Option(
+            "--hooks/--no-hooks",
+            envvar="FEEDPROC_SERVE_HOOKS",
+            help="Deliver every queue's HTTP completion hooks too (pull queues have no watcher to).",
+        ),
+    ] = True,
+    hook_attempts: HookAttemptsOption = 25,
+    hook_timeout: HookTimeoutOption = 10.0,
+    hook_max_delay: HookMaxDelayOption = 60.0,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
     db: DbOption = None,
@@ -92,7 +120,9 @@ def serve(
     logs.add_url_secrets(database_url(db))
     from ..core.policy import RetryPolicy
 
-    policy = RetryPolicy(max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay)
+    policy = RetryPolicy(
+        max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay, max_not_yet=max_not_yet
+    )
     feed = Feed(database_url(db), policy=policy, table_prefix=global_options(ctx).table_prefix)
     try:
         feed.check_schema()
@@ -105,6 +135,28 @@ def serve(
         typer.echo(f"feedproc serve: http://{shown}:{sock.getsockname()[1]}/ (API at /api/v1)", err=False)
         sys.stdout.flush()
         app_ = create_app(feed, max_body=max_body_bytes, access=access, max_items=max_items, max_children=max_children)
-        run(app_, sock, log_level=log_level.lower(), max_connections=max_connections)
+        from ..watcher.hooks import HookSettings
+
+        settings = HookSettings(None, attempts=hook_attempts, timeout=hook_timeout, max_delay=hook_max_delay)
+        sender = _hook_thread(feed, settings) if hooks else None
+        try:
+            run(app_, sock, log_level=log_level.lower(), max_connections=max_connections)
+        finally:
+            if sender is not None:
+                sender.stop()
     finally:
         feed.close()
+
+
+def _hook_thread(feed: Feed, settings: HookSettings) -> HookThread:
+    """The completion hooks' sender of this serve process, started: any queue's HTTP hooks."""
+    import socket
+
+    from ..watcher.hooks import HookThread
+
+    secret = os.environ.get("FEEDPROC_HOOK_SECRET") or None
+    if secret:
+        logs.add_secret(secret)
+    sender = HookThread(feed.store, settings, f"serve:{socket.gethostname()[:60]}:{os.getpid()}", secret=secret)
+    sender.start()
+    return sender

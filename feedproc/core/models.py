@@ -23,7 +23,10 @@ ERROR_LIMIT = 2000
 #: The highest gate: gate columns are 32-bit INTEGERs on PostgreSQL, and SQLite keeps the same range
 #: so that a partition behaves the same on both. Every gate is checked against it where it is made.
 MAX_GATE = 2**31 - 1
-MAX_INT32 = 2**31 - 1  # priorities, weights and limits are 32-bit columns
+MAX_INT32 = 2**31 - 1  # weights and limits are 32-bit columns
+#: Priorities are signed 64-bit integers (BIGINT; SQLite's INTEGER): any of Scylla's 0..4_294_967_295,
+#: and room for a timestamp or a sequence as a priority.
+MIN_PRIORITY, MAX_PRIORITY = -(2**63), 2**63 - 1
 
 
 MAX_PAGE = 500  # rows per page of the operators' reads (HTTP API, dashboard), at most
@@ -51,6 +54,22 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):  # `$` alone would let "key\n" through
         raise InvalidInput(f"invalid partition key {key!r}: use 1-200 characters of A-Z a-z 0-9 . _ : / -")
     return key
+
+
+def check_priority(value: Any, what: str = "priority") -> int:
+    """Return `value` if it is a priority (an integer from MIN_PRIORITY to MAX_PRIORITY), else raise
+    InvalidInput naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(f"{what} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown(value)}")
+    return value
+
+
+def check_weight(value: Any, what: str = "weight") -> int:
+    """Return `value` if it is a weight (a partition's items' share of a concurrency limit: an
+    integer from 1 to MAX_INT32), else raise InvalidInput naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT32:
+        raise InvalidInput(f"{what} must be an integer from 1 to {MAX_INT32}, got {shown(value)}")
+    return value
 
 
 def uuid7(millis: int, random: bytes) -> str:
@@ -283,6 +302,9 @@ class Item:
     #: iterated a page at a time), and the partition's accumulator {name: number}. None elsewhere.
     collected: Any = field(default=None, repr=False, compare=False)
     accumulated: Mapping[str, float] | None = field(default=None, repr=False, compare=False)
+    #: This delivery's number among all of the item's deliveries, every gate and every answer
+    #: counted ("not yet" ones too, which `attempt` does not count), this one included.
+    deliveries: int = 1
 
     @property
     def cancelled(self) -> bool:

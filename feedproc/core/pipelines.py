@@ -7,6 +7,7 @@ is always one a watcher can serve:
 
 ```toml
 queue = "uploads"
+priority = 10              # optional: partitions added to the queue without a priority (or weight) get it
 
 [defaults]                 # optional: every gate's settings unless the gate says otherwise
 timeout = 30
@@ -22,6 +23,9 @@ number = 1
 handler = "http://127.0.0.1:8082/"
 limit = 8                  # at most 8 items at this gate in flight, fleet-wide
 timeout = 120
+
+[hooks]                    # optional: called once each partition finishes (completed, failed, cancelled)
+on_complete = "https://app.example/hooks/uploads"
 
 [[schedule]]
 name = "nightly"
@@ -48,7 +52,19 @@ from . import windows as timewindows
 from .errors import InvalidInput
 from .fanin import COLLECT_INLINE, Tolerance, check_operations
 from .gate_names import check_gate_name, naming
-from .models import MAX_GATE, MAX_INT32, NewItem, check_gate, check_queue, encode_json, gate_problem, shown
+from .hooks import check_hooks
+from .models import (
+    MAX_GATE,
+    MAX_INT32,
+    NewItem,
+    check_gate,
+    check_priority,
+    check_queue,
+    check_weight,
+    encode_json,
+    gate_problem,
+    shown,
+)
 from .policy import RetryPolicy
 from .redaction import credentials_conflict, redact_url
 
@@ -60,6 +76,8 @@ GATE_SETTINGS: dict[str, type] = {
     "timeout": float,
     "item_timeout": float,
     "max_attempts": int,
+    "max_not_yet": int,
+    "max_time": float,
     "retry_delay": float,
     "max_retry_delay": float,
     "limit": int,
@@ -92,6 +110,8 @@ class GateSpec:
     timeout: float | None = None  # seconds one HTTP request may take
     item_timeout: float | None = None  # seconds a processor call may take
     max_attempts: int | None = None
+    max_not_yet: int | None = None  # "not yet" answers of one item at this gate before it fails
+    max_time: float | None = None  # seconds a partition may spend at this gate before it fails
     retry_delay: float | None = None
     max_retry_delay: float | None = None
     limit: int | None = None  # items of this gate in flight fleet-wide, by weight
@@ -115,14 +135,20 @@ class GateSpec:
         return dict(self.accumulate)
 
     def policy(self, base: RetryPolicy) -> RetryPolicy:
-        """`base` (the watcher's) with this gate's attempts and backoff where it gives them."""
-        if self.max_attempts is None and self.retry_delay is None and self.max_retry_delay is None:
+        """`base` (the watcher's) with this gate's attempts, backoff and "not yet" bound where it gives them."""
+        if (
+            self.max_attempts is None
+            and self.retry_delay is None
+            and self.max_retry_delay is None
+            and self.max_not_yet is None
+        ):
             return base
         return RetryPolicy(
             self.max_attempts if self.max_attempts is not None else base.max_attempts,
             self.retry_delay if self.retry_delay is not None else base.retry_delay,
             self.max_retry_delay if self.max_retry_delay is not None else base.max_retry_delay,
             base.not_yet_delay,
+            self.max_not_yet if self.max_not_yet is not None else base.max_not_yet,
         )
 
     @property
@@ -147,7 +173,7 @@ class GateSpec:
 class ScheduleSpec:
     """Partitions started on a schedule: at every tick of `cron` (five fields, or six with seconds
     last) in `timezone`, a partition keyed `key.format(date=<the tick in that zone>)` with `items`
-    and `priority`, created once per tick across every watcher."""
+    and `priority` (its own, else its pipeline's, else 0), created once per tick across every watcher."""
 
     name: str
     cron: str
@@ -172,6 +198,14 @@ class PipelineSpec:
     gates: tuple[GateSpec, ...]
     schedules: tuple[ScheduleSpec, ...] = ()
     version: int = 0
+    #: Its completion hooks ([hooks]): (on_complete | on_fail | on_cancel, URL or "python"), sorted.
+    #: Applied, they replace the queue's; a pipeline without them leaves the queue's alone.
+    hooks: tuple[tuple[str, str], ...] = ()
+    #: The priority and weight of a partition added to the queue without its own (a partition has
+    #: one priority, whatever its gate: so these are the pipeline's, not a gate's). Applied, they
+    #: become the queue's defaults; a pipeline without them leaves the queue's alone.
+    priority: int | None = None
+    weight: int | None = None
     _by_number: dict[int, GateSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -220,8 +254,14 @@ class PipelineSpec:
     def to_mapping(self) -> dict[str, Any]:
         """The pipeline as TOML's shape in plain values (what is stored, as JSON, and shown)."""
         out: dict[str, Any] = {"queue": self.queue, "gate": [gate.to_mapping() for gate in self.gates]}
+        if self.priority is not None:
+            out["priority"] = self.priority
+        if self.weight is not None:
+            out["weight"] = self.weight
         if self.schedules:
             out["schedule"] = [schedule.to_mapping(self.numbers) for schedule in self.schedules]
+        if self.hooks:
+            out["hooks"] = dict(self.hooks)
         return out
 
     def shown(self) -> dict[str, Any]:
@@ -233,10 +273,12 @@ class PipelineSpec:
                 gate["handler"] = redact_url(gate["handler"])
             if "headers" in gate:
                 gate["headers"] = dict.fromkeys(gate["headers"], "***")
+        if "hooks" in out:
+            out["hooks"] = {hook: redact_url(target) for hook, target in out["hooks"].items()}
         return out
 
     def with_version(self, version: int) -> PipelineSpec:
-        return PipelineSpec(self.queue, self.gates, self.schedules, version)
+        return PipelineSpec(self.queue, self.gates, self.schedules, version, self.hooks, self.priority, self.weight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +321,17 @@ def from_mapping(document: Mapping[str, Any], *, source: str = "pipeline", versi
     naming the first problem and where it is."""
     if not isinstance(document, Mapping):
         raise InvalidInput(f"{source}: a pipeline is a table")
-    unknown = set(document) - {"queue", "defaults", "gate", "schedule"}
+    unknown = set(document) - {"queue", "priority", "weight", "defaults", "gate", "schedule", "hooks"}
     if unknown:
-        raise InvalidInput(f"{source}: unknown key(s) {', '.join(sorted(unknown))} (queue, defaults, gate, schedule)")
+        raise InvalidInput(
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))}"
+            " (queue, priority, weight, defaults, gate, schedule, hooks)"
+        )
+    priority, weight = document.get("priority"), document.get("weight")
+    if priority is not None:
+        check_priority(priority, f"{source}: priority")
+    if weight is not None:
+        check_weight(weight, f"{source}: weight")
     try:
         queue = check_queue(document.get("queue", "default"))
     except InvalidInput as error:
@@ -322,16 +372,24 @@ def from_mapping(document: Mapping[str, Any], *, source: str = "pipeline", versi
         if not isinstance(raw, Mapping):
             raise InvalidInput(f"{where}a schedule is a table")
         with naming(names, f"queue {queue!r}"):
-            schedules.append(_schedule(raw, where))
+            schedules.append(_schedule(raw, where, priority or 0))
     if len({s.name for s in schedules}) != len(schedules):
         raise InvalidInput(f"{source}: two schedules have the same name")
-    return PipelineSpec(queue, tuple(gates), tuple(schedules), version)
+    hooks = check_hooks(document.get("hooks", {}), where=f"{source}: [hooks]")
+    hooks_given = tuple(sorted(hooks.items()))
+    return PipelineSpec(queue, tuple(gates), tuple(schedules), version, hooks_given, priority, weight)
 
 
 def _named(raw: Mapping[str, Any], keys: set[str], where: str, kind: str) -> tuple[str, str]:
     """A gate's or a schedule's table checked for unknown keys, and its name; with `where` now
     naming it ("uploads.toml: gate 'ocr': ") instead of its position."""
     unknown = set(raw) - keys
+    if unknown == {"transactional"} and kind == "gate":  # the code's, not stored: say where it goes
+        raise InvalidInput(
+            f"{where}transactional is not a stored setting: it is a Python processor's "
+            "(`transactional = True`, or `@pipeline.gate(..., transactional=True)`); "
+            "an HTTP handler cannot complete in feedproc's transaction"
+        )
     if unknown:
         raise InvalidInput(f"{where}unknown key(s) {', '.join(sorted(unknown))}")
     try:
@@ -354,10 +412,15 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
     if processor is not None and (not isinstance(processor, str) or ":" not in processor):
         raise InvalidInput(f"{where}processor must be module:attr, got {shown(processor)}")
     values: dict[str, Any] = {}
-    for key in ("timeout", "item_timeout", "retry_delay", "max_retry_delay"):
+    for key in ("timeout", "item_timeout", "retry_delay", "max_retry_delay", "max_time"):
         if key in raw:
             values[key] = _seconds(raw[key], f"{where}{key}", positive=key != "retry_delay")
-    for key, low, high in (("max_attempts", 1, MAX_INT32), ("limit", 1, MAX_INT32), ("batch", 1, MAX_BATCH)):
+    for key, low, high in (
+        ("max_attempts", 1, MAX_INT32),
+        ("max_not_yet", 1, MAX_INT32),
+        ("limit", 1, MAX_INT32),
+        ("batch", 1, MAX_BATCH),
+    ):
         if key in raw:
             value = raw[key]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -443,7 +506,7 @@ def _seconds(value: Any, what: str, *, positive: bool) -> float:
     return float(value)
 
 
-def _schedule(raw: Mapping[str, Any], where: str) -> ScheduleSpec:
+def _schedule(raw: Mapping[str, Any], where: str, default_priority: int) -> ScheduleSpec:
     from .schedules import check_cron, render_key  # the cron parser, kept out of the module's import cost
 
     name, where = _named(raw, _SCHEDULE_KEYS, where, "schedule")
@@ -464,9 +527,7 @@ def _schedule(raw: Mapping[str, Any], where: str) -> ScheduleSpec:
         render_key(key, timezone_name=timezone)
     except ValueError as error:
         raise InvalidInput(f"{where}{error}") from None
-    priority = raw.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT32:
-        raise InvalidInput(f"{where}priority must be an integer, got {shown(priority)}")
+    priority = check_priority(raw.get("priority", default_priority), f"{where}priority")
     raw_items = raw.get("items", [])
     if not isinstance(raw_items, list):
         raise InvalidInput(f'{where}items must be a list like [{{gate = "list", data = {{}}}}]')

@@ -31,6 +31,9 @@ class RetryPolicy:
     retry_delay: float = 1.0
     max_retry_delay: float = 600.0
     not_yet_delay: float = 1.0  # a "not yet" answer without retry_after waits this long (the poll interval)
+    #: "Not yet" answers of one item at one gate before it fails: they are not attempts, and a handler
+    #: that never says anything else would otherwise be asked forever.
+    max_not_yet: int = 1000
 
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
         """Delay before the `retry`-th retry (1-based), jitter included, never above the cap."""
@@ -128,9 +131,19 @@ def outcome_of(
         if response.done:
             return Outcome(*base, kind=Kind.DONE, children=children, attempts=item.attempts, **produced)
         if response.gate == item.gate:
+            not_yet = item.not_yet + 1
+            if not_yet >= policy.max_not_yet:
+                why = f"not yet answered {not_yet} times (max_not_yet {policy.max_not_yet})"
+                return Outcome(*base, kind=Kind.FAIL, attempts=item.attempts, error=why, not_yet=not_yet)
             delay = policy.not_yet(response.retry_after)
             return Outcome(
-                *base, kind=Kind.LATER, delay=delay, attempts=item.attempts, progress=response.progress, **produced
+                *base,
+                kind=Kind.LATER,
+                delay=delay,
+                attempts=item.attempts,
+                progress=response.progress,
+                not_yet=not_yet,
+                **produced,
             )
         return Outcome(*base, kind=Kind.MOVE, new_gate=cast(int, response.gate), children=children, **produced)
     attempts = item.attempts + 1

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import windows as timewindows
 from .models import NewItem
+from .redaction import redact_url
 from .timestamps import iso
 
 RECORD_OUTCOMES = {
@@ -67,6 +68,7 @@ class ReadyItem:
     deliveries: int = 0  # the item's deliveries so far, every gate (its next one is number deliveries + 1)
     lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
     collect: int | None = None  # the gate whose results it collects, given when it was added (no pipeline)
+    not_yet: int = 0  # "not yet" answers at its current gate so far
 
 
 class Kind(StrEnum):
@@ -97,6 +99,7 @@ class Outcome:
     attempts: int = 0  # the item's attempts after this outcome
     error: str | None = None
     progress: float | None = None  # reported with a "not yet" answer (0..1)
+    not_yet: int | None = None  # the item's "not yet" answers at its gate after this outcome (None: unchanged)
     result: bytes | None = None  # what the item produced (fan-in), kept apart from its data
     accumulate: Mapping[str, float] | None = None  # numbers for the partition's accumulator
     # How they merge: the operations its gate (over its queue) declared when the answer was read,
@@ -178,6 +181,11 @@ class QueueSettings:
     paused_by: str | None = None
     #: How answers' `accumulate` numbers merge in its partitions: (name, operation) pairs, sorted.
     accumulate: tuple[tuple[str, str], ...] = ()
+    #: Its completion hooks: (on_complete | on_fail | on_cancel, URL or "python") pairs, sorted.
+    hooks: tuple[tuple[str, str], ...] = ()
+    #: What a partition added without its own priority or weight gets (None: 0 and 1).
+    default_priority: int | None = None
+    default_weight: int | None = None
 
     @property
     def operations(self) -> dict[str, str]:
@@ -215,6 +223,9 @@ class QueueSettings:
             "window_open": opens == now,
             "next_window_opens_at": None if opens == now else iso(opens),
             "accumulate": self.operations,
+            "hooks": {hook: redact_url(target) for hook, target in self.hooks},
+            "priority": self.default_priority,
+            "weight": self.default_weight,
         }
 
 

@@ -210,7 +210,8 @@ class HistoryEntry(View):
 class QueueView(View):
     """A queue's settings and state: mode, pause, concurrency `limit` (None: none) and the
     `slots_in_use`, windows of the day in `timezone`, whether one is open and when the next opens,
-    and how its answers' accumulate numbers merge."""
+    how its answers' accumulate numbers merge, its completion hooks (URLs redacted), and the
+    `priority` and `weight` a partition added without its own gets (None: 0 and 1)."""
 
     name: str
     mode: str
@@ -224,15 +225,18 @@ class QueueView(View):
     window_open: bool
     next_window_opens_at: str | None
     accumulate: Mapping[str, str]
+    hooks: Mapping[str, str]
+    priority: int | None = None
+    weight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionSchedule(View):
     """When a partition's items may run: its weight, item timeout and windows, its queue, whether a
     window is open now and when the next opens; `windows_never_overlap` when its windows and its
-    queue's never meet."""
+    queue's never meet; its `deadline`, when it has one."""
 
-    _omitted: ClassVar[Mapping[str, object]] = {"windows_never_overlap": False}
+    _omitted: ClassVar[Mapping[str, object]] = {"windows_never_overlap": False, "deadline": None}
     _nested: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"queue": QueueView.from_json}
 
     weight: int
@@ -243,6 +247,7 @@ class PartitionSchedule(View):
     window_open: bool
     next_window_opens_at: str | None
     windows_never_overlap: bool = False
+    deadline: str | None = None  # when it fails unless finished (ISO 8601)
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,6 +571,36 @@ class ScheduleView(View):
     next_key: str
 
 
+# ---------------------------------------------------------------- completion hooks
+
+
+@dataclass(frozen=True, slots=True)
+class HookView(View):
+    """One delivery of a completion hook (`Feed.hooks`, `Feed.hook`): its id (the idempotency key
+    its receiver sees), the queue and partition `key` it tells of, which hook (on_complete, on_fail,
+    on_cancel), its target (a URL with credentials redacted, or "python"), its status (pending,
+    sent, failed), attempts made, whether a watcher holds it now (`claimed`), when the next attempt
+    is due (pending only), the last attempt's error and HTTP status, when it was written and sent;
+    `payload` (the summary sent) from `Feed.hook` only, else None."""
+
+    _omitted: ClassVar[Mapping[str, object]] = {"payload": None}
+
+    id: int
+    queue: str
+    key: str
+    hook: str
+    target: str
+    status: str
+    attempts: int
+    claimed: bool
+    next_attempt_at: str | None
+    last_error: str | None
+    response_status: int | None
+    created_at: str | None
+    sent_at: str | None
+    payload: Mapping[str, Any] | None = None
+
+
 __all__ = [
     "Bucket",
     "CurrentGate",
@@ -575,6 +610,7 @@ __all__ = [
     "GateProgress",
     "GateTiming",
     "HistoryEntry",
+    "HookView",
     "ItemRow",
     "ItemView",
     "Lease",

@@ -1,5 +1,6 @@
 """`Feed`, operating: retry, cancel, skip and checkpoint partitions and items, resubmit or remove a
-finished partition, clean finished ones up, and set a queue's limit, windows, mode, pause and accumulate rules."""
+finished partition, clean finished ones up, set a queue's limit, windows, mode, pause, accumulate rules
+and completion hooks, and retry hooks that failed."""
 
 from __future__ import annotations
 
@@ -60,6 +61,14 @@ class Operating(Reading):
         return self.store.remove(key)
 
     @retried
+    def retry_hooks(self, ids: Sequence[int] = (), *, failed: bool = False, queue: str | None = None) -> int:
+        """Make failed completion hooks pending again, due now with fresh attempts: those of `ids`,
+        or with `failed=True` every failed one (of `queue`). A hook of `ids` that is pending or sent
+        is left alone (not counted); NotFound for an id that does not exist, InvalidInput when given
+        neither. Returns how many are pending again."""
+        return self.store.retry_hooks(ids, failed=failed, queue=queue)
+
+    @retried
     def act_on_items(
         self,
         action: str,
@@ -75,6 +84,14 @@ class Operating(Reading):
         progress for a skipped or cancelled item is cancelled. Refused (nothing changes) when a
         named item is not failed or available, or its partition is finished."""
         return self.store.act_on_items(action, ids=ids, key=key, gate=gate, by=by)
+
+    @retried
+    def set_priority(self, key: str, priority: int, *, by: str = "python") -> int:
+        """Change partition `key`'s priority (a signed 64-bit integer; higher is leased and claimed
+        first): the next lease and claim order follow it, a lease held now is kept. Recorded in its
+        history with `by` unless unchanged. Returns the priority it had; NotFound for an unknown
+        key, InvalidInput out of range (nothing changes)."""
+        return self.store.set_priority(key, priority, by=by)
 
     @retried
     def checkpoint(self, key: str) -> int:
@@ -101,6 +118,10 @@ class Operating(Reading):
         mode: str | None = None,
         paused: bool | None = None,
         accumulate: Mapping[str, str] | None = None,
+        hooks: Mapping[str, str | None] | None = None,
+        priority: int | None = None,
+        weight: int | None = None,
+        clear_defaults: bool = False,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
@@ -108,8 +129,11 @@ class Operating(Reading):
         deliver its items; "pull": workers claim them) and/or whether it is `paused` (nothing new is
         dispatched or claimed, fleet-wide; in-flight items finish) and/or how answers' `accumulate`
         numbers merge in its partitions ({"pages": "sum"}: sum, min, max or count; a pipeline gate's
-        own declaration wins for its answers; {} removes it); arguments left None keep their
-        value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
+        own declaration wins for its answers; {} removes it) and/or its completion `hooks`
+        ({"on_complete": URL or "python", "on_fail": ..., "on_cancel": ...}; an empty value removes
+        one, hooks not named keep theirs) and/or the `priority` and `weight` a partition added to it
+        without its own gets (`clear_defaults` removes both: 0 and 1 again); arguments left None
+        keep their value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
             limit=limit,
@@ -119,5 +143,9 @@ class Operating(Reading):
             mode=mode,
             paused=paused,
             accumulate=accumulate,
+            hooks=hooks,
+            priority=priority,
+            weight=weight,
+            clear_defaults=clear_defaults,
             by=by,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, overload
 
 from sqlalchemy.engine import Connection
@@ -26,15 +26,16 @@ class Producing(FeedBase):
         items: Iterable[ItemLike] = (),
         *,
         queue: str = "default",
-        priority: int = 0,
+        priority: int | None = None,
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         item_timeout: float | None = None,
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         tolerate: str | int | None = None,
+        deadline: datetime | timedelta | float | None = None,
         connection: Connection | None = None,
     ) -> int: ...
 
@@ -45,15 +46,16 @@ class Producing(FeedBase):
         items: Iterable[ItemLike] = (),
         *,
         queue: str = "default",
-        priority: int = 0,
+        priority: int | None = None,
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         item_timeout: float | None = None,
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         tolerate: str | int | None = None,
+        deadline: datetime | timedelta | float | None = None,
         connection: Connection | None = None,
     ) -> AddedPartition: ...
 
@@ -63,25 +65,31 @@ class Producing(FeedBase):
         items: Iterable[ItemLike] = (),
         *,
         queue: str = "default",
-        priority: int = 0,
+        priority: int | None = None,
         sealed: bool = True,
         manual_checkpoint: bool = False,
         not_before: datetime | None = None,
-        weight: int = 1,
+        weight: int | None = None,
         item_timeout: float | None = None,
         windows: str | Sequence[str] | None = None,
         window_tz: str | None = None,
         tolerate: str | int | None = None,
+        deadline: datetime | timedelta | float | None = None,
         connection: Connection | None = None,
     ) -> int | AddedPartition:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
 
         Sealed unless `sealed=False`. Raises DuplicateKey if `key` exists, InvalidInput for bad
-        input; nothing is written then. Returns the number of items added. Scheduling controls:
-        `weight` (share of the queue's concurrency limit per item in flight), `item_timeout`
-        (seconds a processor call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
+        input; nothing is written then. Returns the number of items added. `priority`: a signed
+        64-bit integer, higher leased and claimed first. Scheduling controls: `weight` (share of
+        the queue's concurrency limit per item in flight), `item_timeout` (seconds a processor
+        call may take), `windows` (e.g. "22:00-06:00") in `window_tz`.
         `tolerate`: failed items each of its gates lets pass without failing it, `"5%"` of the
-        gate's items or a count (over its queue's pipeline gates' own `tolerate`).
+        gate's items or a count (over its queue's pipeline gates' own `tolerate`). A `priority` or
+        `weight` left None is the queue's default (`set_queue`, or its pipeline's), else 0 and 1.
+        `deadline`: a time, or a duration from now (timedelta or seconds, on the database's clock),
+        after which the partition, unless finished, fails with "deadline exceeded": a watcher of its
+        queue cancels its unfinished items and their calls, within a second or so.
 
         `connection`: write in the caller's transaction on it instead (from `Feed.begin()`):
         nothing is committed unless the caller commits, and a rollback leaves no trace. A refusal
@@ -103,6 +111,7 @@ class Producing(FeedBase):
                 "windows": windows,
                 "window_tz": window_tz,
                 "tolerate": tolerate,
+                "deadline": deadline,
             }
             if key is not None:
                 return self._add_partition(key, items, options, connection=connection)

@@ -1,5 +1,6 @@
 """`Feed`, reading: one partition (status, items, history, timings), the whole (summary, partitions,
-queues, schedules) and what runs now (running, leases, watchers, throughput). Each returns a frozen
+queues, schedules), what runs now (running, leases, watchers, throughput) and completion hooks'
+deliveries. Each returns a frozen
 view of `core.views`, built from the store's rows here; `to_json()` is what the front doors show."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from ..core.views import (
     Failure,
     HistoryEntry,
+    HookView,
     ItemRow,
     ItemView,
     LeaseRow,
@@ -136,3 +138,25 @@ class Reading(FeedBase):
     def gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
         """Per-queue aggregates for Prometheus: partitions by status, backlog, failed items, leases, live watchers."""
         return self.store.queue_gauges(queue)
+
+    def hooks(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[HookView]:
+        """Completion hooks' deliveries, newest first: of one `status` (pending, sent or failed),
+        `queue` or partition `key`; at most `limit` (1 to 1,000), with ids below `before` (pass the
+        last id seen for the next page). Without their payloads (`hook` has it)."""
+        return [
+            HookView.from_json(h)
+            for h in self.store.hooks(status=status, queue=queue, key=key, limit=limit, before=before)
+        ]
+
+    def hook(self, hook_id: int) -> HookView:
+        """One completion hook's delivery with its `payload` (the summary its receiver is sent);
+        NotFound (a KeyError) if there is none of that id."""
+        return HookView.from_json(self.store.hook(hook_id))

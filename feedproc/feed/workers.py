@@ -17,7 +17,7 @@ from ..core.errors import (
     TooManyChildren,
 )
 from ..core.fanin import COLLECT_INLINE_BYTES, PAGE, CollectedResult, result_size
-from ..core.models import MAX_CHILDREN, Response
+from ..core.models import MAX_CHILDREN, MAX_PRIORITY, MIN_PRIORITY, Response, check_priority
 from ..store import MAX_CLAIM, ClaimAnswer
 from .base import FeedBase, retried
 
@@ -27,14 +27,25 @@ class Workers(FeedBase):
 
     @retried
     def claim(
-        self, queue: str, worker: str, *, max_items: int = 10, lease_seconds: float = 60.0
+        self,
+        queue: str,
+        worker: str,
+        *,
+        max_items: int = 10,
+        lease_seconds: float = 60.0,
+        min_priority: int | None = None,
+        max_priority: int | None = None,
     ) -> list[dict[str, Any]]:
         """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each held for
         `lease_seconds` unless heartbeats extend it. Each is a dict: id, partition, queue, gate,
-        attempt, data (bytes), token, lease_expires_at. Only items at their partition's current
-        gate, in priority order; [] when none is ready. Refused unless the queue is in pull mode."""
+        attempt, deliveries, data (bytes), token, lease_expires_at. Only items at their partition's
+        current gate, in priority order, and with `min_priority` / `max_priority` only of partitions
+        whose priority is in that range (both included); [] when none is ready. Refused unless the
+        queue is in pull mode."""
         check_claim(worker, max_items, lease_seconds)
-        claimed = self.store.claim(queue, worker, max_items, lease_seconds, self.policy)
+        low = MIN_PRIORITY if min_priority is None else check_priority(min_priority, "min_priority")
+        high = MAX_PRIORITY if max_priority is None else check_priority(max_priority, "max_priority")
+        claimed = self.store.claim(queue, worker, max_items, lease_seconds, self.policy, (low, high))
         if any("collects" in entry for entry in claimed):
             self._fan_in(claimed)
         return claimed

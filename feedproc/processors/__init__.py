@@ -6,6 +6,8 @@ A Processor turns an `Item` into a `Response`, or raises: `PermanentError` fails
 `--processor module:attr`.
 
 `calling` holds the seam (ProcessorLike, Processor, call_processor, call_batch, load_processor),
+`transactional` the processors that complete in their answer's transaction (apart: it names
+SQLAlchemy's types, and the pull worker needs no database),
 `http` the HTTP processor and the request side of the contract, `answers` the answer side.
 """
 

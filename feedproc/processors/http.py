@@ -401,18 +401,20 @@ def request_body(item: Item) -> bytes:
             "queue": item.queue,
             "gate": item.gate,
             "attempt": item.attempt,
+            "deliveries": item.deliveries,
         }
         try:
             body["data"] = json.loads(item.data)  # JSON in UTF-16 or UTF-32
         except (ValueError, UnicodeDecodeError):
             body["data_base64"] = base64.b64encode(item.data).decode()
         return json.dumps(body, separators=(",", ":")).encode()
-    return b'{"id":%d,"partition":%s,"queue":%s,"gate":%d,"attempt":%d,"data":%s}' % (
+    return b'{"id":%d,"partition":%s,"queue":%s,"gate":%d,"attempt":%d,"deliveries":%d,"data":%s}' % (
         item.id,
         _json_string(item.partition),
         _json_string(item.queue),
         item.gate,
         item.attempt,
+        item.deliveries,
         item.data,
     )
 
@@ -456,6 +458,7 @@ def raw_headers(item: Item, token: str | None = None, answer_url: str | None = N
         "Feedproc-Queue": item.queue,
         "Feedproc-Gate": str(item.gate),
         "Feedproc-Attempt": str(item.attempt),
+        "Feedproc-Deliveries": str(item.deliveries),
     }
     if token is not None and answer_url is not None:
         headers["Feedproc-Token"] = token

@@ -19,44 +19,111 @@ watcher and producer of the queue.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..core.errors import PermanentError, RetryLater
 from ..core.gate_names import naming
+from ..core.hooks import PYTHON, check_hooks
 from ..core.models import Item, Response
 from ..core.pipelines import Collects, GateSpec, PipelineSpec, collects, from_mapping
 from ..core.policy import RetryPolicy
 from .calling import ProcessorLike, call_batch, call_processor, load_processor
 from .http import HTTPOptions
+from .transactional import AnyProcessor, call_in_transaction, is_transactional, transactional_function
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger("feedproc.watcher")
 
 GateFunction = Callable[[Item], Response | Awaitable[Response]]
+#: A completion hook's function: called with the partition's summary (plain or `async def`).
+HookFunction = Callable[[dict[str, Any]], Any]
+#: A gate declared `transactional=True`: a plain function given the answer's transaction too.
+TransactionalGateFunction = Callable[[Item, "Connection"], Response]
+F = TypeVar("F", GateFunction, TransactionalGateFunction)
 
 
 class Pipeline:
     """A queue's gates as Python functions (plain or `async def`, each answering a `Response`),
     with each gate's settings (`limit`, `timeout`, `item_timeout`, `max_attempts`, `retry_delay`,
     `max_retry_delay`, `windows`, `timezone`, `batch`). A processor itself: it hands each item to
-    its gate's function, with the gates' names in scope (`Response(gate="rank")`)."""
+    its gate's function, with the gates' names in scope (`Response(gate="rank")`). Its completion
+    hooks (`hooks=`, or `on_complete` / `on_fail` / `on_cancel`) are URLs, or functions its
+    watchers call with the partition's summary. `priority` and `weight`: what a partition added to
+    the queue without its own gets once the pipeline is applied (the queue's defaults).
 
-    def __init__(self, queue: str = "default", *, schedules: list[Mapping[str, Any]] | None = None) -> None:
+    `transactional=True` (not stored with the pipeline: it is the code's) makes a gate complete in
+    its answer's transaction: its function, a plain `def f(item, connection)`, is given the
+    SQLAlchemy `Connection` of the fenced transaction that writes its answer."""
+
+    def __init__(
+        self,
+        queue: str = "default",
+        *,
+        schedules: list[Mapping[str, Any]] | None = None,
+        hooks: Mapping[str, str | HookFunction] | None = None,
+        priority: int | None = None,
+        weight: int | None = None,
+    ) -> None:
         self.queue = queue
+        self._defaults = {
+            name: value for name, value in (("priority", priority), ("weight", weight)) if value is not None
+        }
         self._gates: dict[int, tuple[dict[str, Any], GateFunction]] = {}
+        self._transactional: dict[int, TransactionalGateFunction] = {}  # gate -> its function
         self._schedules = list(schedules or [])
+        self._hooks: dict[str, str] = {}
+        #: hook name -> the function a `python` hook calls (`Watcher` serving this pipeline calls it)
+        self.hook_functions: dict[str, HookFunction] = {}
         self._spec: PipelineSpec | None = None
+        for name, target in (hooks or {}).items():
+            self._hook(name, target)
 
-    def gate(self, name: str, number: int, **settings: Any) -> Callable[[GateFunction], GateFunction]:
-        """Decorator: the function serves gate `number`, named `name`, with these settings."""
+    def on_complete(self, target: str | HookFunction) -> Any:
+        """The hook called when a partition of the queue completes: a URL, or (also as a decorator)
+        a function called with the partition's summary (a dict, as an HTTP hook's JSON body)."""
+        return self._hook("on_complete", target)
 
-        def register(function: GateFunction) -> GateFunction:
+    def on_fail(self, target: str | HookFunction) -> Any:
+        """The hook called when a partition of the queue fails (`on_complete` says what it may be)."""
+        return self._hook("on_fail", target)
+
+    def on_cancel(self, target: str | HookFunction) -> Any:
+        """The hook called when a partition of the queue is cancelled (as `on_complete`)."""
+        return self._hook("on_cancel", target)
+
+    def _hook(self, name: str, target: str | HookFunction) -> Any:
+        check_hooks({name: PYTHON if callable(target) else target}, where=f"Pipeline({self.queue!r}) hooks")
+        if callable(target):
+            self.hook_functions[name] = target
+            self._hooks[name] = PYTHON
+        else:
+            self._hooks[name] = target
+            self.hook_functions.pop(name, None)
+        self._check()
+        return target
+
+    def gate(self, name: str, number: int, *, transactional: bool = False, **settings: Any) -> Callable[[F], F]:
+        """Decorator: the function serves gate `number`, named `name`, with these settings;
+        `transactional`: it is `def f(item, connection)`, completing in the answer's transaction."""
+
+        def register(function: F) -> F:
             if number in self._gates:
                 raise ValueError(f"gate {number} of pipeline {self.queue!r} has a function already")
-            self._gates[number] = ({"name": name, "number": number, **settings}, function)
+            if transactional:
+                if inspect.iscoroutinefunction(function):
+                    raise ValueError(f"gate {number} ({name}): a transactional gate is a plain def, not async def")
+                if settings.get("batch", 1) != 1:
+                    raise ValueError(f"gate {number} ({name}): a transactional gate cannot take a batch")
+                self._transactional[number] = function  # type: ignore[assignment]
+            self._gates[number] = ({"name": name, "number": number, **settings}, function)  # type: ignore[assignment]
             self._check()
             return function
 
@@ -81,8 +148,10 @@ class Pipeline:
         if self._spec is None:
             document = {
                 "queue": self.queue,
+                **self._defaults,
                 "gate": [settings for settings, _ in self._gates.values()],
                 "schedule": self._schedules,
+                "hooks": self._hooks,
             }
             self._spec = from_mapping(document, source=f"Pipeline({self.queue!r})")
         return self._spec
@@ -90,6 +159,23 @@ class Pipeline:
     def function(self, gate: int) -> GateFunction | None:
         entry = self._gates.get(gate)
         return entry[1] if entry is not None else None
+
+    def transactional_gate(self, gate: int) -> bool:
+        """Whether gate `gate` was declared `transactional=True`."""
+        return gate in self._transactional
+
+    def transactional_gates(self) -> list[int]:
+        return sorted(self._transactional)
+
+    def transactional_function(self, gate: int) -> TransactionalGateFunction:
+        """Gate `gate`'s function, given `(item, connection)`, the pipeline's gate names in scope."""
+        function = self._transactional[gate]
+
+        def call(item: Item, connection: Connection) -> Response:
+            with naming(self.spec.names, f"queue {self.queue!r}"):
+                return function(item, connection)
+
+        return call
 
     async def process(self, item: Item) -> Response:
         function = self.function(item.gate)
@@ -111,7 +197,7 @@ class _FunctionProcessor:
 class Route:
     """Where one gate's items go under one version of the pipeline, and with what settings."""
 
-    processor: ProcessorLike | None  # None: nowhere (the delivery fails, with `why`)
+    processor: AnyProcessor | None  # None: nowhere (the delivery fails, with `why`)
     gate: GateSpec | None
     policy: RetryPolicy
     why: str = ""
@@ -130,7 +216,7 @@ class GateRouter:
     def __init__(
         self,
         spec: PipelineSpec | None,
-        fallback: ProcessorLike | None,
+        fallback: AnyProcessor | None,
         policy: RetryPolicy,
         *,
         route: bool = True,
@@ -148,7 +234,7 @@ class GateRouter:
         self.made: dict[tuple[Any, ...], ProcessorLike] = {}
         options = http_options if http_options is not None else HTTPOptions()
         for gate in spec.gates if spec is not None else ():
-            processor: ProcessorLike | None = None
+            processor: AnyProcessor | None = None
             if route and gate.handler is not None:
                 timeout = gate.timeout if gate.timeout is not None else options.timeout
                 headers = {**options.headers, **dict(gate.headers)}
@@ -215,9 +301,9 @@ class GateRouter:
         return self._collecting.get(gate) or collects(self.spec, gate, collect)
 
     @property
-    def processors(self) -> list[ProcessorLike]:
+    def processors(self) -> list[AnyProcessor]:
         """Every distinct processor this router hands items to (the fallback included)."""
-        seen: dict[int, ProcessorLike] = {}
+        seen: dict[int, AnyProcessor] = {}
         for route in [*self._routes.values(), self._default]:
             if route.processor is not None:
                 seen.setdefault(id(route.processor), route.processor)
@@ -232,14 +318,31 @@ class GateRouter:
         if route.processor is None:
             raise _nowhere(route, item.gate)
         with self.naming():
-            return await call_processor(route.processor, item, timeout)
+            return await call_processor(cast("ProcessorLike", route.processor), item, timeout)
+
+    def transactional(self, route: Route, gate: int) -> bool:
+        """Whether `route`'s processor completes items at `gate` in their answer's transaction."""
+        return route.processor is not None and is_transactional(route.processor, gate)
+
+    async def process_in_transaction(
+        self, route: Route, item: Item, connection: Connection, timeout: float | None, abandon: Callable[[], None]
+    ) -> Response:
+        """One item through a transactional route, given `connection` (`call_in_transaction`)."""
+        assert route.processor is not None
+        try:
+            function = transactional_function(route.processor, item.gate)
+        except TypeError as error:  # an async def: refused at start for the watcher's own processor
+            await asyncio.to_thread(abandon)
+            raise PermanentError(str(error)) from None
+        with self.naming():
+            return await call_in_transaction(function, item, connection, timeout, abandon)
 
     async def process_batch(self, route: Route, items: list[Item], timeout: float | None) -> list[Response | Exception]:
         """A batch of one gate through its route."""
         if route.processor is None:
             return [_nowhere(route, items[0].gate)] * len(items)
         with self.naming():
-            return await call_batch(route.processor, items, timeout)
+            return await call_batch(cast("ProcessorLike", route.processor), items, timeout)
 
     async def start(self, already: set[int], *, strict: bool = False) -> None:
         """Start the processors not started yet (`already`: ids of those that were). A start that
@@ -265,7 +368,7 @@ def _nowhere(route: Route, gate: int) -> Exception:
     return RetryLater(text) if route.transient else PermanentError(text)
 
 
-async def close_processors(processors: list[ProcessorLike]) -> None:
+async def close_processors(processors: list[AnyProcessor]) -> None:
     """Close each processor once (a failing close is logged, not raised)."""
     for processor in processors:
         close = getattr(processor, "close", None)

@@ -70,7 +70,8 @@
       const response = await fetch("/api/v1" + path, {
         method: method,
         headers: headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        // A string is JSON already (a 64-bit priority, which a JavaScript number cannot hold).
+        body: body === undefined || typeof body === "string" ? body : JSON.stringify(body),
       });
       const answer = await response.json().catch(() => ({}));
       if (response.ok) say(done(answer), "ok");
@@ -114,6 +115,16 @@
       (action === "pause" ? "Paused " : "Resumed ") + queue + ".");
   }
 
+  function actOnHook(button) {
+    if (button.dataset.hookAction === "retry-failed") {
+      if (!window.confirm("Retry every failed hook?")) return;
+      return post("/hooks/retry", { failed: true }, "retry failed hooks", (body) =>
+        "Retrying " + body.retried + " failed hooks.");
+    }
+    const id = button.dataset.hook;
+    return post("/hooks/" + id + "/retry", undefined, "retry hook " + id, () => "Retrying hook " + id + ".");
+  }
+
   function retryFailed(button) {
     const filter = {};
     for (const name of ["queue", "prefix", "error"]) if (button.dataset[name]) filter[name] = button.dataset[name];
@@ -122,14 +133,43 @@
       "Retrying " + body.retried.length + " failed partitions.");
   }
 
+  // A partition's priority: a signed 64-bit integer, sent as written (BigInt checks and normalises it).
+  document.addEventListener("submit", async (event) => {
+    const form = event.target.closest("form[data-priority-key]");
+    if (!form) return;
+    event.preventDefault();
+    const key = form.dataset.priorityKey;
+    const text = form.elements.priority.value.trim();
+    let value;
+    try {
+      value = /^[+-]?[0-9]{1,19}$/.test(text) ? BigInt(text) : null;
+    } catch (error) {
+      value = null;
+    }
+    if (value === null || value < -(2n ** 63n) || value > 2n ** 63n - 1n) {
+      say("priority must be an integer from -9223372036854775808 to 9223372036854775807, got " + JSON.stringify(text), "error");
+      return;
+    }
+    const button = form.querySelector("button");
+    button.disabled = true;
+    try {
+      await post("/partitions/" + encodeURIComponent(key) + "/priority", '{"priority": ' + value.toString() + "}",
+        "set the priority of " + key, () => "Priority of " + key + " set to " + value.toString() + ".");
+    } finally {
+      button.disabled = false;
+    }
+  });
+
   document.addEventListener("click", async (event) => {
-    const button = event.target.closest("button[data-action], button[data-item-action], button[data-queue-action], button[data-bulk]");
+    const button = event.target.closest(
+      "button[data-action], button[data-item-action], button[data-queue-action], button[data-hook-action], button[data-bulk]");
     if (!button) return;
     button.disabled = true;
     try {
       if (button.dataset.action) await actOnPartition(button);
       else if (button.dataset.itemAction) await actOnItem(button);
       else if (button.dataset.queueAction) await actOnQueue(button);
+      else if (button.dataset.hookAction) await actOnHook(button);
       else await retryFailed(button);
     } finally {
       button.disabled = false;

@@ -16,7 +16,9 @@ Callers:
 * pull workers (`feedproc serve`'s worker API): claim items, heartbeat and answer claims, expire
   the claims of silent workers (`pulling.py`);
 * tests (`feedproc.testing`): a queue's unfinished partitions, when its next work is due, and its
-  due times brought forward, a fake clock's move (`pending.py`).
+  due times brought forward, a fake clock's move (`pending.py`);
+* completion hooks: their rows written as partitions finish, claimed and recorded by watchers,
+  listed and retried by operators (`hooks.py`).
 
 Every write a watcher makes is **fenced**: it first locks the partition rows it writes (PostgreSQL
 `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and keeps only those still leased to
@@ -42,6 +44,7 @@ from .claimable import MAX_CLAIM
 from .collecting import Collecting
 from .dispatch import Dispatch
 from .gating import INSERT_CHUNK
+from .hooks import MAX_HOOKS_SHOWN, Hooks
 from .insight import Insight
 from .leasing import Leasing
 from .lifecycle import Lifecycle
@@ -61,6 +64,7 @@ __all__ = [
     "INSERT_CHUNK",
     "ITEM_ACTIONS",
     "MAX_CLAIM",
+    "MAX_HOOKS_SHOWN",
     "MAX_PAGE",
     "RECORDS_KEPT",
     "ClaimAnswer",
@@ -72,6 +76,7 @@ __all__ = [
 
 
 class Store(
+    Hooks,
     Scheduling,
     Producing,
     Lifecycle,

@@ -124,7 +124,7 @@ class ItemActions(GateWriter):
         """Record and change the items `which` selects; how many per partition."""
         values: dict[str, Any] = {}
         if action == "retry":
-            values.update(attempts=0, next_attempt_at=db_now())
+            values.update(attempts=0, not_yet=0, next_attempt_at=db_now())
         if action == "skip":  # no delivery completed it: its record says so, not the item row
             values.update(delivered_by=None, started_at=None, duration=None)
         return change_items(

@@ -8,6 +8,7 @@ costs more Python than the database spends running it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -21,9 +22,9 @@ from ..core.gates import Move
 from ..core.models import truncate_error
 from ..core.records import RECORD_OUTCOMES, Applied, Kind, Outcome
 from .accumulating import Accumulating, Row, accumulator_rows
-from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event
+from .base import AVAILABLE, COMPLETE, FAILED, IS_AVAILABLE, NO_LEASE, A, F, I, P, event, translated_errors
 from .escaping import storable
-from .foundations import db_now, seconds_from_now
+from .foundations import WRITE_OPTION, db_now, seconds_from_now
 from .gating import GateWriter
 from .lifecycle import keep_origins
 from .schema import attempts, claims, inflight, items
@@ -38,7 +39,8 @@ RECORD_ERROR_LIMIT = 4096  # characters of a delivery record's error (with its t
 
 #: An answer's row as `Dialect.update_items` writes it (`_write_outcomes` makes them): what the item
 #: becomes (status, gate, data, attempts, error or clearing it, due in `delay` seconds, progress) and
-#: its delivery (started and duration in microseconds), guarded by its version. Answers that carry a
+#: its delivery (started and duration in microseconds), guarded by its version; `not_yet`, its "not
+#: yet" answers at its gate (None keeps the count: a failure or a completion does not change it). Answers that carry a
 #: `result` (fan-in: what the item produced, kept apart from its data) add a "result" to every row of
 #: their batch; a result replaces the item's previous one, an answer without one keeps it (as `data`).
 OUTCOME_COLUMNS = (
@@ -52,6 +54,7 @@ OUTCOME_COLUMNS = (
     "clear",
     "delay",
     "progress",
+    "not_yet",
     "started",
     "duration",
 )
@@ -72,6 +75,7 @@ class Answers(GateWriter, Accumulating):
         *,
         idle_after: float = 10.0,
         lease_seconds: float | None = None,
+        within: Connection | None = None,
     ) -> Applied:
         """Write a batch of outcomes in one fenced transaction (a group commit).
 
@@ -80,7 +84,15 @@ class Answers(GateWriter, Accumulating):
         settled by the gate rules; partitions that finish, go idle, or have nothing due within
         `idle_after` seconds are released. A group commit that took longer than a third of
         `lease_seconds` (the heartbeat's interval) renews the leases it wrote under before it commits.
+
+        `within`: a transaction of `transaction()` in which a transactional processor wrote its own
+        rows ("complete in your transaction"); the outcomes are written in it and it is committed
+        only if every one is accepted: their leases held and not expired on the database's clock,
+        their items' versions unchanged. Otherwise it is rolled back, the processor's rows with it
+        (the outcomes in `Applied.lost` or `Applied.superseded`). The connection is closed either way.
         """
+        if within is not None:
+            return self._apply_within(within, watcher_id, outcomes, idle_after, lease_seconds)
         try:
             return self._apply_once(watcher_id, outcomes, idle_after, lease_seconds)
         except StaleWrite:
@@ -93,20 +105,82 @@ class Answers(GateWriter, Accumulating):
             applied.superseded = [o.item_id for o in outcomes if current.get(o.item_id) != o.version]
             return applied
 
+    def transaction(self) -> Connection:
+        """A connection of this store's pool in a write transaction begun for a transactional
+        processor: its statements, then its answer by `apply(within=...)`, which commits or rolls
+        back and closes it (`discard` when no answer is written). On SQLite it holds the database's
+        write lock from here (BEGIN IMMEDIATE): a deferred transaction could not upgrade later."""
+        conn = self.engine.connect()
+        try:
+            with translated_errors():
+                conn.execution_options(**{WRITE_OPTION: True})
+                conn.begin()
+                conn.exec_driver_sql("SELECT 1")  # begun on the database now (SQLite's lock, a broken link)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def discard(conn: Connection) -> None:
+        """Roll back and close a `transaction()` whose answer is not written: a failure, a cancelled
+        or timed-out call. Errors are swallowed (a broken connection is rolled back by the database)."""
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def _apply_within(
+        self,
+        conn: Connection,
+        watcher_id: str,
+        outcomes: Sequence[Outcome],
+        idle_after: float,
+        lease_seconds: float | None,
+    ) -> Applied:
+        try:
+            with translated_errors():
+                applied = self._apply_once(watcher_id, outcomes, idle_after, lease_seconds, within=conn)
+                if applied.lost:  # all or nothing: the processor's rows go with a refused answer
+                    conn.rollback()
+                    applied.written, applied.released, applied.moves = [], set(), {}
+                    applied.advanced, applied.advances = 0, []
+                    applied.lost = {o.partition_id for o in outcomes}
+                else:
+                    conn.commit()
+        except StaleWrite:  # an operator changed the item since it was fetched: the answer is dropped
+            self.discard(conn)
+            return Applied(superseded=[o.item_id for o in outcomes])
+        except BaseException:
+            self.discard(conn)
+            raise
+        conn.close()
+        return applied
+
     def _versions(self, ids: list[int]) -> dict[int, int]:
         with self.read() as conn:
             return dict(conn.execute(select(I.id, I.version).where(I.id.in_(ids))).all())
 
     def _apply_once(
-        self, watcher_id: str, outcomes: Sequence[Outcome], idle_after: float, lease_seconds: float | None
+        self,
+        watcher_id: str,
+        outcomes: Sequence[Outcome],
+        idle_after: float,
+        lease_seconds: float | None,
+        within: Connection | None = None,
     ) -> Applied:
         applied = Applied()
         if not outcomes:
             return applied
         began = time.monotonic()
-        with self.write() as conn:
+        with self.write() if within is None else contextlib.nullcontext(within) as conn:
             pids = sorted({o.partition_id for o in outcomes})
-            held = self.dialect.lock_held_leases(conn, pids, watcher_id)
+            # In a processor's transaction, possibly long, the lease must not have ended meanwhile
+            # either: on SQLite, whose lock it held, no one could take the partition over, yet the
+            # watcher was told (by its own clock) that it may have; on the others the row lock is
+            # taken only now, at the end, so that the processor's time does not hold it.
+            lock = self.dialect.lock_held_leases if within is None else self.dialect.lock_live_leases
+            held = lock(conn, pids, watcher_id)
             kept = [o for o in outcomes if held.get(o.partition_id) == o.epoch]
             applied.lost = {o.partition_id for o in outcomes if held.get(o.partition_id) != o.epoch}
             if kept:
@@ -170,6 +244,7 @@ class Answers(GateWriter, Accumulating):
                         "clear": o.kind in (Kind.DONE, Kind.MOVE),
                         "delay": float(o.delay),
                         "progress": o.progress,
+                        "not_yet": 0 if o.kind == Kind.MOVE else o.not_yet,
                         "started": o.started_us,
                         "duration": o.duration_us,
                     }

@@ -35,6 +35,7 @@ from .base import (
     P,
 )
 from .foundations import db_now
+from .hooks import HookOutbox
 from .schema import attempts, claims, inflight, items, partitions
 from .tolerating import Tolerating
 
@@ -148,7 +149,7 @@ def change_items(
     return counts
 
 
-class GateWriter(Tolerating):
+class GateWriter(Tolerating, HookOutbox):
     """Item insertion and the gate rules, written to a locked partition."""
 
     def _insert_items(
@@ -239,7 +240,7 @@ class GateWriter(Tolerating):
             self._event(conn, pid, "gate_advanced", watcher=watcher, detail={"from": row.gate, "to": outcome.gate})
             # The new gate is the lowest one above with available items (GateFacts.next_gate), where
             # the rules keep the partition (STAY): set its ready_at now instead of settling again.
-            self._touch(conn, pid, gate=outcome.gate, ready_at=earliest_due(pid, outcome.gate))
+            self._touch(conn, pid, gate=outcome.gate, ready_at=earliest_due(pid, outcome.gate), gate_since=db_now())
             if advanced is not None:
                 advanced.append((pid, row.gate, outcome.gate))
         elif outcome.move is Move.STAY:
@@ -260,10 +261,12 @@ class GateWriter(Tolerating):
                 detail.update(self._cross(conn, row, facts, watcher))
             self._touch(conn, pid, status=FAILED, ready_at=None, **NO_LEASE)
             self._event(conn, pid, "failed", watcher=watcher, detail=detail)
+            self._call_hooks(conn, pid, row.key, row.queue, FAILED)
             self.dialect.notify_finished(conn, row.key)
         elif outcome.move is Move.COMPLETE:
             self._touch(conn, pid, status=COMPLETE, ready_at=None, **NO_LEASE)
             self._event(conn, pid, "completed", watcher=watcher, detail={"gate": row.gate})
+            self._call_hooks(conn, pid, row.key, row.queue, COMPLETE)
             self.dialect.notify_finished(conn, row.key)
         return outcome.move
 

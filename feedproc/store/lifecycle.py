@@ -25,6 +25,7 @@ from .schema import accumulators, attempts, claims, events, inflight, items, par
 _FRESH_ITEM: dict[str, Any] = {
     "status": AVAILABLE,
     "attempts": 0,
+    "not_yet": 0,
     "last_error": None,
     "progress": None,
     "lost": 0,
@@ -93,6 +94,7 @@ class Lifecycle(GateWriter):
                 row.id,
                 status=AVAILABLE,
                 gate=first if first is not None else 0,
+                gate_since=db_now(),
                 ready_at=None,
                 lease_epoch=P.lease_epoch + 1,
                 **NO_LEASE,

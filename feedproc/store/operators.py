@@ -16,7 +16,7 @@ from .base import IS_AVAILABLE, IS_FAILED, I, P, W, iso
 from .escaping import storable
 from .foundations import db_now
 from .reading import MAX_PAGE, add_count, count_items, count_partitions, zero_counts
-from .schema import items, partitions
+from .schema import hooks, items, partitions
 from .tolerating import Tolerating
 
 #: How a page of partitions may be ordered: by key (keyset pages), or by activity, priority or age.
@@ -206,7 +206,8 @@ class Operators(Tolerating):
 
     def queue_gauges(self, queue: str | None = None) -> dict[str, dict[tuple[str, ...], int]]:
         """Aggregates for /metrics, one row per queue (and status): partitions by status, backlog
-        (available items of available partitions), failed items, leases held, live watchers."""
+        (available items of available partitions), failed items, leases held, live watchers,
+        completion hooks by status."""
         only: Callable[[Any, Select[Any]], Select[Any]] = (
             (lambda column, q: q.where(column == queue)) if queue is not None else (lambda column, q: q)
         )
@@ -243,12 +244,21 @@ class Operators(Tolerating):
             alive = conn.execute(
                 only(W.queue, select(W.queue, func.count()).where(W.expires_at > db_now()).group_by(W.queue))
             ).all()
+            # A count over every hook's row: at most one per finished partition, and cleanup deletes
+            # sent ones as it deletes partitions, so it reads fewer rows than the partitions' count above.
+            hooks_by_status = conn.execute(
+                only(
+                    hooks.c.queue,
+                    select(hooks.c.queue, hooks.c.status, func.count()).group_by(hooks.c.queue, hooks.c.status),
+                )
+            ).all()
         return {
             "partitions": {(q, st): n for q, st, n in partitions_by_status},
             "backlog": {(q,): n for q, n in backlog},
             "failed_items": {(q,): n for q, n in failed},
             "leases": {(q,): n for q, n in leased},
             "watchers": {(q,): n for q, n in alive},
+            "hooks": {(q, st): n for q, st, n in hooks_by_status},
         }
 
 

@@ -25,6 +25,7 @@ from ..core.policy import RetryPolicy
 from .base import StoreBase
 from .escaping import storable
 from .foundations import db_now
+from .hook_settings import write_hooks, write_queue_values
 from .schema import items, partitions, pipelines, schedules
 
 PL, SC = pipelines.c, schedules.c
@@ -56,6 +57,12 @@ class Pipelines(StoreBase):
             else:
                 conn.execute(update(pipelines).where(PL.queue == spec.queue).values(**values))
             self._keep_schedules(conn, spec)
+            if spec.hooks:  # the pipeline's hooks replace the queue's
+                write_hooks(conn, spec.queue, dict(spec.hooks), replace=True)
+            defaults = {"default_priority": spec.priority, "default_weight": spec.weight}
+            given = {name: value for name, value in defaults.items() if value is not None}
+            if given:  # the pipeline's defaults replace the queue's (one without them leaves them)
+                write_queue_values(conn, spec.queue, given)
             self.dialect.notify_ready(conn, spec.queue)  # watchers of the queue look again now
             return spec.with_version(version)
 

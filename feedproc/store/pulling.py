@@ -33,6 +33,7 @@ from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
+from .claimable import ALL_PRIORITIES
 from .escaping import storable
 from .foundations import db_now, seconds_from_now, stored_bytes
 from .pipelines import Pipelines
@@ -66,14 +67,21 @@ class Pulling(Answers, Queues, Pipelines):
     """Claims: `claim`, `heartbeat_claim`, `answer_claim`, `expire_claims`."""
 
     def claim(
-        self, queue: str, worker: str, max_items: int, lease_seconds: float, policy: RetryPolicy
+        self,
+        queue: str,
+        worker: str,
+        max_items: int,
+        lease_seconds: float,
+        policy: RetryPolicy,
+        priorities: tuple[int, int] = ALL_PRIORITIES,
     ) -> list[dict[str, Any]]:
         """Claim up to `max_items` ready items of pull-mode `queue` for `worker`, each for
-        `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, data as bytes, token,
+        `lease_seconds`: a dict per item (id, partition, queue, gate, attempt, deliveries, data as bytes, token,
         lease_expires_at; and for an item that collects an earlier gate's results, `collects`: its
         partition's id and what it collects, `core.pipelines.Collects`). Claims that expired in the
         queue are settled first (`expire_claims`). Refused unless the queue is in pull mode; [] when
-        nothing is ready or its window is closed.
+        nothing is ready or its window is closed. Only partitions with a priority in `priorities`
+        (lowest, highest; both included).
         Claims count against the queue's limit and its pipeline's gate limits, as watchers' slots do,
         and take nothing of a gate that is full or outside its windows."""
         worker = storable(worker, WORKER_LIMIT)  # as every record of its deliveries will name it
@@ -100,7 +108,7 @@ class Pulling(Answers, Queues, Pipelines):
                 gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
             blocked = {gate for gate, free in gate_room.items() if free <= 0}
             blocked.update(spec.closed_gates(now) if spec is not None else ())
-            rows = self.dialect.find_claimable(conn, queue, max_items, sorted(blocked))
+            rows = self.dialect.find_claimable(conn, queue, max_items, sorted(blocked), priorities)
             chosen = _within_limits(rows, now, room, gate_room, gate_limits)
             if not chosen:
                 return []
@@ -142,6 +150,7 @@ class Pulling(Answers, Queues, Pipelines):
                     "queue": r.queue,
                     "gate": r.gate,
                     "attempt": r.attempts + 1,
+                    "deliveries": r.deliveries + 1,
                     "data": stored_bytes(r.data),
                     "token": tokens[r.id],
                     "lease_expires_at": iso(held[r.id][1]),
@@ -388,6 +397,7 @@ def item_rows(ids: list[int]) -> Any:
             I.attempts,
             I.deliveries,
             I.lost,
+            I.not_yet,
             P.key,
             P.queue,
             P.status.label("partition_status"),
@@ -444,4 +454,5 @@ def _ready(item: Any, claim: Any) -> ReadyItem:
         claim.weight,
         item.deliveries,
         item.lost,
+        not_yet=item.not_yet,
     )

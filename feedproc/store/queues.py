@@ -22,7 +22,8 @@ from sqlalchemy.engine import Connection
 from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
 from ..core.fanin import check_operations
-from ..core.models import MAX_INT32, check_queue, shown
+from ..core.hooks import check_hooks
+from ..core.models import MAX_INT32, check_priority, check_queue, check_weight, shown
 from ..core.records import Lease, ProgressReport, QueueSettings
 from .base import (
     ACTIVE_CLAIM,
@@ -42,6 +43,7 @@ from .base import (
 )
 from .escaping import storable
 from .foundations import db_now
+from .hook_settings import stored_hooks, write_hooks
 from .schema import inflight, partitions, queues, watchers
 
 QUEUE_MODES = ("push", "pull")
@@ -61,13 +63,25 @@ class Queues(StoreBase):
         mode: str | None = None,
         paused: bool | None = None,
         accumulate: Mapping[str, str] | None = None,
+        hooks: Mapping[str, str | None] | None = None,
+        priority: int | None = None,
+        weight: int | None = None,
+        clear_defaults: bool = False,
         by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
         A limit < 1 means no limit; `mode` is "push" or "pull"; `paused` stops all new dispatch
         and claims fleet-wide (recorded with `by`); `accumulate` declares how answers' accumulate
-        numbers merge ({"pages": "sum"}; {} removes the declaration). Returns the settings now stored."""
+        numbers merge ({"pages": "sum"}; {} removes the declaration); `hooks` sets completion hooks
+        ({"on_complete": URL or "python"}; an empty value removes one, others keep theirs);
+        `priority` and `weight` are what a partition added without its own gets (`clear_defaults`
+        removes both first: 0 and 1 again). Returns the settings now stored."""
         check_queue(name)
+        if priority is not None:
+            check_priority(priority, "default priority")
+        if weight is not None:
+            check_weight(weight, "default weight")
+        given_hooks = check_hooks(hooks) if hooks is not None else None
         declared = None
         if accumulate is not None:
             try:
@@ -96,6 +110,12 @@ class Queues(StoreBase):
                 values["accumulate"] = json.dumps(dict(sorted(declared.items()))) if declared else None
             if clear_windows:
                 values.update(windows=None, window_tz=None)
+            if clear_defaults:
+                values.update(default_priority=None, default_weight=None)
+            if priority is not None:
+                values["default_priority"] = priority
+            if weight is not None:
+                values["default_weight"] = weight
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
             if window_tz is not None:
@@ -107,6 +127,8 @@ class Queues(StoreBase):
                 conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
             else:
                 conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
+            if hooks is not None and given_hooks is not None:
+                write_hooks(conn, name, given_hooks, removed=[hook for hook, target in hooks.items() if not target])
             self.dialect.notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
             return self._queue(conn, name)
 
@@ -132,7 +154,17 @@ class Queues(StoreBase):
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
         query = select(
-            Q.concurrency_limit, Q.windows, Q.window_tz, Q.mode, Q.paused, Q.paused_at, Q.paused_by, Q.accumulate
+            Q.concurrency_limit,
+            Q.windows,
+            Q.window_tz,
+            Q.mode,
+            Q.paused,
+            Q.paused_at,
+            Q.paused_by,
+            Q.accumulate,
+            Q.hooks,
+            Q.default_priority,
+            Q.default_weight,
         ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
@@ -149,6 +181,9 @@ class Queues(StoreBase):
             row.paused_at,
             row.paused_by,
             stored_operations(row.accumulate),
+            tuple(sorted(stored_hooks(row.hooks).items())),
+            row.default_priority,
+            row.default_weight,
         )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
@@ -251,6 +286,8 @@ class Queues(StoreBase):
         schedule["next_window_opens_at"] = None if opens in (now, None) else iso(opens)
         if opens is None:
             schedule["windows_never_overlap"] = True  # the partition's and the queue's
+        if row.deadline is not None:
+            schedule["deadline"] = iso(row.deadline)
         reported = conn.execute(
             select(I.gate, func.count(I.progress), func.avg(I.progress))
             .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))

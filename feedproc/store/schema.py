@@ -26,8 +26,11 @@ from .foundations import Blob, Float64, LongText, UTCDateTime
 
 metadata = MetaData()
 
-#: An auto-incrementing 64-bit key (SQLite only auto-increments INTEGER PRIMARY KEY).
-BigId = BigInteger().with_variant(Integer(), "sqlite")
+#: A signed 64-bit integer: BIGINT, and on SQLite INTEGER (64-bit already; and SQLite only
+#: auto-increments an INTEGER PRIMARY KEY).
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
+#: An auto-incrementing 64-bit key.
+BigId = Int64
 
 partitions = Table(
     "feedproc_partitions",
@@ -37,7 +40,7 @@ partitions = Table(
     Column("queue", String(100), nullable=False),
     Column("status", String(16), nullable=False),  # available | complete | failed | cancelled
     Column("gate", Integer, nullable=False),
-    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("priority", Int64, nullable=False, server_default=text("0")),  # higher first; 64-bit (0013)
     Column("sealed", Boolean, nullable=False),
     Column("manual_checkpoint", Boolean, nullable=False),
     Column("not_before", UTCDateTime(), nullable=True),
@@ -59,6 +62,11 @@ partitions = Table(
     Column("window_tz", String(64), nullable=True),  # IANA zone of the windows; NULL is UTC
     # Failed items its gates tolerate (0010): "5%" or a count; NULL: its pipeline gate's, else none.
     Column("tolerate", String(16), nullable=True),
+    # When it fails with "deadline exceeded" unless finished (0014); NULL: never. The watchers' sweep
+    # reads the partial index: partitions without a deadline are not in it.
+    Column("deadline", UTCDateTime(), nullable=True),
+    # Since when it is at its gate (0014): its pipeline gate's `max_time` counts from there.
+    Column("gate_since", UTCDateTime(), nullable=True),
     Index(
         "feedproc_partitions_leasable",
         "queue",
@@ -75,6 +83,12 @@ partitions = Table(
         sqlite_where=text("lease_owner IS NOT NULL"),
     ),
     Index("feedproc_partitions_status", "status", "updated_at"),
+    Index(
+        "feedproc_partitions_deadline",
+        "deadline",
+        postgresql_where=text("deadline IS NOT NULL AND status = 'available'"),
+        sqlite_where=text("deadline IS NOT NULL AND status = 'available'"),
+    ),
 )
 
 items = Table(
@@ -112,6 +126,9 @@ items = Table(
     # moves it or replaces its data (NULL until then: no second copy at insert).
     Column("origin_gate", Integer, nullable=True),
     Column("origin_data", Blob, nullable=True),
+    # "Not yet" answers at its current gate (0014), bounded by the gate's max_not_yet; 0 again
+    # when it moves on, as its attempts are.
+    Column("not_yet", Integer, nullable=False, server_default=text("0")),
     Index(
         "feedproc_items_failed",
         "partition_id",
@@ -171,6 +188,12 @@ queues = Table(
     # How answers' `accumulate` numbers merge in its partitions (0010): JSON {"name": "sum"}; a
     # pipeline gate's own declaration wins for the answers at that gate.
     Column("accumulate", LongText, nullable=True),
+    # Its completion hooks (0012): JSON {"on_complete": URL | "python", ...}, set by `queue set` or
+    # by applying its pipeline's [hooks]; read in the transaction that finishes a partition.
+    Column("hooks", LongText, nullable=True),
+    # What a partition added to it without a priority or a weight of its own gets (0013); NULL: 0 and 1.
+    Column("default_priority", Int64, nullable=True),
+    Column("default_weight", Integer, nullable=True),
 )
 
 # Each partition's accumulator (0010): per name, what its answers' `accumulate` numbers came to,
@@ -298,4 +321,34 @@ schedules = Table(
     Column("name", String(64), primary_key=True),
     Column("last_tick", UTCDateTime(), nullable=False),
     Column("last_key", String(200), nullable=True),
+)
+
+# Completion hooks' outbox (0012): one row per hook a finished partition calls, written in the
+# transaction that finished it, delivered at least once by the queue's watchers (`hooks.py`). A
+# watcher claims a row with a token of its own until `claimed_until`; its outcome is written only
+# while that token is the row's (a claim that expired and was taken again writes nothing). No
+# foreign key: removing the partition leaves its hooks to be delivered and kept on record.
+hooks = Table(
+    "feedproc_hooks",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("queue", String(100), nullable=False),
+    Column("partition_key", String(200), nullable=False),
+    Column("hook", String(16), nullable=False),  # on_complete | on_fail | on_cancel
+    Column("target", LongText, nullable=False),  # an http(s) URL, or "python"
+    Column("payload", LongText, nullable=False),  # the partition's summary, JSON
+    Column("status", String(12), nullable=False),  # pending | sent | failed
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("claim", String(32), nullable=True),
+    Column("claimed_by", String(120), nullable=True),
+    Column("claimed_until", UTCDateTime(), nullable=True),
+    Column("last_error", LongText, nullable=True),
+    Column("response_status", Integer, nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("sent_at", UTCDateTime(), nullable=True),
+    Index("feedproc_hooks_due", "status", "next_attempt_at"),
+    Index("feedproc_hooks_queue", "queue", "id"),
+    Index("feedproc_hooks_partition", "partition_key"),
 )

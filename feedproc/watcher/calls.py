@@ -97,6 +97,7 @@ class DatabaseCalls:
         self.poll = ThreadPoolExecutor(1, thread_name_prefix="feedproc-poll")  #: reads, leasing, fetches
         self.writes = ThreadPoolExecutor(1, thread_name_prefix="feedproc-flush")  #: group commits
         self.heartbeat = ThreadPoolExecutor(1, thread_name_prefix="feedproc-heartbeat")  #: the heartbeat only
+        self.hooks = ThreadPoolExecutor(1, thread_name_prefix="feedproc-hooks")  #: completion hooks' outbox
 
     async def call(self, executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn(*args, **kwargs)` (a store call) on `executor`'s thread, typed as `fn` is."""
@@ -108,8 +109,8 @@ class DatabaseCalls:
         return self.health.delay(cap)
 
     def shutdown(self) -> None:
-        """Let the three threads go (calls still queued are dropped)."""
-        for executor in (self.poll, self.writes, self.heartbeat):
+        """Let the threads go (calls still queued are dropped)."""
+        for executor in (self.poll, self.writes, self.heartbeat, self.hooks):
             executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -69,6 +69,7 @@ class WatcherConfig:
     lease_seconds: float = 30.0
     poll_interval: float = 1.0
     max_attempts: int = 5
+    max_not_yet: int = 1000  # "not yet" answers of one item at one gate before it fails
     retry_delay: float = 1.0
     max_retry_delay: float = 600.0
     shutdown_grace: float = 30.0
@@ -81,13 +82,16 @@ class WatcherConfig:
     batch_wait: float = 0.0  # seconds a batch short of `batch` waits for more items (`--batch-wait-ms`: ms)
     prefetch: int | None = None  # ready items kept fetched ahead; default: see `effective_prefetch`
     max_children: int = MAX_CHILDREN  # child items one answer may add; more fails the item
+    hook_attempts: int = 25  # calls of a completion hook before it fails for good
+    hook_timeout: float = 10.0  # seconds one call of a completion hook may take
+    hook_max_delay: float = 60.0  # longest wait between a hook's attempts (doubling from 1 s)
 
     def __post_init__(self) -> None:
         check_queue(self.queue)
-        for name in ("concurrency", "max_attempts", "flush_batch"):
+        for name in ("concurrency", "max_attempts", "max_not_yet", "flush_batch", "hook_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("lease_seconds", "poll_interval"):
+        for name in ("lease_seconds", "poll_interval", "hook_timeout", "hook_max_delay"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.retry_delay < 0 or self.shutdown_grace < 0:
@@ -120,7 +124,9 @@ class WatcherConfig:
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval)
+        return RetryPolicy(
+            self.max_attempts, self.retry_delay, self.max_retry_delay, self.poll_interval, self.max_not_yet
+        )
 
     @property
     def capacity(self) -> int | None:

@@ -10,7 +10,8 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from .. import tracing
 from ..core.errors import Accepted, PermanentError, RetryLater, TooManyChildren
@@ -31,6 +32,9 @@ from .leases import LeaseBook
 from .reports import HeartbeatReports
 from .routing import Router
 from .writing import Completer
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger("feedproc.watcher")
 
@@ -152,7 +156,14 @@ class DeliveryPool:
         flight = self._flight
         flight.busy.add(ready.id)
         item = Item(
-            ready.id, ready.partition, ready.queue, ready.gate, ready.attempts + 1, ready.data, self._reporter(ready)
+            ready.id,
+            ready.partition,
+            ready.queue,
+            ready.gate,
+            ready.attempts + 1,
+            ready.data,
+            self._reporter(ready),
+            deliveries=ready.deliveries + 1,
         )
         failure: Exception | None = None
         router = self._router.current  # the pipeline version this delivery starts under, kept to its end
@@ -165,17 +176,32 @@ class DeliveryPool:
         assert task is not None
         flight.call_started(ready.id, RunningCall(ready.partition_id, task, (item,), started_us, started))
         self._reports.started(ProgressReport(ready.id, ready.partition_id, ready.epoch, ready.gate, None, started_us))
+        # A transactional processor's transaction: opened before its call, given up by the call if it
+        # raises (`call_in_transaction`), else owned here until its answer is written in it.
+        transaction: Connection | None = None
         try:
             with tracing.delivery(ready.id, ready.partition, ready.queue, ready.gate, item.attempt) as span:
                 result: Response | Exception
                 try:
                     if collects is not None:  # what it collects, and the accumulator, read off the loop
                         await fan_in(self._store, self._id, route, collects, (ready,), (item,))
-                    result = await router.process(route, item, timeout)
+                    if router.transactional(route, ready.gate):
+                        opened = await self._open_transaction()
+                        given_up = partial(self._store.discard, opened)
+                        result = await router.process_in_transaction(route, item, opened, timeout, given_up)
+                        transaction = opened
+                    else:
+                        result = await router.process(route, item, timeout)
                 except asyncio.CancelledError:
                     if not flight.was_cancelled(task):
                         raise  # the watcher is stopping
                     result = RetryLater(CANCELLED_CALL)
+                    if router.transactional(route, ready.gate):
+                        log.info(
+                            "the call of item %s was cancelled: its processor's transaction was rolled back",
+                            ready.id,
+                            extra={"event": "transaction_cancelled", "item": ready.id, "watcher": self._id},
+                        )
                 except Exception as error:  # a call past its item timeout is a RetryLater, like any transient one
                     result = error
                 finally:
@@ -193,10 +219,43 @@ class DeliveryPool:
             )
             failure, elapsed = error, time.perf_counter_ns() - started
             outcome = outcome_of(ready, route.policy, error=error)
+        except BaseException:  # the watcher is stopping: the transaction's work is not kept
+            if transaction is not None:
+                await asyncio.shield(asyncio.to_thread(self._store.discard, transaction))
+            raise
         finally:
             flight.busy.discard(ready.id)
+        if transaction is not None:
+            if outcome.kind in (Kind.RETRY, Kind.FAIL):
+                # The processor answered, but not with an answer that can be written (too many
+                # children, an accumulate name not declared...): its rows go with it, and its
+                # item's failure is written as any is, in the group commit.
+                await asyncio.to_thread(self._store.discard, transaction)
+            else:
+                self._record(ready, item, outcome, failure, started_us, elapsed, route.processor)
+                await self._completer.complete_within(transaction, outcome)
+                return
         self._queue_outcome(ready, item, outcome, failure, started_us, elapsed, route.processor)
         self._completer.flush_soon()
+
+    async def _open_transaction(self) -> Connection:
+        """`Store.transaction()` on a worker thread; one opened for a worker cancelled meanwhile is
+        discarded (on SQLite it would hold the database's write lock until collected)."""
+        loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(None, self._store.transaction)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+
+            def discard(f: asyncio.Future[Connection]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    try:
+                        loop.run_in_executor(None, self._store.discard, f.result())
+                    except RuntimeError:  # no executor any more (the watcher stopping): here, then
+                        self._store.discard(f.result())
+
+            opening.add_done_callback(discard)
+            raise
 
     async def _run_batch(self, batch: list[ReadyItem], lease: Lease) -> None:
         """Deliver a batch in one call (`call_batch`) and queue each item's outcome, with its record.
@@ -205,6 +264,8 @@ class DeliveryPool:
         assert task is not None
         flight = self._flight
         items = [Item(r.id, r.partition, r.queue, r.gate, r.attempts + 1, r.data, self._reporter(r)) for r in batch]
+        for item, r in zip(items, batch, strict=True):
+            item.deliveries = r.deliveries + 1
         started_us, started = time.time_ns() // 1000, time.perf_counter_ns()
         call = RunningCall(batch[0].partition_id, task, tuple(items), started_us, started)
         for ready in batch:
@@ -323,6 +384,20 @@ class DeliveryPool:
         """Queue a delivery's outcome for the next group commit, with its record: its number,
         attempt, start, duration and (a Python processor's own exception) the end of its traceback;
         the HTTP processor's errors are their own words. A progress report of a "not yet" is kept."""
+        self._record(ready, item, outcome, failure, started_us, elapsed, processor)
+        self._completer.add(outcome)
+
+    def _record(
+        self,
+        ready: ReadyItem,
+        item: Item,
+        outcome: Outcome,
+        failure: BaseException | None,
+        started_us: int,
+        elapsed: int,
+        processor: Any = None,
+    ) -> None:
+        """Complete `outcome` with its delivery's record (`_queue_outcome`); its item's call answered."""
         report = self._reports.take_progress(ready.id)  # its answer is written instead
         outcome.n, outcome.attempt = ready.deliveries + 1, item.attempt
         outcome.started_us, outcome.duration_us = started_us, elapsed // 1000
@@ -331,7 +406,6 @@ class DeliveryPool:
             outcome.detail = text if len(text) <= TRACEBACK_KEPT else "..." + text[-(TRACEBACK_KEPT - 3) :]
         if report is not None and outcome.kind == Kind.LATER and outcome.progress is None:
             outcome.progress = report.fraction
-        self._completer.add(outcome)
         self._flight.answered(ready.id)
 
     def _reporter(self, ready: ReadyItem) -> Callable[[float], None]:

@@ -4,7 +4,8 @@ The `Watcher` builds its parts, each an object owning its state, and wires them:
 (pipeline and queue settings followed), the `LeaseBook` (leases held, the heartbeat), `InFlight`
 (items from fetch to written outcome) and the `ReadyBuffer`, the `Fetcher` (the poll loop),
 `Maintenance` (the poll loop's bookkeeping, schedules, retention), `Isolation` (suspects delivered
-alone), the `DeliveryPool` (workers) and the `Completer` (group commits). They share only what
+alone), the `DeliveryPool` (workers), the `Completer` (group commits) and the `HookSender`
+(completion hooks from the outbox). They share only what
 `calls` gives them: database calls and their health, the lifecycle, the poll loop's wake-ups.
 
 Inside one asyncio loop:
@@ -46,11 +47,12 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..core.errors import DatabaseUnavailable
+from ..core.errors import DatabaseUnavailable, InvalidInput
 from ..core.records import ABANDONED, GIVEN_BACK, Lease, QueueSettings, ReadyItem
 from ..metrics import WatcherMetrics
-from ..processors import HTTPOptions, HTTPProcessor, ProcessorLike
-from ..processors.pipeline import GateRouter
+from ..processors import HTTPOptions, HTTPProcessor
+from ..processors.pipeline import GateRouter, HookFunction, Pipeline
+from ..processors.transactional import AnyProcessor, check_transactional, is_transactional
 from ..store import Store
 from ..store.notify import Listener
 from .calls import DatabaseCalls, Lifecycle, PollSignals
@@ -58,6 +60,7 @@ from .config import WatcherConfig
 from .delivery import DeliveryPool
 from .fetching import Fetcher
 from .flight import InFlight, ReadyBuffer
+from .hooks import HookSender, HookSettings
 from .isolation import Isolation
 from .leases import LeaseBook
 from .maintenance import Maintenance
@@ -73,21 +76,28 @@ class Watcher:
 
     `Watcher(store, processor, config)`, or `Watcher.connect(url, ...)`. `processor`: the watcher's
     own (`--handler`/`--processor`), a Python `Pipeline`, or None (the queue's pipeline routes every
-    gate); `http_options` make the HTTP processors of a stored pipeline's gates."""
+    gate); `http_options` make the HTTP processors of a stored pipeline's gates. `hooks`: the
+    functions of the queue's `python` completion hooks (a `Pipeline`'s own are taken too);
+    `hook_secret` signs HTTP hooks (default: $FEEDPROC_HOOK_SECRET)."""
 
     def __init__(
         self,
         store: Store,
-        processor: ProcessorLike | None,
+        processor: AnyProcessor | None,
         config: WatcherConfig | None = None,
         *,
         http_options: HTTPOptions | Mapping[str, Any] | None = None,
+        hooks: Mapping[str, HookFunction] | None = None,
+        hook_secret: str | None = None,
     ) -> None:
         self.store = store
         self._owns_store = False  # True when connect() made the store
         self.config = config = config or WatcherConfig()
         if config.batch > 1 and getattr(processor, "request", "json") == "raw":
             raise ValueError("a raw-request HTTPProcessor sends one item per request: batch must be 1")
+        if isinstance(processor, HTTPProcessor) and is_transactional(processor, 0):
+            raise InvalidInput("an HTTP processor cannot be transactional: only a Python processor on this database")
+        check_transactional(processor, config.batch)
         self.id = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._calls = calls = DatabaseCalls(store)
         self._signals = signals = PollSignals()
@@ -125,11 +135,26 @@ class Watcher:
         self._fetcher = Fetcher(
             calls, config, self.id, life, signals, router, leases, flight, buffer, isolation, maintenance.maintain
         )
+        functions = {**(processor.hook_functions if isinstance(processor, Pipeline) else {}), **(hooks or {})}
+        secret = hook_secret if hook_secret is not None else os.environ.get("FEEDPROC_HOOK_SECRET") or None
+        hook_calls = self.metrics.hooks
+        self._hooks = HookSender(
+            store,
+            HookSettings.of(config),
+            self.id,
+            executor=calls.hooks,
+            stopping=lambda: life.stopping,
+            functions=functions,
+            secret=secret,
+            counted=lambda outcome: hook_calls.labels(config.queue, outcome).inc(),
+            outage=lambda error: calls.health.failed("hooks", error),
+        )
+        completer.partitions_finished = self._hooks.wake  # its answers finished one: its hook is due now
 
     # What the rest of feedproc (the CLI, the probes, the tests) reads of a watcher
 
     @property
-    def processor(self) -> ProcessorLike | None:
+    def processor(self) -> AnyProcessor | None:
         """The watcher's own processor; None: the queue's pipeline routes every gate."""
         return self._router.processor
 
@@ -173,6 +198,11 @@ class Watcher:
         """Why the watcher gave up (its write path or a task died); None while well."""
         return self._life.fatal
 
+    async def deliver_hooks(self) -> int:
+        """Call the queue's completion hooks due now, once each, and wait for them (the watcher
+        calls them on its own as well); returns how many were called."""
+        return await self._hooks.deliver_due()
+
     def stop(self) -> None:
         """Ask the watcher to stop: no new leases or items; in-flight items get `shutdown_grace`."""
         self._life.stop()
@@ -196,7 +226,7 @@ class Watcher:
     def connect(
         cls,
         url: str,
-        processor: ProcessorLike | None,
+        processor: AnyProcessor | None,
         config: WatcherConfig | None = None,
         *,
         table_prefix: str | None = None,
@@ -207,7 +237,10 @@ class Watcher:
         `close()`: what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
         # Four connections serve the poll, the group commit and the heartbeat; no ping before each
         # checkout on the hot path (a lost connection is an outage the loops retry).
-        store = Store(url, pool_size=4, pre_ping=False, table_prefix=table_prefix)
+        # A transactional processor holds a connection per item it runs: one more each.
+        config = config or WatcherConfig()
+        extra = config.concurrency if check_transactional(processor, config.batch) else 0
+        store = Store(url, pool_size=4 + extra, pre_ping=False, table_prefix=table_prefix)
         try:
             store.check_schema()
         except BaseException:
@@ -258,6 +291,7 @@ class Watcher:
         ]
         helpers.append(asyncio.create_task(self._isolation.loop(self._pool.deliver_one), name="isolation"))
         helpers.append(asyncio.create_task(self._maintenance.schedule_loop(), name="schedules"))
+        helpers.append(asyncio.create_task(self._hooks.loop(), name="hooks"))
         if cfg.retention:
             helpers.append(asyncio.create_task(self._maintenance.retention_loop(cfg.retention), name="retention"))
         flusher = asyncio.create_task(self._completer.loop(), name="flush")

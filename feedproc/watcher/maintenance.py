@@ -1,6 +1,7 @@
 """Maintenance: the lease bookkeeping the poll loop does once per poll interval (queue settings and
 pipeline, charges, closed windows, reading the leases back, strays, hand-overs, leasing more,
-expired claims, calls of items cancelled meanwhile), and the loops of their own: schedules, retention."""
+expired claims, partitions past their deadline, calls of items cancelled meanwhile), and the loops
+of their own: schedules, retention."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from .routing import Router
 from .writing import Completer
 
 log = logging.getLogger("feedproc.watcher")
-# Seconds between a watcher's looks at claims that expired and at items an operator skipped or
-# cancelled while in flight: two reads on the thread that fetches, so not at every maintenance.
+# Seconds between a watcher's looks at claims that expired, at partitions past their deadline and
+# at items an operator skipped or cancelled while in flight: reads on the thread that fetches, so
+# not at every maintenance.
 CLAIM_CHECK_EVERY = 1.0
 
 
@@ -65,6 +67,7 @@ class Maintenance:
         if time.monotonic() >= self._next_claim_check:  # not at every maintenance: they share the poll thread
             self._next_claim_check = time.monotonic() + CLAIM_CHECK_EVERY
             await self._expire_claims()
+            await self._fail_overdue()
             await self._cancel_finished_calls()
 
     async def _release_stray(self, stray: list[Lease]) -> None:
@@ -105,6 +108,22 @@ class Maintenance:
                 "cancelled %d call(s) of items skipped or cancelled by an operator",
                 calls,
                 extra={"event": "calls_cancelled", "watcher": self._id},
+            )
+
+    async def _fail_overdue(self) -> None:
+        """Fail this queue's partitions past their deadline; the calls of their items running here are
+        cancelled next (`_cancel_finished_calls`: their items are cancelled). One indexed read when
+        none is due (partitions without a deadline are not in the index)."""
+        try:
+            failed = await self._calls.call(self._calls.poll, self._store.fail_overdue, self._config.queue)
+        except Exception as error:  # looked at again at the next maintenance
+            log.warning("could not fail the partitions past their deadline: %s", error)
+            return
+        for key in failed:
+            log.info(
+                "partition %s failed: deadline exceeded",
+                key,
+                extra={"event": "deadline_exceeded", "key": key, "watcher": self._id},
             )
 
     async def _expire_claims(self) -> None:

@@ -10,8 +10,9 @@ from datetime import UTC, datetime
 
 from ..core.policy import RetryPolicy
 from ..core.records import QueueSettings, ReadyItem
-from ..processors import HTTPOptions, ProcessorLike
+from ..processors import HTTPOptions
 from ..processors.pipeline import GateRouter, Pipeline, Route, close_processors
+from ..processors.transactional import AnyProcessor
 from .calls import DatabaseCalls
 from .config import WatcherConfig
 from .flight import ReadyBuffer
@@ -28,7 +29,7 @@ class Router:
         calls: DatabaseCalls,
         config: WatcherConfig,
         watcher_id: str,
-        processor: ProcessorLike | None,
+        processor: AnyProcessor | None,
         http_options: HTTPOptions,
         buffer: ReadyBuffer,
     ) -> None:
@@ -47,7 +48,7 @@ class Router:
         spec = self.code_pipeline.spec if self.code_pipeline is not None else None
         self.current = GateRouter(spec, processor, self.policy, route=False)
         self._started_processors: set[int] = set()  # ids of the processors started (each once)
-        self._retired: list[ProcessorLike] = []  # earlier versions' processors, closed on stop
+        self._retired: list[AnyProcessor] = []  # earlier versions' processors, closed on stop
         self.settings = QueueSettings(config.queue)  # limit and windows, re-read every poll interval
         self._settings_read_at = -math.inf
 
@@ -139,7 +140,10 @@ class Router:
 
     def batch_of(self, gate: int) -> int:
         """Items of one partition delivered in one call at `gate`: the gate's `batch`, else `--batch`."""
-        spec = self.current.route(gate).gate
+        route = self.current.route(gate)
+        if self.current.transactional(route, gate):
+            return 1  # each item its own transaction (a stored pipeline's `batch` is not followed)
+        spec = route.gate
         return spec.batch if spec is not None and spec.batch is not None else self._config.batch
 
     @staticmethod

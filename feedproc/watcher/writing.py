@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -24,6 +26,9 @@ from .flight import InFlight
 from .leases import LeaseBook
 from .reports import HeartbeatReports
 from .routing import Router
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger("feedproc.watcher")
 
@@ -58,6 +63,8 @@ class Completer:
         self._metrics = metrics
         self._handler = handler  # the `--handler` URL, named in failures' logs
         self.results: list[Outcome] = []  # answered, not yet written, in the order they came
+        #: Called when a group commit finished a partition (its completion hook may be due).
+        self.partitions_finished: Callable[[], None] = lambda: None
         self.processed = 0  # outcomes written
         self._ready = asyncio.Event()
         self._closing = False  # stop() was called and the workers are done: flush what is left
@@ -141,6 +148,62 @@ class Completer:
         self._calls.health.ok()
         self._settled(batch)
         self._account(batch, applied)
+
+    async def complete_within(self, transaction: Connection, outcome: Outcome) -> None:
+        """Write a transactional processor's answer in the processor's own transaction, not in a
+        group commit, and commit it there if the fence holds (`Store.apply(within=...)`); then the
+        bookkeeping of a group commit. Refused, the processor's rows are rolled back with it. An
+        answer that cannot be written is replaced, as in a group commit, by a transient failure of
+        its item (written in the next group commit, the processor's rows rolled back)."""
+        batch = [outcome]
+        try:
+            with tracing.group_commit(1):
+                applied = await asyncio.to_thread(
+                    self._store.apply,
+                    self._id,
+                    batch,
+                    idle_after=self._config.lease_seconds / 3,
+                    lease_seconds=self._config.lease_seconds,
+                    within=transaction,
+                )
+        except (StaleWrite, DatabaseUnavailable) as error:
+            log.error(
+                "dropped the answer of item %s written in its processor's transaction: %s; it will be delivered again",
+                outcome.item_id,
+                error,
+                extra={"event": "write_dropped", "count": 1, "error": str(error), "watcher": self._id},
+            )
+            if isinstance(error, DatabaseUnavailable):
+                self._calls.health.failed("write", error)
+            self._settled(batch)
+            return
+        except Exception as error:
+            log.error(
+                "could not write the answer of item %s in its processor's transaction (%s: %s)",
+                outcome.item_id,
+                type(error).__name__,
+                error,
+                exc_info=error,
+                extra={"event": "write_failed", "count": 1, "error": str(error), "watcher": self._id},
+            )
+            replacement = self._unwritable(outcome, error)
+            if replacement is None:
+                self._settled(batch)
+            else:
+                self.add(replacement)  # its group commit settles the item
+                self.flush_soon()
+            return
+        self._calls.health.ok()
+        if applied.lost or applied.superseded:
+            log.warning(
+                "the answer of item %s was refused (%s): its processor's transaction was rolled back",
+                outcome.item_id,
+                "its partition's lease was lost" if applied.lost else "the item was changed meanwhile",
+                extra={"event": "transaction_refused", "item": outcome.item_id, "watcher": self._id},
+            )
+        self._settled(batch)
+        self._account(batch, applied)
+        self._signals.wake()
 
     async def _apply(self, batch: list[Outcome], *, final: bool) -> Applied:
         """One group commit, retried with backoff while the database is unavailable."""
@@ -296,6 +359,8 @@ class Completer:
                     extra={"event": "lease_lost", "key": lease.key, "watcher": self._id, "count": len(refused)},
                 )
                 self._leases.forget(pid)
+        if any(move in ("complete", "fail") for move in applied.moves.values()):
+            self.partitions_finished()
         for pid in applied.released:
             lease = self._leases.owned.get(pid)
             if applied.moves.get(pid) == "fail" and (calls := self._flight.cancel_calls(pid)):

@@ -3,8 +3,9 @@
 The browser tests drive Debian's Chromium through Playwright against a real `feedproc serve` and
 real watchers: the progress bar of a partition being processed reaches 100% by the live refresh
 alone, and the retry button (with the API token) puts a failed partition back to work; the running
-view shows items in flight, the charts draw, an item page retries its failed item, and a queue
-page pauses and resumes its queue. They save screenshots to $FEEDPROC_ARTIFACTS (default
+view shows items in flight, the charts draw, an item page retries its failed item, a partition
+page sets its priority (issue 34), a queue page pauses and resumes its queue, and the hooks page
+retries a failed completion hook (issue 33). They save screenshots to $FEEDPROC_ARTIFACTS (default
 .ci/artifacts/), and to docs/ as well with FEEDPROC_DOCS_SCREENSHOTS=1 (the documentation shows those).
 Without Chromium or the playwright package they skip, unless FEEDPROC_REQUIRE_BROWSER=1 (CI), where
 that is a failure.
@@ -427,6 +428,10 @@ def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
         expect(page.locator('table.queues tr[data-queue="default"]')).to_be_visible()
 
         page.goto(serve.url + "/partitions/later%2F1")
+        page.fill("form.priority-form input[name=priority]", "9223372036854775807")  # past a JavaScript number
+        page.locator("form.priority-form button").click()
+        expect(page.locator("#flash")).to_contain_text("Priority of later/1 set to 9223372036854775807")
+        assert feed.status("later/1").priority == 2**63 - 1
         page.locator("section.partition button[data-action='cancel']").click()
         expect(page.locator("section.partition")).to_have_attribute("data-status", "cancelled", timeout=10_000)
         page.locator("section.partition button[data-action='resubmit']").click()
@@ -452,3 +457,29 @@ def test_partition_and_queues_pages_skip_cancel_and_bulk_retry_in_a_browser(
         wait_status(feed, "bad/1", "complete", timeout=60)
     finally:
         serve.stop()
+
+
+def test_the_hooks_page_shows_a_failed_hook_and_retry_makes_it_pending_in_a_browser(
+    browser: Any, api: ApiServer, feed: Feed
+) -> None:
+    from playwright.sync_api import expect
+
+    feed.set_queue("uploads", hooks={"on_cancel": "http://127.0.0.1:9/hooks"})  # no watcher: it stays as written
+    feed.add_partition("upload-7", [(0, b"1")], queue="uploads")
+    feed.cancel("upload-7")
+    (call,) = feed.store.claim_hooks("w", "uploads")
+    feed.store.hook_failed(call, "answered HTTP 503", retry_in=None, response_status=503)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+
+    page.goto(api.url + "/hooks")
+    row = page.locator(f'table.hooks tr[data-hook="{call.id}"]')
+    expect(row).to_have_attribute("data-status", "failed")
+    expect(row).to_contain_text("upload-7")
+    expect(row).to_contain_text("answered HTTP 503")
+    screenshot(page, "dashboard-hooks.png")
+    page.fill("#token", TOKEN)
+    row.locator('button[data-hook-action="retry"]').click()
+
+    expect(page.locator("#flash")).to_contain_text(f"Retrying hook {call.id}")
+    expect(row).to_have_attribute("data-status", "pending", timeout=10_000)
+    assert feed.hook(call.id).status == "pending"

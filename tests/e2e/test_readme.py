@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from feedproc import Feed
+from feedproc.core.hooks import sign
 from feedproc.core.pipelines import parse_toml
 
 from ..docs_support import blocks, python_files, sh_block
@@ -325,8 +327,67 @@ def test_the_enqueue_in_your_transaction_example_commits_both_or_neither(tmp_pat
         assert db.execute("SELECT key FROM feedproc_partitions").fetchall() == [("upload-43",)]
 
 
+def test_the_hook_verification_snippet_verifies_what_watchers_sign() -> None:
+    """verify_hook.py (README, Completion hooks): true for a body signed with the secret now; false
+    for another secret, a changed body, an old timestamp or a malformed header."""
+    verify_hook: dict[str, Any] = {}
+    exec(python_files()["verify_hook.py"], verify_hook)  # the documentation's own code
+    check = verify_hook["verify_hook"]
+    body = b'{"id":1,"hook":"on_complete","key":"k"}'
+    now = int(time.time())
+    header = sign("whsec", now, body)
+
+    assert check("whsec", header, body)
+    assert not check("other", header, body)
+    assert not check("whsec", header, body + b" ")
+    assert not check("whsec", sign("whsec", now - 301, body), body)
+    assert check("whsec", f"{sign('old', now, body)},v1={header.partition(',v1=')[2]}", body)  # rotation
+    assert not check("whsec", "garbage", body)
+
+
+def test_the_hook_receiver_prints_the_completed_partition_once(tmp_path: Path) -> None:
+    """The Completion hooks session: hook_receiver.py (with verify_hook.py) takes the signed hook of
+    text-9 and prints it; the watcher records it sent."""
+    [port] = free_ports(1)
+    for name in ("verify_hook.py", "words.py"):
+        (tmp_path / name).write_text(python_files()[name])
+    receiver = python_files()["hook_receiver.py"]
+    assert '("127.0.0.1", 8090)' in receiver
+    (tmp_path / "hook_receiver.py").write_text(receiver.replace("8090", str(port)))
+    session = sh_block("python hook_receiver.py &")
+    secret_line, receiver_line, rest = session.split("\n", 2)
+    assert receiver_line == "python hook_receiver.py &"
+    env = {"FEEDPROC_DATABASE_URL": f"sqlite:///{tmp_path / 'feedproc.db'}"}
+    printed = tmp_path / "receiver.out"
+    with background(f"{secret_line} && exec python hook_receiver.py > {printed}", tmp_path, port):
+        result = run_session(f"{secret_line}\n{rest.replace(':8090/', f':{port}/')}", tmp_path, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        wait_until(lambda: "text-9" in printed.read_text(), timeout=60, what="the receiver's line")
+    assert printed.read_text() == "text-9 complete 1\n"
+
+
+def test_the_complete_in_your_transaction_example_books_each_order_once(tmp_path: Path) -> None:
+    """ledger.py's processor books each order in its answer's transaction: two rows, both complete."""
+    (tmp_path / "ledger.py").write_text(python_files()["ledger.py"])
+    url = f"sqlite:///{tmp_path / 'unused.db'}"  # the example's harness makes its own database
+    run = subprocess.run(
+        [sys.executable, "ledger.py"], cwd=tmp_path, env=feedproc_env(url), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and run.stdout == "(2, 4250)\n", run.stderr
+
+
 #: The whole-file examples the tests above run, each by its name.
-RUN_HERE = {"classify.py", "produce.py", "words.py", "uploads_pipeline.py", "test_uploads.py", "signup.py"}
+RUN_HERE = {
+    "classify.py",
+    "produce.py",
+    "words.py",
+    "uploads_pipeline.py",
+    "test_uploads.py",
+    "signup.py",
+    "verify_hook.py",
+    "hook_receiver.py",
+    "ledger.py",
+}
 
 
 def test_every_example_file_in_the_documentation_is_run() -> None:

@@ -1,7 +1,7 @@
 """Many hosts on one machine: watcher "hosts" in Linux network namespaces against a PostgreSQL of
 the harness's own, with a fault proxy in between (docs/performance.md, "Many hosts").
 
-    bridge fpmh0 10.231.7.1/24 (the root namespace: PostgreSQL on :55432, the proxy on :55433)
+    bridge fpmh0 10.231.7.1/24 (the root namespace: PostgreSQL on :25432, the proxy on :25433)
       ├─ veth fpmh1a ── fpmh1b 10.231.7.11 in namespace fpmh-h1 (a watcher process)
       ├─ veth fpmh2a ── fpmh2b 10.231.7.12 in namespace fpmh-h2
       └─ ...
@@ -41,8 +41,10 @@ PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=Tru
 PREFIX = "fpmh"
 SUBNET = "10.231.7"
 BRIDGE_IP = f"{SUBNET}.1"
-PG_PORT = 55432
-PROXY_PORT = 55433
+# Below the kernel's ephemeral range (32768-60999): beside the conformance suite, a client socket once
+# held 127.0.0.1:55432 as its own port, PostgreSQL could not listen there, and every test was refused.
+PG_PORT = 25432
+PROXY_PORT = 25433
 METRICS_PORT = 9100  # each host's watcher serves /metrics on its own address
 
 

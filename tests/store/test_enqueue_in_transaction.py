@@ -113,7 +113,7 @@ def test_a_refusal_inside_the_callers_transaction_leaves_it_usable(feed: Feed, u
         with pytest.raises(Refused, match="sealed"):
             feed.add_items("sealed", [(0, b"{}")], connection=conn)
         with pytest.raises(InvalidInput):
-            feed.add_partition("bad", ITEMS, priority=2**40, connection=conn)
+            feed.add_partition("bad", ITEMS, priority=2**63, connection=conn)
         conn.execute(text("INSERT INTO uploads VALUES ('still')"))
     assert rows(feed, "uploads") == 1
 

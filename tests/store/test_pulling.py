@@ -290,3 +290,12 @@ def test_concurrent_claimers_never_share_an_item(pull: Feed, db_url: str) -> Non
     assert not errors
     assert len(seen) == 200 and set(seen.values()) == {1}
     assert pull.summary().items["complete"] == 200
+
+
+def test_a_not_yet_answer_counts_a_delivery_not_an_attempt(pull: Feed) -> None:
+    add(pull, "p", (0, b"a"))
+    (c,) = pull.claim(QUEUE, "w")
+    assert (c["attempt"], c["deliveries"]) == (1, 1)
+    pull.answer(c["id"], c["token"], {"gate": 0, "retry_after": 0})
+    (again,) = pull.claim(QUEUE, "w")
+    assert (again["id"], again["attempt"], again["deliveries"]) == (c["id"], 1, 2)

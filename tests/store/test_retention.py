@@ -75,7 +75,7 @@ def test_cleanup_works_in_bounded_batches(feed: Feed, store: Store) -> None:
     event.listen(store.engine, "before_cursor_execute", record)
     deleted = store.cleanup(60, batch=5, partitions_per_batch=2)
 
-    assert deleted == {"partitions": 3, "items": 21, "events": 6, "attempts": 0, "claims": 0}
+    assert deleted == {"partitions": 3, "items": 21, "events": 6, "attempts": 0, "claims": 0, "hooks": 0}
     assert counts(store) == (0, 0, 0)
     # 2 rounds of partitions; items 5 at a time (14 -> 3 deletes, 7 -> 2), events likewise, partitions once per round
     assert len(statements) >= 8

@@ -116,6 +116,13 @@ def test_bad_partition_keys_raise_invalid_input_and_write_nothing(store: Store) 
     assert sum(store.summary()["partitions"].values()) == 0
 
 
+def test_a_not_before_that_is_not_a_time_is_refused_and_writes_nothing(store: Store) -> None:
+    with pytest.raises(InvalidInput, match="not_before must be a datetime, got 3600"):
+        store.add_partition("p", [(0, b"x")], not_before=3600)  # type: ignore[arg-type]
+    with pytest.raises(NotFound):
+        store.status("p")
+
+
 def test_key_of_200_allowed_characters_is_accepted(store: Store) -> None:
     key = ("Az09._:/-" * 23)[:200]
     store.add_partition(key, [(0, b"x")])

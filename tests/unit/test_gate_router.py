@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from feedproc.core.errors import InvalidInput
 from feedproc.core.pipelines import parse_toml
 from feedproc.core.policy import RetryPolicy
 from feedproc.processors import HTTPOptions, HTTPProcessor
@@ -68,3 +69,21 @@ def test_http_options_are_frozen_headers_included() -> None:
         options.timeout = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         options.headers["X-A"] = "2"  # type: ignore[index]
+
+
+def test_a_gate_bounds_not_yet_answers_where_it_says_and_inherits_the_watchers_bound_elsewhere() -> None:
+    spec = parse_toml(UPLOADS.replace("max_attempts = 2", "max_not_yet = 20"))
+    base = RetryPolicy(max_not_yet=1000)
+    assert [gate.policy(base).max_not_yet for gate in spec.gates] == [1000, 20, 1000]
+
+
+def test_max_not_yet_must_be_a_positive_integer() -> None:
+    with pytest.raises(InvalidInput, match="max_not_yet must be an integer from 1"):
+        parse_toml(UPLOADS.replace("max_attempts = 2", "max_not_yet = 0"))
+
+
+def test_max_time_is_a_gates_positive_number_of_seconds() -> None:
+    spec = parse_toml(UPLOADS.replace("max_attempts = 2", "max_time = 90"))
+    assert [gate.max_time for gate in spec.gates] == [None, 90.0, None]
+    with pytest.raises(InvalidInput, match="max_time must be more than 0 seconds"):
+        parse_toml(UPLOADS.replace("max_attempts = 2", "max_time = 0"))

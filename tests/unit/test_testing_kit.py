@@ -294,3 +294,29 @@ def test_a_harness_takes_a_watcher_setting_by_its_old_name_with_a_deprecation_wa
         harness = Harness(lambda item: Response(done=True), directory=tmp_path, capacity=5)
     with harness:
         assert harness.config.max_partitions == 5
+
+
+def test_a_pipelines_python_hook_is_called_by_the_step_that_finished_its_partition() -> None:
+    pipeline, finished = three_gates(), []
+    pipeline.on_complete(lambda summary: finished.append((summary["key"], summary["items"])))
+    with Harness(pipeline) as harness:
+        harness.add("scan-1", [{"gate": "list", "data": {"files": ["a.pdf", "bb.pdf"]}}])
+
+        harness.drain()
+
+        assert finished == [("scan-1", 3)]
+        assert [(h.key, h.hook, h.status) for h in harness.hooks()] == [("scan-1", "on_complete", "sent")]
+
+
+def test_a_harness_takes_functions_for_the_queues_python_hooks() -> None:
+    cancelled: list[str] = []
+    with Harness(
+        lambda item: Response(done=True), hooks={"on_cancel": lambda s: cancelled.append(s["key"])}
+    ) as harness:
+        harness.feed.set_queue(harness.queue, hooks={"on_cancel": "python"})
+        harness.add("job", [{"data": {}}], sealed=False)
+        harness.feed.cancel("job")
+
+        harness.step()
+
+        assert cancelled == ["job"]

@@ -79,6 +79,7 @@ def test_request_body_carries_the_item_and_json_headers(
         "queue": "scan",
         "gate": 0,
         "attempt": 1,
+        "deliveries": 1,
         "data": {"file": "a.pdf", "pages": [1, 2]},
     }
     assert delivery.headers["content-type"].startswith("application/json")
@@ -158,6 +159,7 @@ def test_not_yet_answer_is_asked_again_after_retry_after(db_url: str, feed: Feed
 
     deliveries = handler.of("poll")
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
+    assert [d.body["deliveries"] for d in deliveries] == [1, 2, 3]  # but it is a delivery
     assert [d.body["data"]["polls"] for d in deliveries] == [0, 1, 2]
     assert all(gap >= 0.4 - 0.01 for gap in gaps(deliveries)), gaps(deliveries)
     assert final.failed_items == ()
@@ -492,7 +494,7 @@ def test_503_with_a_non_finite_retry_after_header_is_retried_after_the_backoff(
 
     assert failed.last_error == f"HTTP 503 from {handler.url}: busy"
     first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
-    assert second.start - first.end < 2.0  # the backoff (0.05 s), the header taken as absent
+    assert second.start - first.end < 10.0  # the backoff (0.05 s), the header taken as absent (not 600 s)
 
 
 def test_503_with_a_huge_retry_after_header_is_capped_at_max_retry_delay(
@@ -505,7 +507,9 @@ def test_503_with_a_huge_retry_after_header_is_capped_at_max_retry_delay(
 
     assert failed.last_error == f"HTTP 503 from {handler.url}: busy"
     first, second = [d for d in handler.of("hostile") if is_hostile(d.body)]
-    assert 0.5 - 0.01 <= second.start - first.end < 2.0  # the longer delay wins, capped at 0.5 s
+    # The longer delay wins, capped at 0.5 s (the upper bound only tells a cap from 300,000,000,000 s:
+    # a loaded machine has taken 2 s to ask again).
+    assert 0.5 - 0.01 <= second.start - first.end < 10.0
 
 
 def test_not_yet_with_a_huge_retry_after_is_asked_again_after_max_retry_delay(
@@ -527,7 +531,7 @@ def test_not_yet_with_a_huge_retry_after_is_asked_again_after_max_retry_delay(
     assert final.failed_items == ()
     deliveries = [d for d in handler.of("hostile") if is_hostile(d.body)]
     assert [d.body["attempt"] for d in deliveries] == [1, 1, 1]  # "not yet" is not a failure
-    assert all(0.5 - 0.01 <= gap < 2.0 for gap in gaps(deliveries)), gaps(deliveries)
+    assert all(0.5 - 0.01 <= gap < 10.0 for gap in gaps(deliveries)), gaps(deliveries)  # capped, not 1e308 s
 
 
 # ---------------------------------------------------------------- hostile Python processors

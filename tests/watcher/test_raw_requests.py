@@ -152,6 +152,7 @@ def test_metadata_travels_in_feedproc_headers_and_the_content_type_is_json(
         "feedproc-queue": "scan",
         "feedproc-gate": "0",
         "feedproc-attempt": "1",
+        "feedproc-deliveries": "1",
     }
     assert request.headers["content-type"] == "application/json"
     assert request.headers["user-agent"].startswith("feedproc/")
@@ -268,7 +269,8 @@ def test_json_requests_are_unchanged(db_url: str, feed: Feed, raw: RawHandler, o
 
     [request] = raw.requests
     [item] = feed.items("wrapped")
-    expected = b'{"id":%d,"partition":"wrapped","queue":"q","gate":0,"attempt":1,"data":{ "a" :1 }}' % item.id
+    fields = b'"partition":"wrapped","queue":"q","gate":0,"attempt":1,"deliveries":1'
+    expected = b'{"id":%d,%s,"data":{ "a" :1 }}' % (item.id, fields)
     assert request.body == expected
     assert feedproc_headers(request) == {}
     assert request.headers["content-type"] == "application/json"

@@ -339,7 +339,7 @@ def test_a_killed_watchers_slots_come_back_and_another_watcher_goes_on(
     assert meter.peak <= 3
 
 
-def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
+def test_without_a_limit_fetching_and_answering_lock_no_slot_or_queue_rows(feed: Feed, store: Store) -> None:
     from feedproc.core.records import Kind, Outcome
 
     feed.add_partition("p", [(0, b"{}")] * 3)
@@ -350,7 +350,11 @@ def test_without_a_limit_fetching_and_answering_touch_no_slot_or_queue_rows(feed
         taken = store.fetch_ready("w1", 10)
         store.apply("w1", [Outcome(i.id, i.version, i.partition_id, i.epoch, i.gate, Kind.DONE) for i in taken])
     assert len(taken) == 3
-    assert not [s for s in statements if "feedproc_watchers" in s or "feedproc_queues" in s], statements
+    touching = [s for s in statements if "feedproc_watchers" in s or "feedproc_queues" in s]
+    # The one read: the queue's completion hooks, once, in the transaction that completed the
+    # partition (a plain read: no row lock, nothing written).
+    assert [s.split()[:2] for s in touching] == [["SELECT", "feedproc_queues.hooks"]], touching
+    assert "FOR UPDATE" not in touching[0]
 
 
 # ---------------------------------------------------------------- progress

@@ -418,16 +418,21 @@ def wait_all_leased_by(feed: Feed, keys: list[str], watcher: WatcherThread) -> N
 
 
 def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_delivery(db_url: str, feed: Feed) -> None:
-    keys = add_partitions(feed, "steal", 10, 3)
+    # 80 items of 0.25 s at 4 at a time: ~5 s of work for the first alone, time enough for the
+    # second to start and take a share on a loaded machine (with 3 items each the first could
+    # finish them all before the second had started).
+    keys = add_partitions(feed, "steal", 10, 8)
     recorder = Recorder()
-    with watching(db_url, Slow(recorder, 0.25, "first"), concurrency=4) as first:
+    # Leases of 10 s, not 3: on a loaded machine (CI, SQLite) the first's heartbeat once missed 3 s,
+    # its leases lapsed mid-delivery and the second delivered those items again, as it must then.
+    with watching(db_url, Slow(recorder, 0.25, "first"), concurrency=4, lease_seconds=10) as first:
         wait_all_leased_by(feed, keys, first)
-        with watching(db_url, Slow(recorder, 0.25, "second"), concurrency=4):
+        with watching(db_url, Slow(recorder, 0.25, "second"), concurrency=4, lease_seconds=10):
             for key in keys:
                 wait_status(feed, key, "complete")
 
     per_item = recorder.per_item()
-    assert len(per_item) == 30
+    assert len(per_item) == 80
     assert set(per_item.values()) == {1}, "an item was delivered twice"
     by_second = {c.partition for c in recorder.calls if c.watcher == "second"}
     assert len(by_second) >= 2, f"the second watcher only served {sorted(by_second)}"
@@ -443,13 +448,18 @@ def test_cooperative_steal_gives_the_second_watcher_a_share_without_double_deliv
 
 @pytest.mark.postgres_only  # the hand-over's notification wakes the thief; SQLite has only polling
 def test_a_handed_over_partition_is_served_at_once_not_at_the_thiefs_next_poll(db_url: str, feed: Feed) -> None:
-    keys = add_partitions(feed, "handed", 4, 6)
+    # ~24 s of work for the first alone: the thief gets a share while there is work left to hand
+    # over, however slow its start-up on a loaded machine. The test ends at the thief's first call.
+    keys = add_partitions(feed, "handed", 4, 60)
     recorder = Recorder()
-    with watching(db_url, Slow(recorder, 0.2, "first"), concurrency=2) as first:
+    # Leases (and registrations) of 10 s, not the tests' 3: the thief asks for its share once, on
+    # start-up, and a loaded machine that let the first watcher's registration lapse for a moment
+    # made that one request find nobody to ask, with the next a whole poll interval (60 s) later.
+    with watching(db_url, Slow(recorder, 0.2, "first"), concurrency=2, lease_seconds=10.0) as first:
         wait_all_leased_by(feed, keys, first)
         started = time.time()
         # The thief asks for its share on start-up and would read its leases again only 60 s later.
-        with watching(db_url, Slow(recorder, 0.2, "second"), concurrency=2, poll_interval=60.0):
+        with watching(db_url, Slow(recorder, 0.2, "second"), concurrency=2, poll_interval=60.0, lease_seconds=10.0):
             wait_until(lambda: any(c.watcher == "second" for c in recorder.calls), timeout=15.0, what="a steal")
         first_call = min(c.start for c in recorder.calls if c.watcher == "second")
     assert first_call - started < 15.0
@@ -458,12 +468,14 @@ def test_a_handed_over_partition_is_served_at_once_not_at_the_thiefs_next_poll(d
 
 @pytest.mark.postgres_only  # the steal request's notification wakes the owner; SQLite has only polling
 def test_an_owner_hands_over_when_asked_not_at_its_next_poll(db_url: str, feed: Feed) -> None:
-    keys = add_partitions(feed, "asked", 4, 6)
+    # ~24 s of work: the owner cannot finish it all before the thief has started (see above).
+    keys = add_partitions(feed, "asked", 4, 60)
     recorder = Recorder()
     # The owner reads its leases on start-up and would look for steal requests only 60 s later.
-    with watching(db_url, Slow(recorder, 0.2, "owner"), concurrency=2, poll_interval=60.0) as owner:
+    # 10 s leases, as above: a lapsed registration of the owner must not make the thief's request void.
+    with watching(db_url, Slow(recorder, 0.2, "owner"), concurrency=2, poll_interval=60.0, lease_seconds=10.0) as owner:
         wait_all_leased_by(feed, keys, owner)
-        with watching(db_url, Slow(recorder, 0.2, "thief"), concurrency=2):
+        with watching(db_url, Slow(recorder, 0.2, "thief"), concurrency=2, lease_seconds=10.0):
             wait_until(lambda: any(c.watcher == "thief" for c in recorder.calls), timeout=15.0, what="a hand-over")
     assert any(history_of(feed, key, "stolen") for key in keys)
     assert set(recorder.per_item().values()) == {1}, "an item was delivered twice"

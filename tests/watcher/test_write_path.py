@@ -171,7 +171,9 @@ def test_a_settle_that_fails_lets_its_partition_go_charged_and_the_others_flow(
     logger, heal = logging.getLogger("feedproc.watcher"), Heal()
     logger.addHandler(heal)
     try:
-        with watching(db_url, Numbered()):
+        # A lease of 10 s: writing "bad" in parts under load once took past a 3 s lease, and the
+        # watcher gave the lease up before the failure this test reads was written.
+        with watching(db_url, Numbered(), lease_seconds=10):
             wait_status(feed, "good", "complete")  # flows while "bad" cannot be written
             wait_status(feed, "bad", "complete")  # taken again once its writes work
     finally:

@@ -89,6 +89,11 @@ class Dialect(Protocol):
         """Lock partitions `pids` still leased to `watcher_id` and available, in id order: id -> epoch."""
         ...
 
+    def lock_live_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+        """`lock_held_leases`, of the leases that have not expired either, on the database's clock
+        at this statement (not the transaction's start: a transactional processor's is long)."""
+        ...
+
     def complete_items(
         self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
     ) -> int:
@@ -194,9 +199,12 @@ class Dialect(Protocol):
 
     # ------------------------------------------------------------ pull workers (pulling.py)
 
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-        """Up to `max_items` claimable items of `queue` in claim order, at gates not in `blocked`,
-        locked for this transaction (`claimable.py`)."""
+    def find_claimable(
+        self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int], priorities: tuple[int, int]
+    ) -> list[Any]:
+        """Up to `max_items` claimable items of `queue` in claim order, at gates not in `blocked`, of
+        partitions with a priority in `priorities` (lowest, highest; both included), locked for this
+        transaction (`claimable.py`)."""
         ...
 
     def claim_items(self, conn: Connection, claiming: Update, ids: list[int]) -> Sequence[Any]:

@@ -105,6 +105,9 @@ class MySQLDialect:
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return SQLITE.lock_held_leases(conn, pids, watcher_id)  # SQLite's SELECT ... FOR UPDATE, by key
 
+    def lock_live_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+        return SQLITE.lock_live_leases(conn, pids, watcher_id)  # UTC_TIMESTAMP(6) is the statement's clock
+
     def complete_items(
         self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
     ) -> int:
@@ -194,8 +197,10 @@ class MySQLDialect:
         rows = mysql_rows(MYSQL_PROGRESS_CELLS, len(reports))
         conn.exec_driver_sql(MYSQL_STORE_PROGRESS.format(rows=rows), tuple(values))
 
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-        return claimable(conn, queue, max_items, blocked)
+    def find_claimable(
+        self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int], priorities: tuple[int, int]
+    ) -> list[Any]:
+        return claimable(conn, queue, max_items, blocked, priorities)
 
     def claim_items(self, conn: Connection, claiming: Update, ids: list[int]) -> Sequence[Any]:
         # no UPDATE ... RETURNING: read back (the rows are locked by this transaction)

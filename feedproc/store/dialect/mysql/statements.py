@@ -70,6 +70,7 @@ _MYSQL_UPDATE_ITEMS = """
         i.last_error = CASE WHEN v.error IS NOT NULL THEN v.error WHEN v.clear THEN NULL ELSE i.last_error END,
         i.next_attempt_at = TIMESTAMPADD(MICROSECOND, CAST(ROUND(v.delay * 1000000) AS SIGNED), UTC_TIMESTAMP(6)),
         i.progress = v.progress,
+        i.not_yet = COALESCE(v.not_yet, i.not_yet),
         i.deliveries = i.deliveries + 1,
         i.lost = 0,
         i.started_at = TIMESTAMPADD(MICROSECOND, v.started, TIMESTAMP('1970-01-01')),
@@ -118,7 +119,7 @@ def find_ready_mysql(
         for n, p in enumerate(leased)
     )
     rows = conn.exec_driver_sql(
-        "SELECT i.id, i.version, t.n, i.gate, i.attempts, i.data, i.deliveries, i.lost, i.collect"
+        "SELECT i.id, i.version, t.n, i.gate, i.attempts, i.data, i.deliveries, i.lost, i.collect, i.not_yet"
         f" FROM (SELECT u.id, u.n, u.due FROM ({runs}) AS u ORDER BY u.n, u.due, u.id LIMIT {int(limit)}) AS t"
         " JOIN feedproc_items AS i ON i.id = t.id ORDER BY t.n, t.due, t.id"
     ).all()
@@ -137,6 +138,7 @@ def find_ready_mysql(
             r[6],
             r[7],
             r[8],
+            r[9],
         )
         for r in rows
     ]
@@ -364,8 +366,11 @@ def _mysql_claimable(parts: Sequence[Any], limit: int, seen: Sequence[int]) -> s
     )
 
 
-def claimable(conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-    """Up to `max_items` claimable items of `queue` in claim order, at gates not `blocked`, locked
+def claimable(
+    conn: Connection, queue: str, max_items: int, blocked: Sequence[int], priorities: tuple[int, int]
+) -> list[Any]:
+    """Up to `max_items` claimable items of `queue` in claim order, at gates not `blocked`, of
+    partitions with a priority in `priorities`, locked
     (MariaDB/MySQL: see `_mysql_claimable`). Items other claimers locked are skipped; each round past
     them walks twice as far (the extra items it locks stay untouched until the commit)."""
     rows: list[Any] = []
@@ -373,11 +378,17 @@ def claimable(conn: Connection, queue: str, max_items: int, blocked: Sequence[in
     for n in range(CLAIM_ROUNDS):
         want = max_items - len(rows)
         walk = min(want << n, MAX_CLAIM)  # (a partition a branch of the UNION at most)
+        params = {
+            "queue": queue,
+            "max": walk,
+            "seen": seen,
+            "min_priority": priorities[0],
+            "max_priority": priorities[1],
+        }
         if blocked:
-            params = {"queue": queue, "max": walk, "seen": seen, "blocked": list(blocked)}
-            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED, params).all()
+            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS_UNBLOCKED, {**params, "blocked": list(blocked)}).all()
         else:
-            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, {"queue": queue, "max": walk, "seen": seen}).all()
+            parts = conn.execute(_MYSQL_CLAIMABLE_PARTITIONS, params).all()
         if not parts:
             break
         found = conn.exec_driver_sql(_mysql_claimable(parts, walk, seen)).all()

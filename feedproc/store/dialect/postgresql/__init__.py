@@ -40,6 +40,7 @@ from .statements import (
     PG_INT_COLUMNS,
     PG_ITEMS_OF,
     PG_LOCK_HELD_LEASES,
+    PG_LOCK_LIVE_LEASES,
     PG_MARK_INFLIGHT,
     PG_PAGE,
     PG_REFRESH_READY_AT,
@@ -88,6 +89,9 @@ class PostgreSQLDialect:
 
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return dict(conn.execute(PG_LOCK_HELD_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())
+
+    def lock_live_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+        return dict(conn.execute(PG_LOCK_LIVE_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())
 
     def complete_items(
         self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
@@ -190,8 +194,16 @@ class PostgreSQLDialect:
     def store_progress(self, conn: Connection, reports: Sequence[ProgressReport]) -> None:
         SQLITE.store_progress(conn, reports)  # an executemany UPDATE, as SQLite's
 
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
-        params = {"queue": queue, "max": max_items, "blocked": pg_bigint_array(sorted(blocked))}
+    def find_claimable(
+        self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int], priorities: tuple[int, int]
+    ) -> list[Any]:
+        params = {
+            "queue": queue,
+            "max": max_items,
+            "blocked": pg_bigint_array(sorted(blocked)),
+            "min_priority": priorities[0],
+            "max_priority": priorities[1],
+        }
         rows = list(conn.execute(PG_CANDIDATES, params).all())
         rows.sort(key=lambda r: (r.rank, r.id))  # see PG_CANDIDATES: no sort in the database
         return rows

@@ -45,6 +45,7 @@ from .statements import (
     INSERT_ITEMS,
     LEASED_FOR_DISPATCH,
     LOCK_HELD_LEASES,
+    LOCK_LIVE_LEASES,
     MARK_INFLIGHT,
     MERGE_ACCUMULATOR,
     PAGE,
@@ -94,6 +95,9 @@ class SQLiteDialect:
 
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return dict(conn.execute(LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
+
+    def lock_live_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
+        return dict(conn.execute(LOCK_LIVE_LEASES, {"pids": pids, "watcher": watcher_id}).all())
 
     def complete_items(
         self, conn: Connection, completed: list[Outcome], watcher_id: str, accumulate: list[AccumulatorRow]
@@ -146,6 +150,7 @@ class SQLiteDialect:
                     r.deliveries,
                     r.lost,
                     r.collect,
+                    r.not_yet,
                 )
                 for r in conn.execute(ready_items_of(p.id, p.gate, excluded, limit - len(found)))
             ]
@@ -219,11 +224,13 @@ class SQLiteDialect:
             ],
         )
 
-    def find_claimable(self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int]) -> list[Any]:
+    def find_claimable(
+        self, conn: Connection, queue: str, max_items: int, blocked: Sequence[int], priorities: tuple[int, int]
+    ) -> list[Any]:
+        params = {"queue": queue, "max": max_items, "min_priority": priorities[0], "max_priority": priorities[1]}
         if blocked:
-            params = {"queue": queue, "max": max_items, "blocked": list(blocked)}
-            return list(conn.execute(CANDIDATES_UNBLOCKED, params))
-        return list(conn.execute(CANDIDATES, {"queue": queue, "max": max_items}))
+            return list(conn.execute(CANDIDATES_UNBLOCKED, {**params, "blocked": list(blocked)}))
+        return list(conn.execute(CANDIDATES, params))
 
     def claim_items(self, conn: Connection, claiming: Update, ids: list[int]) -> Sequence[Any]:
         return conn.execute(claiming.returning(I.id, I.version, I.claimed_until)).all()

@@ -39,6 +39,9 @@ LOCK_HELD_LEASES = (
     .order_by(P.id)
     .with_for_update()
 )
+# A transactional processor's answer (`apply(within=)`): the lease must not have ended either. The
+# database clock is read per statement (SQLite's 'now', MariaDB's UTC_TIMESTAMP(6)), as it must be.
+LOCK_LIVE_LEASES = LOCK_HELD_LEASES.where(P.lease_expires_at > db_now())
 # An answer's item update: one row per execution (SQLite runs executemany in-process).
 UPDATE_ITEM = (
     update(items)
@@ -55,6 +58,7 @@ UPDATE_ITEM = (
         ),
         next_attempt_at=seconds_from_now(bindparam("b_delay")),
         progress=bindparam("b_progress", type_=items.c.progress.type),  # kept only by a "not yet" answer with it
+        not_yet=func.coalesce(bindparam("b_not_yet", type_=items.c.not_yet.type), I.not_yet),
         deliveries=I.deliveries + 1,
         lost=0,
         started_at=bindparam("b_started", type_=items.c.started_at.type),
@@ -105,7 +109,7 @@ LEASED_FOR_DISPATCH = (
 
 
 def ready_items_of(pid: int, gate: int, excluded: list[int], limit: int) -> Select[Any]:
-    query = select(I.id, I.version, I.gate, I.attempts, I.data, I.deliveries, I.lost, I.collect).where(
+    query = select(I.id, I.version, I.gate, I.attempts, I.data, I.deliveries, I.lost, I.collect, I.not_yet).where(
         I.partition_id == pid,
         I.gate == gate,
         I.status == IS_AVAILABLE,
