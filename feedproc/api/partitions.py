@@ -94,6 +94,13 @@ class NewPartition(BaseModel):
         description="seconds from now, or an ISO 8601 time (without a zone it is UTC), after which the partition, "
         'unless finished, fails with "deadline exceeded"',
     )
+    partition_limit: int | None = Field(
+        None,
+        ge=1,
+        le=INT32,
+        strict=True,
+        description="its items in flight at once at most, fleet-wide (its queue's and gates' limits hold too)",
+    )
 
 
 class NewItems(BaseModel):
@@ -155,6 +162,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         "window_tz": body.timezone,
         "tolerate": body.tolerate,
         "deadline": _deadline(body.deadline),
+        "partition_limit": body.partition_limit,
     }
     if body.key is not None:
         key, count = body.key, feed.add_partition(body.key, items, **options)

@@ -45,6 +45,9 @@ class QueueChange(BaseModel):
     clear_defaults: bool = Field(
         False, strict=True, description="remove the default priority and weight first (0 and 1 again)"
     )
+    partition_limit: int | None = Field(
+        None, ge=0, le=INT32, strict=True, description="items of any one partition in flight at once; 0: none"
+    )
 
 
 @router.get("/queues", dependencies=Reading, tags=["queues"])
@@ -80,6 +83,7 @@ def change_queue(
         priority=body.priority,
         weight=body.weight,
         clear_defaults=body.clear_defaults,
+        partition_limit=body.partition_limit,
         by="api",
     )
     return feed.queue(name).to_json()

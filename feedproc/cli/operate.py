@@ -207,11 +207,15 @@ def queue_set(
     no_defaults: Annotated[
         bool, typer.Option("--no-defaults", help="Remove the default priority and weight (0 and 1 again).")
     ] = False,
+    partition_limit: Annotated[
+        int | None,
+        typer.Option(metavar="N", help="Items of any one partition in flight at once, fleet-wide (< 1: no limit)."),
+    ] = None,
     db: DbOption = None,
 ) -> None:
-    """Store queue NAME's concurrency limit, windows, mode, accumulate declaration, completion hooks
-    and/or the priority and weight its partitions get when added without theirs (options not given
-    keep their value).
+    """Store queue NAME's concurrency limit, windows, mode, accumulate declaration, completion hooks,
+    the priority and weight its partitions get when added without theirs and/or its partition limit
+    (options not given keep their value).
 
     A hook is an http(s) URL, POSTed the partition's summary (signed with $FEEDPROC_HOOK_SECRET), or
     `python`: a function its watchers were given."""
@@ -245,22 +249,26 @@ def queue_set(
             priority=priority,
             weight=weight,
             clear_defaults=no_defaults,
+            partition_limit=partition_limit,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
     said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
     accumulate_text = f", accumulate {said}" if said else ""
     hooks_text = _hooks_text(dict(settings.hooks))
-    defaults = _defaults_text(settings.default_priority, settings.default_weight)
+    defaults = _defaults_text(settings.default_priority, settings.default_weight, settings.partition_limit)
     typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}{hooks_text}{defaults}")
 
 
-def _defaults_text(priority: int | None, weight: int | None) -> str:
-    """A queue's default priority and weight as `queue set` and `queue show` print them (if set)."""
-    shown = ", ".join(
+def _defaults_text(priority: int | None, weight: int | None, partition_limit: int | None = None) -> str:
+    """A queue's default priority and weight, and its partition limit, as `queue set` and `queue
+    show` print them (if set)."""
+    parts = [
         f"default {what} {value}" for what, value in (("priority", priority), ("weight", weight)) if value is not None
-    )
-    return f", {shown}" if shown else ""
+    ]
+    if partition_limit is not None:
+        parts.append(f"partition limit {partition_limit}")
+    return ", " + ", ".join(parts) if parts else ""
 
 
 def _hooks_text(hooks: dict[str, str]) -> str:
@@ -312,7 +320,7 @@ def queue_show(
         declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
         accumulate = f", accumulate {declared}" if declared else ""
         hooks = _hooks_text(q.get("hooks") or {})
-        defaults = _defaults_text(q.get("priority"), q.get("weight"))
+        defaults = _defaults_text(q.get("priority"), q.get("weight"), q.get("partition_limit"))
         typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{paused}")
 
 

@@ -69,6 +69,10 @@ def add(
             help="Fail the partition unless finished by then: a duration from now (90s, 10m, 2h) or an ISO 8601 time.",
         ),
     ] = None,
+    partition_limit: Annotated[
+        int | None,
+        typer.Option(min=1, help="Its items in flight at once at most, fleet-wide (besides its queue's and gates')."),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction (no KEY: one is generated and printed)."""
@@ -89,6 +93,7 @@ def add(
         "window_tz": timezone,
         "tolerate": tolerate,
         "deadline": until,
+        "partition_limit": partition_limit,
     }
     with _feed(db) as feed:
         if key is not None:

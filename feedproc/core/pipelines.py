@@ -22,6 +22,7 @@ name = "ocr"
 number = 1
 handler = "http://127.0.0.1:8082/"
 limit = 8                  # at most 8 items at this gate in flight, fleet-wide
+partition_limit = 2        # and at most 2 of any one partition
 timeout = 120
 
 [hooks]                    # optional: called once each partition finishes (completed, failed, cancelled)
@@ -81,6 +82,7 @@ GATE_SETTINGS: dict[str, type] = {
     "retry_delay": float,
     "max_retry_delay": float,
     "limit": int,
+    "partition_limit": int,
     "windows": list,
     "timezone": str,
     "batch": int,
@@ -115,6 +117,7 @@ class GateSpec:
     retry_delay: float | None = None
     max_retry_delay: float | None = None
     limit: int | None = None  # items of this gate in flight fleet-wide, by weight
+    partition_limit: int | None = None  # items of one partition at this gate in flight at once
     windows: str | None = None  # "22:00-06:00,12:00-13:00": when items of this gate may start
     timezone: str | None = None  # of the windows (None: UTC)
     batch: int | None = None  # items of one partition delivered in one call at most
@@ -419,6 +422,7 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
         ("max_attempts", 1, MAX_INT32),
         ("max_not_yet", 1, MAX_INT32),
         ("limit", 1, MAX_INT32),
+        ("partition_limit", 1, MAX_INT32),
         ("batch", 1, MAX_BATCH),
     ):
         if key in raw:

@@ -49,6 +49,7 @@ class Lease:
     # Taken over from a watcher that died, stalled or stopped with deliveries unanswered: (that
     # watcher, its in-flight entries). `Store.charge_lost` counts them before anything is fetched.
     pending: tuple[str, str] | None = None
+    partition_limit: int | None = None  # its items in flight at once at most (None: no limit of its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class ReadyItem:
     lost: int = 0  # its last deliveries in a row whose watcher died or stalled before answering
     collect: int | None = None  # the gate whose results it collects, given when it was added (no pipeline)
     not_yet: int = 0  # "not yet" answers at its current gate so far
+    priority: int = 0  # its partition's, when fetched: the buffer serves the highest first
 
 
 class Kind(StrEnum):
@@ -186,6 +188,8 @@ class QueueSettings:
     #: What a partition added without its own priority or weight gets (None: 0 and 1).
     default_priority: int | None = None
     default_weight: int | None = None
+    #: Items of any one of its partitions in flight at once at most (None: no limit).
+    partition_limit: int | None = None
 
     @property
     def operations(self) -> dict[str, str]:
@@ -226,7 +230,7 @@ class QueueSettings:
             "hooks": {hook: redact_url(target) for hook, target in self.hooks},
             "priority": self.default_priority,
             "weight": self.default_weight,
-        }
+        } | ({"partition_limit": self.partition_limit} if self.partition_limit is not None else {})
 
 
 def encode_inflight(deliveries: Iterable[tuple[int, int]], *, alone: bool = False) -> str:

@@ -211,7 +211,10 @@ class QueueView(View):
     """A queue's settings and state: mode, pause, concurrency `limit` (None: none) and the
     `slots_in_use`, windows of the day in `timezone`, whether one is open and when the next opens,
     how its answers' accumulate numbers merge, its completion hooks (URLs redacted), and the
-    `priority` and `weight` a partition added without its own gets (None: 0 and 1)."""
+    `priority` and `weight` a partition added without its own gets (None: 0 and 1), and the
+    `partition_limit` on each of its partitions' items in flight (None: none)."""
+
+    _omitted: ClassVar[Mapping[str, object]] = {"partition_limit": None}
 
     name: str
     mode: str
@@ -228,15 +231,20 @@ class QueueView(View):
     hooks: Mapping[str, str]
     priority: int | None = None
     weight: int | None = None
+    partition_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionSchedule(View):
     """When a partition's items may run: its weight, item timeout and windows, its queue, whether a
     window is open now and when the next opens; `windows_never_overlap` when its windows and its
-    queue's never meet; its `deadline`, when it has one."""
+    queue's never meet; its `deadline` and its own `partition_limit`, when it has them."""
 
-    _omitted: ClassVar[Mapping[str, object]] = {"windows_never_overlap": False, "deadline": None}
+    _omitted: ClassVar[Mapping[str, object]] = {
+        "windows_never_overlap": False,
+        "deadline": None,
+        "partition_limit": None,
+    }
     _nested: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"queue": QueueView.from_json}
 
     weight: int
@@ -248,6 +256,7 @@ class PartitionSchedule(View):
     next_window_opens_at: str | None
     windows_never_overlap: bool = False
     deadline: str | None = None  # when it fails unless finished (ISO 8601)
+    partition_limit: int | None = None  # its own limit on its items in flight at once
 
 
 @dataclass(frozen=True, slots=True)

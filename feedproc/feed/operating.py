@@ -122,6 +122,7 @@ class Operating(Reading):
         priority: int | None = None,
         weight: int | None = None,
         clear_defaults: bool = False,
+        partition_limit: int | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
@@ -132,8 +133,10 @@ class Operating(Reading):
         own declaration wins for its answers; {} removes it) and/or its completion `hooks`
         ({"on_complete": URL or "python", "on_fail": ..., "on_cancel": ...}; an empty value removes
         one, hooks not named keep theirs) and/or the `priority` and `weight` a partition added to it
-        without its own gets (`clear_defaults` removes both: 0 and 1 again); arguments left None
-        keep their value. `by` is recorded with a pause. InvalidInput naming a bad value: nothing changes."""
+        without its own gets (`clear_defaults` removes both: 0 and 1 again) and/or its
+        `partition_limit` (items of any one of its partitions in flight at once, fleet-wide; < 1:
+        none); arguments left None keep their value. `by` is recorded with a pause. InvalidInput
+        naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
             limit=limit,
@@ -147,5 +150,6 @@ class Operating(Reading):
             priority=priority,
             weight=weight,
             clear_defaults=clear_defaults,
+            partition_limit=partition_limit,
             by=by,
         )

@@ -36,6 +36,7 @@ class Producing(FeedBase):
         window_tz: str | None = None,
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
+        partition_limit: int | None = None,
         connection: Connection | None = None,
     ) -> int: ...
 
@@ -56,6 +57,7 @@ class Producing(FeedBase):
         window_tz: str | None = None,
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
+        partition_limit: int | None = None,
         connection: Connection | None = None,
     ) -> AddedPartition: ...
 
@@ -75,6 +77,7 @@ class Producing(FeedBase):
         window_tz: str | None = None,
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
+        partition_limit: int | None = None,
         connection: Connection | None = None,
     ) -> int | AddedPartition:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
@@ -90,6 +93,8 @@ class Producing(FeedBase):
         `deadline`: a time, or a duration from now (timedelta or seconds, on the database's clock),
         after which the partition, unless finished, fails with "deadline exceeded": a watcher of its
         queue cancels its unfinished items and their calls, within a second or so.
+        `partition_limit`: its items in flight at once at most, fleet-wide (its queue's and its
+        pipeline gates' `partition_limit` hold too: the smallest wins).
 
         `connection`: write in the caller's transaction on it instead (from `Feed.begin()`):
         nothing is committed unless the caller commits, and a rollback leaves no trace. A refusal
@@ -112,6 +117,7 @@ class Producing(FeedBase):
                 "window_tz": window_tz,
                 "tolerate": tolerate,
                 "deadline": deadline,
+                "partition_limit": partition_limit,
             }
             if key is not None:
                 return self._add_partition(key, items, options, connection=connection)

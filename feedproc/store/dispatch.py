@@ -42,10 +42,12 @@ class Dispatch(Queues):
         closed: Iterable[int] = (),
         closed_gates: Iterable[int] = (),
         kept: InFlight | None = None,
+        after: int = 0,
     ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
-        skipping `exclude` (items already in flight here): partitions by priority then age, items in
-        the order they became ready. Partitions in `closed` (outside their time windows), and those
+        skipping `exclude` (items already in flight here): the highest priority's partitions first,
+        within a priority from the one after `after` (see below), each partition's items in the order
+        they became ready. Partitions in `closed` (outside their time windows), and those
         whose current gate is in `closed_gates` (a pipeline gate outside its windows), are skipped.
 
         With `slots` (the watcher's queue has a concurrency limit, or its pipeline gate limits) the
@@ -54,16 +56,18 @@ class Dispatch(Queues):
         The items returned are recorded as in flight (`feedproc_inflight`) before they are returned,
         appended to what the partition's record holds, or, for the partitions in `kept` (partition id
         -> (item id, version) of the items still in flight from earlier fetches), replacing it with
-        those and these: a watcher that takes a partition over charges whatever is still there."""
+        those and these: a watcher that takes a partition over charges whatever is still there.
+        `after`: the last partition the previous fetch served; partitions of one priority are walked
+        from the one after it (by id, wrapping around), so successive fetches take turns."""
         excluded, shut, kept = sorted(set(exclude)), sorted(set(closed)), kept or {}
         gates = sorted(set(closed_gates))
         if slots is not None:
-            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept, gates)
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept, gates, after)
         if limit <= 0:
             return []
         with self.single() as conn:  # PostgreSQL: autocommit; SQLite: a write transaction
             shut = self._at_gates(conn, watcher_id, gates, shut)
-            return self._fetch(conn, watcher_id, limit, excluded, shut, kept)
+            return self._fetch(conn, watcher_id, limit, excluded, shut, kept, after=after)
 
     def _at_gates(self, conn: Connection, watcher_id: str, gates: list[int], closed: list[int]) -> list[int]:
         """`closed` and the partitions leased to `watcher_id` whose current gate is one of `gates`."""
@@ -81,11 +85,12 @@ class Dispatch(Queues):
         closed: list[int],
         kept: InFlight,
         keep: Callable[[list[ReadyItem]], list[ReadyItem]] | None = None,
+        after: int = 0,
     ) -> list[ReadyItem]:
         """Find the ready items, keep those `keep` takes (all without it), and record them in flight
         (with `kept`), per partition; the items of partitions whose record a newer lease holds are
         dropped."""
-        found = self.dialect.find_ready(conn, watcher_id, limit, excluded, closed)
+        found = self.dialect.find_ready(conn, watcher_id, limit, excluded, closed, after)
         if keep is not None:
             found = keep(found)
         if not found:
@@ -112,6 +117,7 @@ class Dispatch(Queues):
         closed: list[int],
         kept: InFlight,
         closed_gates: list[int],
+        after: int = 0,
     ) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit and its gates' limits
         allow, and take their slots, in one write transaction under the queue row's lock (SQLite:
@@ -132,9 +138,8 @@ class Dispatch(Queues):
                 self._set_slots(conn, watcher_id, 0)
                 if want <= 0:
                     return []
-                return self._fetch(
-                    conn, watcher_id, want, excluded, self._at_gates(conn, watcher_id, closed_gates, closed), kept
-                )
+                shut = self._at_gates(conn, watcher_id, closed_gates, closed)
+                return self._fetch(conn, watcher_id, want, excluded, shut, kept, after=after)
             queue_free: int | None = None
             if settings.limited:
                 queue_free = settings.limit - self._slots_in_use(conn, claim.queue, besides=watcher_id) - claim.held
@@ -167,7 +172,7 @@ class Dispatch(Queues):
                     return out
 
                 shut = self._at_gates(conn, watcher_id, sorted({*closed_gates, *full}), closed)
-                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep)
+                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep, after)
             held_at = dict(claim.gate_held)
             for item in taken:
                 if item.gate in limits:

@@ -29,7 +29,7 @@ from .lost import LostDeliveries
 from .queues import Queues
 from .schema import inflight, partitions, watchers
 
-_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
+_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz, P.partition_limit)
 _REMAINING = seconds_until(P.lease_expires_at).label("remaining")
 
 
@@ -46,6 +46,7 @@ def _lease(row: Row[Any], wanted_by: str | None) -> Lease:
         row.windows,
         row.window_tz,
         (row.pending_watcher, entries) if entries else None,
+        row.partition_limit,
     )
 
 

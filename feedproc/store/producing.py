@@ -71,6 +71,7 @@ class Producing(GateWriter):
         window_tz: str | None = None,
         tolerate: str | int | None = None,
         deadline: Deadline | None = None,
+        partition_limit: int | None = None,
         connection: Connection | None = None,
     ) -> int:
         """Create a partition with its items in one transaction (or in the caller's `connection`'s,
@@ -83,7 +84,8 @@ class Producing(GateWriter):
         windows of the day in which its items may be dispatched (see `core/windows.py`), `tolerate`
         the failed items each of its gates lets pass ("5%" or a count; over its pipeline gates').
         `deadline`: when it fails with "deadline exceeded" unless finished, a time or a duration
-        (timedelta or seconds) from now on the database's clock (`fail_overdue`)."""
+        (timedelta or seconds) from now on the database's clock (`fail_overdue`). `partition_limit`:
+        its items in flight at once at most (besides its queue's and its gates')."""
         check_key(key)
         check_queue(queue)
         if priority is not None:
@@ -93,6 +95,8 @@ class Producing(GateWriter):
         schedule = _schedule_values(weight, item_timeout, windows, window_tz)
         if deadline is not None:
             schedule["deadline"] = deadline_value(deadline)
+        if partition_limit is not None:
+            schedule["partition_limit"] = check_weight(partition_limit, "partition limit")
         if tolerate is not None:
             try:
                 schedule["tolerate"] = str(Tolerance.parse(tolerate))

@@ -67,6 +67,7 @@ class Queues(StoreBase):
         priority: int | None = None,
         weight: int | None = None,
         clear_defaults: bool = False,
+        partition_limit: int | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
@@ -75,7 +76,8 @@ class Queues(StoreBase):
         numbers merge ({"pages": "sum"}; {} removes the declaration); `hooks` sets completion hooks
         ({"on_complete": URL or "python"}; an empty value removes one, others keep theirs);
         `priority` and `weight` are what a partition added without its own gets (`clear_defaults`
-        removes both first: 0 and 1 again). Returns the settings now stored."""
+        removes both first: 0 and 1 again); `partition_limit` bounds the items of any one of its
+        partitions in flight at once (< 1: none). Returns the settings now stored."""
         check_queue(name)
         if priority is not None:
             check_priority(priority, "default priority")
@@ -90,8 +92,9 @@ class Queues(StoreBase):
                 raise InvalidInput(str(error)) from None
         if mode is not None and mode not in QUEUE_MODES:
             raise InvalidInput(f"mode must be push or pull, got {mode!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit > MAX_INT32):
-            raise InvalidInput(f"limit must be an integer up to {MAX_INT32}, got {shown(limit)}")
+        for what, value in (("limit", limit), ("partition limit", partition_limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value > MAX_INT32):
+                raise InvalidInput(f"{what} must be an integer up to {MAX_INT32}, got {shown(value)}")
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)
@@ -116,6 +119,8 @@ class Queues(StoreBase):
                 values["default_priority"] = priority
             if weight is not None:
                 values["default_weight"] = weight
+            if partition_limit is not None:
+                values["partition_limit"] = partition_limit if partition_limit >= 1 else None
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
             if window_tz is not None:
@@ -165,6 +170,7 @@ class Queues(StoreBase):
             Q.hooks,
             Q.default_priority,
             Q.default_weight,
+            Q.partition_limit,
         ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
@@ -184,6 +190,7 @@ class Queues(StoreBase):
             tuple(sorted(stored_hooks(row.hooks).items())),
             row.default_priority,
             row.default_weight,
+            row.partition_limit,
         )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
@@ -288,6 +295,8 @@ class Queues(StoreBase):
             schedule["windows_never_overlap"] = True  # the partition's and the queue's
         if row.deadline is not None:
             schedule["deadline"] = iso(row.deadline)
+        if row.partition_limit is not None:
+            schedule["partition_limit"] = row.partition_limit
         reported = conn.execute(
             select(I.gate, func.count(I.progress), func.avg(I.progress))
             .where(I.partition_id == row.id, I.status == IS_AVAILABLE, I.progress.is_not(None))

@@ -67,6 +67,8 @@ partitions = Table(
     Column("deadline", UTCDateTime(), nullable=True),
     # Since when it is at its gate (0014): its pipeline gate's `max_time` counts from there.
     Column("gate_since", UTCDateTime(), nullable=True),
+    # Items of it in flight at once at most (0015); NULL: none of its own.
+    Column("partition_limit", Integer, nullable=True),
     Index(
         "feedproc_partitions_leasable",
         "queue",
@@ -194,6 +196,8 @@ queues = Table(
     # What a partition added to it without a priority or a weight of its own gets (0013); NULL: 0 and 1.
     Column("default_priority", Int64, nullable=True),
     Column("default_weight", Integer, nullable=True),
+    # Items of any one of its partitions in flight at once at most (0015); NULL: none.
+    Column("partition_limit", Integer, nullable=True),
 )
 
 # Each partition's accumulator (0010): per name, what its answers' `accumulate` numbers came to,

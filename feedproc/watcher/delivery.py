@@ -84,21 +84,28 @@ class DeliveryPool:
             carry = None
             if item is None:
                 return
-            lease = self._startable(item)
-            if lease is None:
-                continue
-            size = self._router.batch_of(item.gate)
-            if size == 1:
-                await self.deliver_one(item, lease)
-            else:
-                batch, carry, last = await self._gather(item, size)
-                if len(batch) == 1:
+            try:
+                lease = self._startable(item)
+                if lease is None:
+                    continue
+                size = self._router.batch_of(item.gate)
+                if size == 1:
                     await self.deliver_one(item, lease)
                 else:
-                    await self._run_batch(batch, lease)
-                if last:
-                    return
-            if self._buffer.size() < self._config.effective_prefetch // 2:
+                    batch, carry, last = await self._gather(item, size)
+                    try:
+                        if len(batch) == 1:
+                            await self.deliver_one(item, lease)
+                        else:
+                            await self._run_batch(batch, lease)
+                    finally:
+                        for other in batch[1:]:
+                            self._buffer.done(other)
+                    if last:
+                        return
+            finally:
+                self._buffer.done(item)  # its partition's limit counts it no more
+            if self._buffer.servable() < self._config.effective_prefetch // 2:
                 self._signals.wake()
 
     def _startable(self, item: ReadyItem) -> Lease | None:
@@ -126,15 +133,15 @@ class DeliveryPool:
         return lease
 
     async def _gather(self, first: ReadyItem, size: int) -> tuple[list[ReadyItem], ReadyItem | None, bool]:
-        """A batch led by `first`: the buffered items that follow it of the same partition, gate and
-        lease (dispatch order keeps them together), up to `batch`, waiting up to `batch_wait` for
+        """A batch led by `first`: the buffered items of the same partition, gate and lease (the
+        buffer gives its partition's next one first), up to `batch`, waiting up to `batch_wait` for
         more. Returns the batch, the item taken that does not belong to it (delivered next by this
         worker) and whether this worker's stop signal was taken."""
         batch, cfg, deadline = [first], self._config, None
         loop = asyncio.get_running_loop()
         while len(batch) < size:
             try:
-                item = self._buffer.get_nowait()
+                item = self._buffer.get_nowait(like=first)
             except asyncio.QueueEmpty:
                 if cfg.batch_wait <= 0 or self._life.stopping:
                     break

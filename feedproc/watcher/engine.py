@@ -111,6 +111,7 @@ class Watcher:
         self._leases = leases = LeaseBook(
             calls, config, self.id, life, signals, router, flight, buffer, reports, self.metrics
         )
+        buffer.limit_by(lambda item: router.partition_limit(leases.owned.get(item.partition_id), item.gate))
         handler = processor.url if isinstance(processor, HTTPProcessor) else None
         self._completer = completer = Completer(
             calls, config, self.id, life, signals, router, leases, flight, reports, self.metrics, handler

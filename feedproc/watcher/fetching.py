@@ -52,6 +52,7 @@ class Fetcher:
         self._isolation = isolation
         self._maintain = maintain
         self._failed_polls = 0
+        self._after = 0  # the last partition the previous fetch served: the next goes on after it
 
     async def poll_loop(self) -> None:
         """Fetch whenever woken (a flush landed, the buffer ran low); do the lease bookkeeping
@@ -96,6 +97,9 @@ class Fetcher:
                 await asyncio.wait_for(signals.event.wait(), timeout=delay)
 
     async def _fill_buffer(self) -> None:
+        fresh = self._leases.take_fresh()
+        if fresh:  # the next fetch starts with the partitions just leased
+            self._after = min(fresh) - 1
         if self._isolation.active:
             return  # a suspect is delivered alone
         if self._router.serves_nothing:
@@ -106,9 +110,12 @@ class Fetcher:
         if settings.limited or self._router.current.limits:
             return await self._fill_within_limit()
         target = self._config.effective_prefetch
-        if self._buffer.size() > target // 2:  # still half full: fetch later, in a bigger batch
+        buffered = self._buffer.servable()
+        if buffered > target // 2 and not fresh:  # still half full: fetch later, in a bigger batch
             return
-        want = target - self._buffer.size() - len(self._flight.busy)
+        want = target - buffered - len(self._flight.busy)
+        if fresh:  # new partitions: their items now, even into a full buffer (it serves them in turn)
+            want = max(want, target // 4)
         if want <= 0 or not self._leases.owned or self._life.stopping:
             return
         self._take(await self._fetch(want))
@@ -124,12 +131,29 @@ class Fetcher:
             want,
             list(self._flight.items),
             slots=slots,
-            closed=self._leases.not_now(),
+            closed=self._leases.not_now() | self._at_partition_limit(),
             closed_gates=self._router.closed_gates(),
             kept=kept,
+            after=self._after,
         )
+        if ready:
+            self._after = ready[-1].partition_id
         self._flight.note_fetch(ready, kept)
         return ready
+
+    def _at_partition_limit(self) -> set[int]:
+        """Partitions with as many items in flight here (buffered or running) as their partition
+        limit: not fetched from, so a limited partition's backlog does not pile up in the buffer."""
+        here: dict[int, tuple[int, int]] = {}  # partition id -> (items in flight, a gate of theirs)
+        for item in self._flight.items.values():
+            count, _ = here.get(item.partition_id, (0, 0))
+            here[item.partition_id] = (count + 1, item.gate)
+        owned, limit_of = self._leases.owned, self._router.partition_limit
+        return {
+            pid
+            for pid, (count, gate) in here.items()
+            if (limit := limit_of(owned.get(pid), gate)) is not None and count >= limit
+        }
 
     async def _fill_within_limit(self) -> None:
         """A queue with a concurrency limit: fetch no more than idle workers can start now (a
@@ -138,7 +162,7 @@ class Fetcher:
         on every answer, so a freed slot is reused or returned at once)."""
         flight, owned = self._flight, self._leases.owned
         stopped = self._life.stopping or self._isolation.active
-        want = 0 if stopped else self._config.concurrency - len(flight.busy) - self._buffer.size()
+        want = 0 if stopped else self._config.concurrency - len(flight.busy) - self._buffer.servable()
         held, limits = flight.held_weight(), self._router.current.limits
         held_at = flight.held_at_gates(limits)
         if (want <= 0 or not owned) and (held, held_at) == flight.slots_reported:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -183,38 +183,157 @@ class InFlight:
         self._appended.pop(pid, None)
 
 
+#: Items a partition is served in its turn before the next partition's. One each spread a watcher's
+#: answers over every partition it holds, and its group commits with them (per-partition work for
+#: each): SQLite's flat drain fell from 14,500 to 9,500 items/s with 20 partitions. A small
+#: partition still waits at most this many items for each partition ahead of it.
+TURN = 16
+
+
 class ReadyBuffer:
-    """Fetched items waiting for a worker (None: a worker's stop signal). Dropping an item from it
-    takes it out of flight: it is fetched again when it may be delivered."""
+    """Fetched items waiting for a worker, served fairly: the partitions of the highest priority
+    buffered take turns, one item each, so a small partition leased beside a big one is not served
+    after everything fetched of the big one (a 5-item partition behind a 400-item one of the same
+    priority waited for all 400). A partition's own items keep their fetch order (due, then id).
+
+    A partition with as many items handed out (taken, not yet `done`) as its partition limit
+    (`limit_by`) waits for one to be done; the others are served meanwhile.
+
+    A stop signal (None, `put(None)`) is served before any item: a worker that takes one exits.
+    Dropping an item from the buffer takes it out of flight: it is fetched again when it may be
+    delivered."""
 
     def __init__(self, flight: InFlight) -> None:
         self._flight = flight
-        self._queue: asyncio.Queue[ReadyItem | None] = asyncio.Queue()
+        self._limit_of: Callable[[ReadyItem], int | None] | None = None
+        self._out: Counter[int] = Counter()  # partition id -> its items handed out, not yet done
+        # Partition id -> its limit, for the buffered partitions that have one: read when its first
+        # item buffered arrives (`limit_by`), so serving one costs no lookup; empty without limits.
+        self._limits: dict[int, int] = {}
+        self._items: dict[int, deque[ReadyItem]] = {}  # partition id -> its buffered items, in order
+        # Priority -> the partitions of that priority with items buffered, in turn order.
+        self._turns: dict[int, deque[int]] = {}
+        self._priority: dict[int, int] = {}  # partition id -> the priority its turn is kept under
+        self._stops = 0
+        self._size = 0
+        self._head: int | None = None  # the partition whose turn it is, and the items it was served
+        self._served = 0
+        self._arrived = asyncio.Event()
 
     def put(self, item: ReadyItem | None) -> None:
-        self._queue.put_nowait(item)
+        if item is None:
+            self._stops += 1
+        else:
+            pid = item.partition_id
+            queued = self._items.get(pid)
+            if queued is None:
+                self._items[pid] = queued = deque()
+                self._priority[pid] = item.priority
+                if self._limit_of is not None and (limit := self._limit_of(item)) is not None:
+                    self._limits[pid] = limit
+                self._turns.setdefault(item.priority, deque()).append(pid)
+            queued.append(item)
+            self._size += 1
+        self._arrived.set()
+
+    def limit_by(self, limit_of: Callable[[ReadyItem], int | None]) -> None:
+        """How many items of an item's partition may be handed out at once (None: any number)."""
+        self._limit_of = limit_of
+
+    def done(self, item: ReadyItem) -> None:
+        """A worker is done with `item` (delivered, or dropped before): its partition may be served again."""
+        pid = item.partition_id
+        if self._out[pid] <= 1:
+            self._out.pop(pid, None)
+        else:
+            self._out[pid] -= 1
+        if pid in self._limits:
+            self._arrived.set()  # it was perhaps at its limit, its next item waiting
+
+    def _servable(self, pid: int) -> bool:
+        limit = self._limits.get(pid)
+        return limit is None or self._out[pid] < limit
+
+    def servable(self) -> int:
+        """Items buffered that workers may take now: not those waiting for their partition's
+        limit. What the fetcher tops up (a limited partition's waiting items do not hold up the
+        fetching of the others')."""
+        waiting = 0
+        for pid, limit in self._limits.items():
+            waiting += max(0, len(self._items[pid]) - max(0, limit - self._out[pid]))
+        return self._size - waiting
 
     async def get(self) -> ReadyItem | None:
-        return await self._queue.get()
+        """The next item (or stop signal), waiting for one."""
+        while True:
+            try:
+                return self.get_nowait()
+            except asyncio.QueueEmpty:
+                self._arrived.clear()
+                await self._arrived.wait()
 
-    def get_nowait(self) -> ReadyItem | None:
-        """The next item; raises asyncio.QueueEmpty when there is none."""
-        return self._queue.get_nowait()
+    def get_nowait(self, like: ReadyItem | None = None) -> ReadyItem | None:
+        """The next item: `like`'s partition's next one when it has one (a batch gathers its
+        partition's items), else that of the partition whose turn it is. Raises asyncio.QueueEmpty
+        when there is none."""
+        if self._stops:
+            self._stops -= 1
+            return None
+        if like is not None and like.partition_id in self._items and self._servable(like.partition_id):
+            return self._take(like.partition_id, rotate=False)
+        for priority in sorted(self._turns, reverse=True) if len(self._turns) > 1 else self._turns:
+            turns = self._turns[priority]
+            for _ in range(len(turns)):
+                if self._servable(turns[0]):
+                    return self._take(turns[0], rotate=True)
+                turns.rotate(-1)  # at its limit: the next partition's turn
+        raise asyncio.QueueEmpty
+
+    def _take(self, pid: int, *, rotate: bool) -> ReadyItem:
+        queued = self._items[pid]
+        item = queued.popleft()
+        self._size -= 1
+        self._out[pid] += 1
+        priority = self._priority[pid]
+        turns = self._turns[priority]
+        if not queued:  # its last: it leaves the turns
+            del self._items[pid], self._priority[pid]
+            self._limits.pop(pid, None)
+            turns.remove(pid)
+            if not turns:
+                del self._turns[priority]
+        elif rotate:
+            if pid != self._head:  # a new turn
+                self._head, self._served = pid, 0
+            self._served += 1
+            if self._served >= TURN:  # its turn is over: to the back
+                self._head = None
+                turns.rotate(-1)
+        return item
 
     def size(self) -> int:
-        return self._queue.qsize()
+        """Items buffered (stop signals not counted)."""
+        return self._size
 
     def drop(self, which: Callable[[ReadyItem], bool]) -> None:
-        """Forget buffered (never dispatched) items that match `which`."""
-        kept: list[ReadyItem | None] = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is not None and which(item):
-                self._flight.drop(item.id)
-            else:
-                kept.append(item)
-        for item in kept:
-            self._queue.put_nowait(item)
+        """Forget buffered (never dispatched) items that match `which`; they leave flight."""
+        for pid, queued in list(self._items.items()):
+            kept: deque[ReadyItem] = deque()
+            for item in queued:
+                if which(item):
+                    self._flight.drop(item.id)
+                else:
+                    kept.append(item)
+            self._size -= len(queued) - len(kept)
+            if kept:
+                self._items[pid] = kept
+                continue
+            priority = self._priority.pop(pid)
+            del self._items[pid]
+            self._limits.pop(pid, None)
+            self._turns[priority].remove(pid)
+            if not self._turns[priority]:
+                del self._turns[priority]
 
     def drop_partition(self, pid: int) -> None:
         self.drop(lambda item: item.partition_id == pid)

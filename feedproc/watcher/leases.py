@@ -68,6 +68,7 @@ class LeaseBook:
         self._last_steal = -math.inf  # steals may be asked for at once
         self._share: int | None = None  # the queue's fair share of partitions (None: alone), and when read
         self._share_read_at = -math.inf
+        self._fresh: set[int] = set()  # partitions leased since the fetcher last asked (`take_fresh`)
 
     @property
     def heartbeat_age(self) -> float:
@@ -296,6 +297,7 @@ class LeaseBook:
             gained = await self._calls.call(
                 self._calls.poll, self._store.acquire, self._id, cfg.queue, room, cfg.lease_seconds
             )
+            self._fresh.update(lease.partition_id for lease in gained)
             for lease in gained:
                 self.owned[lease.partition_id] = lease
                 log.info(
@@ -321,6 +323,12 @@ class LeaseBook:
                 if marked:
                     log.info("asked for %d partitions toward a fair share", marked)
                     self._metrics.steal_requests.inc(marked)
+
+    def take_fresh(self) -> set[int]:
+        """The partitions leased since the last call: their items are fetched at once, first, not
+        once the buffer runs low, so a new partition is not served after everything buffered."""
+        fresh, self._fresh = self._fresh, set()
+        return fresh
 
     async def _fair_share(self) -> int | None:
         """The queue's fair share per watcher (`Store.fair_share`), read at most once a second."""

@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime
 
 from ..core.policy import RetryPolicy
-from ..core.records import QueueSettings, ReadyItem
+from ..core.records import Lease, QueueSettings, ReadyItem
 from ..processors import HTTPOptions
 from ..processors.pipeline import GateRouter, Pipeline, Route, close_processors
 from ..processors.transactional import AnyProcessor
@@ -145,6 +145,21 @@ class Router:
             return 1  # each item its own transaction (a stored pipeline's `batch` is not followed)
         spec = route.gate
         return spec.batch if spec is not None and spec.batch is not None else self._config.batch
+
+    def partition_limit(self, lease: Lease | None, gate: int) -> int | None:
+        """Items of the partition of `lease` at `gate` in flight at once at most: the smallest of
+        its own, its queue's and its pipeline gate's `partition_limit` (None: none applies)."""
+        spec = self.current.route(gate).gate
+        limits = [
+            limit
+            for limit in (
+                self.settings.partition_limit,
+                lease.partition_limit if lease is not None else None,
+                spec.partition_limit if spec is not None else None,
+            )
+            if limit is not None
+        ]
+        return min(limits) if limits else None
 
     @staticmethod
     def gate_label(route: Route, gate: int) -> str:

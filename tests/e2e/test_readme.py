@@ -147,6 +147,15 @@ def test_the_command_line_session_runs_as_written(tmp_path: Path) -> None:
     assert ranking["pages"] == pages_of("a.pdf") + pages_of("b.pdf")
 
 
+def test_the_partition_limit_session_runs_as_written(tmp_path: Path) -> None:
+    session = sh_block("--partition-limit 8")
+    result = run_session("feedproc migrate\n" + session, tmp_path)  # migrated earlier, in "Try it"
+    assert result.returncode == 0, result.stdout + result.stderr
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        assert feed.queue("ocr").partition_limit == 8
+        assert feed.status("upload-7").schedule.partition_limit == 2
+
+
 def test_the_fan_in_section_runs_as_written(tmp_path: Path) -> None:
     """words.py: results collected by the report (text-1), a tolerated failure seen with its error
     (text-2), and the accumulator in the report and in status."""

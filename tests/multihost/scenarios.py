@@ -287,6 +287,12 @@ def database_outage(kind: str, hosts: int = 4, seconds: float = 30.0) -> dict[st
         done, _ = wait_for(lambda: all_complete(c), 600)
         alive = [n for n, h in c.members.items() if h.alive()]
         deliveries = int(c.scalar("SELECT coalesce(sum(deliveries), 0) FROM feedproc_items"))
+        # A host that exited says why in its log's last lines (its workdir goes with the cluster).
+        dead = {
+            n: h.log.read_text(errors="replace").splitlines()[-15:] if h.log is not None and h.log.exists() else []
+            for n, h in c.members.items()
+            if not h.alive()
+        }
         return {
             "fault": kind,
             "seconds": seconds,
@@ -297,6 +303,7 @@ def database_outage(kind: str, hosts: int = 4, seconds: float = 30.0) -> dict[st
             "items": once_each(c),
             "extra_deliveries": deliveries - items,
             "resets": getattr(c.proxy, "resets", None),
+            **({"dead_hosts": dead} if dead else {}),
         }
 
 

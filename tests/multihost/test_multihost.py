@@ -71,7 +71,8 @@ def test_a_host_cut_off_is_taken_over_fenced_and_rejoins_with_its_share() -> Non
 def test_a_database_outage_for_everyone_loses_nothing_and_every_host_resumes(fault: str) -> None:
     result = scenarios.database_outage(fault, hosts=3, seconds=8.0)
     assert result["resumed_after_s"] is not None, result
-    assert result["all_complete"] and result["hosts_alive"] == 3, result
+    assert result["all_complete"], result
+    assert result["hosts_alive"] == 3, result.get("dead_hosts")  # (once, a host exited during resets)
     assert result["items"]["complete"] == result["items"]["items"] and result["items"]["failed"] == 0, result
     assert result["items"]["called_after_complete"] == 0, result
 

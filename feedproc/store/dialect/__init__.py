@@ -130,10 +130,12 @@ class Dialect(Protocol):
     # ------------------------------------------------------------ dispatch (dispatch.py)
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
     ) -> list[ReadyItem]:
         """Up to `limit` due items at the current gate of `watcher_id`'s partitions (not wanted, not
-        in `closed`), skipping `excluded`: partitions by priority then age, items in due order."""
+        in `closed`), skipping `excluded`: partitions by priority, then from the one after `after`
+        (the last partition the previous fetch served) by id, wrapping around; items in due order.
+        Each item carries its partition's priority."""
         ...
 
     def mark_inflight(

@@ -133,9 +133,9 @@ class MySQLDialect:
         merge_by_combination(conn, rows, MERGE_ACCUMULATOR)  # one statement per combination, as on SQLite
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
     ) -> list[ReadyItem]:
-        return find_ready_mysql(conn, watcher_id, limit, excluded, closed)
+        return find_ready_mysql(conn, watcher_id, limit, excluded, closed, after)
 
     def mark_inflight(
         self, conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]

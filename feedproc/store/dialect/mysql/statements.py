@@ -103,9 +103,10 @@ MYSQL_READ_READY_AT = select(P.id, P.ready_at, IDLE, P.gate, P.queue, P.tolerate
 
 
 def find_ready_mysql(
-    conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+    conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int
 ) -> list[ReadyItem]:
-    leased = [p for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id}).all() if p.id not in closed]
+    params = {"watcher": watcher_id, "after": after}
+    leased = [p for p in conn.execute(LEASED_FOR_DISPATCH, params).all() if p.id not in closed]
     if not leased:
         return []
     # One index walk per partition (feedproc_items_by_gate, in due order, stopping at the limit: the
@@ -139,6 +140,7 @@ def find_ready_mysql(
             r[7],
             r[8],
             r[9],
+            p.priority,
         )
         for r in rows
     ]

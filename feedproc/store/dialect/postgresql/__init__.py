@@ -127,9 +127,9 @@ class PostgreSQLDialect:
         PG_UPSERT.run(conn, pg_accumulator_params(rows))
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
     ) -> list[ReadyItem]:
-        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit}
+        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit, "after": after}
         params["closed"] = pg_bigint_array(closed)
         # fetchall and positional rows: the columns are ReadyItem's fields, in order.
         return [ReadyItem(*row) for row in PG_FETCH_READY.rows(conn, params)]

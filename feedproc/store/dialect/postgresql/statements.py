@@ -179,7 +179,8 @@ PG_RENEW_LEASES = text(
 )
 
 # The ready items of a watcher's partitions, in dispatch order, in one statement that walks the
-# leased partitions in order (priority, then age) and stops once it has `limit` items, as SQLite's
+# leased partitions in order (priority, then from the one after :after, the last partition the
+# previous fetch served, by id, wrapping around) and stops once it has `limit` items, as SQLite's
 # `find_ready` does: the recursive `walk` takes from each partition, in due order on feedproc_items_by_gate
 # (ids only: an index-only scan), what is still wanted, and the items are joined back to their rows
 # for the data. The previous form (LATERAL per partition, each up to `limit`, then a sort) read
@@ -197,13 +198,13 @@ PG_RENEW_LEASES = text(
 # the late answer is refused.
 # Items in flight here are skipped with `NOT IN (SELECT unnest(...))`, which PostgreSQL runs as one
 # hashed subplan: `<> ALL(array)` compares each candidate with every excluded id (2-10x slower
-# with a few hundred in flight). Its columns are ReadyItem's fields, in order (`collect` last: the
-# gate whose results an item collects, given when it was added; NULL for nearly all).
+# with a few hundred in flight). Its columns are ReadyItem's fields, in order (`collect`: the gate
+# whose results an item collects, given when it was added; NULL for nearly all).
 PG_FETCH_READY = DriverStatement(
     """
     WITH RECURSIVE leased AS MATERIALIZED (
-        SELECT p.id, p.key, p.queue, p.lease_epoch, p.weight, p.gate,
-               row_number() OVER (ORDER BY p.priority DESC, p.created_at, p.id) AS n
+        SELECT p.id, p.key, p.queue, p.lease_epoch, p.weight, p.gate, p.priority,
+               row_number() OVER (ORDER BY p.priority DESC, p.id <= :after, p.id) AS n
         FROM feedproc_partitions AS p
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
@@ -230,7 +231,7 @@ PG_FETCH_READY = DriverStatement(
         WHERE w.taken < :limit AND w.n < o.total
     )
     SELECT i.id, i.version, l.id, l.key, l.queue, l.lease_epoch, i.gate, i.attempts, i.data, l.weight,
-           i.deliveries, i.lost, i.collect, i.not_yet
+           i.deliveries, i.lost, i.collect, i.not_yet, l.priority
     FROM walk AS w
     CROSS JOIN LATERAL unnest(w.ids) WITH ORDINALITY AS t(id, ord)
     JOIN leased AS l ON l.n = w.n
@@ -341,7 +342,7 @@ PG_ACQUIRE = text(
             updated_at = now()
         FROM candidates AS c
         WHERE p.id = c.id
-        RETURNING p.id, p.key, p.lease_epoch, p.weight, p.item_timeout, p.windows, p.window_tz,
+        RETURNING p.id, p.key, p.lease_epoch, p.weight, p.item_timeout, p.windows, p.window_tz, p.partition_limit,
                   EXTRACT(EPOCH FROM (p.lease_expires_at - now())) AS remaining, c.lease_owner AS previous
     ), logged AS (
         INSERT INTO feedproc_events (partition_id, item_id, kind, watcher, detail, at)
@@ -349,7 +350,7 @@ PG_ACQUIRE = text(
                CASE WHEN previous IS NULL THEN NULL ELSE '{"previous": ' || to_json(previous)::text || '}' END, now()
         FROM leased
     )
-    SELECT l.id, l.key, l.lease_epoch, l.weight, l.item_timeout, l.windows, l.window_tz, l.remaining,
+    SELECT l.id, l.key, l.lease_epoch, l.weight, l.item_timeout, l.windows, l.window_tz, l.partition_limit, l.remaining,
            f.watcher AS pending_watcher, f.entries AS pending_entries
     FROM leased AS l LEFT JOIN feedproc_inflight AS f ON f.partition_id = l.id AND f.epoch < l.lease_epoch
     ORDER BY l.id

@@ -127,12 +127,12 @@ class SQLiteDialect:
         merge_by_combination(conn, rows, MERGE_ACCUMULATOR)
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int]
+        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
     ) -> list[ReadyItem]:
         """The leased partitions in dispatch order, then each one's due items: one short query per
         partition, in-process."""
         found: list[ReadyItem] = []
-        for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id}).all():
+        for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id, "after": after}).all():
             if p.id in closed:
                 continue
             found += [
@@ -151,6 +151,7 @@ class SQLiteDialect:
                     r.lost,
                     r.collect,
                     r.not_yet,
+                    p.priority,
                 )
                 for r in conn.execute(ready_items_of(p.id, p.gate, excluded, limit - len(found)))
             ]

@@ -94,7 +94,9 @@ RENEW_WRITTEN_LEASES = (
 
 # ---------------------------------------------------------------- dispatch (dispatch.py)
 
-# The leased partitions in dispatch order, then each one's due items.
+# The leased partitions in dispatch order, then each one's due items: by priority, then from the
+# one after :after (the last partition the previous fetch served) by id, wrapping around, so that
+# successive fetches take turns through the partitions held.
 LEASED_FOR_DISPATCH = (
     select(P.id, P.key, P.queue, P.lease_epoch, P.gate, P.priority, P.created_at, P.weight)
     .where(
@@ -104,7 +106,7 @@ LEASED_FOR_DISPATCH = (
         P.lease_expires_at > db_now(),
         P.ready_at <= db_now(),
     )
-    .order_by(P.priority.desc(), P.created_at, P.id)
+    .order_by(P.priority.desc(), P.id <= bindparam("after"), P.id)
 )
 
 
@@ -158,7 +160,7 @@ def new_item_rows(
 
 # ---------------------------------------------------------------- leases (leasing.py)
 
-_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz)
+_LEASE_SCHEDULE = (P.weight, P.item_timeout, P.windows, P.window_tz, P.partition_limit)
 #: A partition of `:queue` a watcher may lease now.
 LEASABLE = (
     P.queue == bindparam("queue"),
