@@ -48,6 +48,13 @@ class QueueChange(BaseModel):
     partition_limit: int | None = Field(
         None, ge=0, le=INT32, strict=True, description="items of any one partition in flight at once; 0: none"
     )
+    aging: float | None = Field(
+        None,
+        ge=0,
+        le=366 * 86400,
+        allow_inf_nan=False,
+        description="seconds after which a waiting partition's priority counts one higher; 0: none",
+    )
 
 
 @router.get("/queues", dependencies=Reading, tags=["queues"])
@@ -84,6 +91,7 @@ def change_queue(
         weight=body.weight,
         clear_defaults=body.clear_defaults,
         partition_limit=body.partition_limit,
+        aging=body.aging,
         by="api",
     )
     return feed.queue(name).to_json()

@@ -18,6 +18,7 @@ from .app import (
     DbOption,
     _feed,
     app,
+    parse_duration,
 )
 
 
@@ -211,6 +212,14 @@ def queue_set(
         int | None,
         typer.Option(metavar="N", help="Items of any one partition in flight at once, fleet-wide (< 1: no limit)."),
     ] = None,
+    aging: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION|'N per DURATION'",
+            help="A waiting partition's priority counts one higher per DURATION of its age (10s, '1 per 10s').",
+        ),
+    ] = None,
+    no_aging: Annotated[bool, typer.Option("--no-aging", help="Remove the queue's aging.")] = False,
     db: DbOption = None,
 ) -> None:
     """Store queue NAME's concurrency limit, windows, mode, accumulate declaration, completion hooks,
@@ -221,6 +230,9 @@ def queue_set(
     `python`: a function its watchers were given."""
     if mode is not None and mode not in ("push", "pull"):
         raise typer.BadParameter(f"must be push or pull, got {mode!r}", param_hint="--mode")
+    if aging is not None and no_aging:
+        raise InvalidInput("--aging and --no-aging: give one")
+    aging_seconds = 0.0 if no_aging else _aging(aging) if aging is not None else None
     if accumulate and no_accumulate:
         raise InvalidInput("--accumulate and --no-accumulate: give one")
     declared = None
@@ -250,25 +262,42 @@ def queue_set(
             weight=weight,
             clear_defaults=no_defaults,
             partition_limit=partition_limit,
+            aging=aging_seconds,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
     said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
     accumulate_text = f", accumulate {said}" if said else ""
     hooks_text = _hooks_text(dict(settings.hooks))
-    defaults = _defaults_text(settings.default_priority, settings.default_weight, settings.partition_limit)
+    defaults = _defaults_text(
+        settings.default_priority, settings.default_weight, settings.partition_limit, settings.aging
+    )
     typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}{hooks_text}{defaults}")
 
 
-def _defaults_text(priority: int | None, weight: int | None, partition_limit: int | None = None) -> str:
-    """A queue's default priority and weight, and its partition limit, as `queue set` and `queue
-    show` print them (if set)."""
+def _defaults_text(
+    priority: int | None, weight: int | None, partition_limit: int | None = None, aging: float | None = None
+) -> str:
+    """A queue's default priority and weight, its partition limit and aging, as `queue set` and
+    `queue show` print them (if set)."""
     parts = [
         f"default {what} {value}" for what, value in (("priority", priority), ("weight", weight)) if value is not None
     ]
     if partition_limit is not None:
         parts.append(f"partition limit {partition_limit}")
+    if aging is not None:
+        parts.append(f"aging 1 per {aging:g}s")
     return ", " + ", ".join(parts) if parts else ""
+
+
+def _aging(value: str) -> float:
+    """`--aging`: a duration (`10s`: one step of priority per 10 s of waiting) or `N per DURATION`."""
+    steps, per, duration = value.strip().partition(" per ")
+    if not per:
+        return parse_duration(value, "--aging")
+    if not steps.strip().isdigit() or int(steps) < 1:
+        raise InvalidInput(f"--aging {value!r}: expected a duration like 10s, or 'N per DURATION' like '1 per 10s'")
+    return parse_duration(duration, "--aging") / int(steps)
 
 
 def _hooks_text(hooks: dict[str, str]) -> str:
@@ -320,7 +349,7 @@ def queue_show(
         declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
         accumulate = f", accumulate {declared}" if declared else ""
         hooks = _hooks_text(q.get("hooks") or {})
-        defaults = _defaults_text(q.get("priority"), q.get("weight"), q.get("partition_limit"))
+        defaults = _defaults_text(q.get("priority"), q.get("weight"), q.get("partition_limit"), q.get("aging"))
         typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{paused}")
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import InvalidInput
-from ..core.models import MAX_PRIORITY, MIN_PRIORITY, check_key, check_priority
+from ..core.models import MAX_INT32, MAX_PRIORITY, MIN_PRIORITY, check_key, check_priority
 from .app import (
     DbOption,
     ItemsOption,
@@ -71,7 +71,11 @@ def add(
     ] = None,
     partition_limit: Annotated[
         int | None,
-        typer.Option(min=1, help="Its items in flight at once at most, fleet-wide (besides its queue's and gates')."),
+        typer.Option(
+            min=1,
+            max=MAX_INT32,
+            help="Its items in flight at once at most, fleet-wide (besides its queue's and gates').",
+        ),
     ] = None,
     db: DbOption = None,
 ) -> None:

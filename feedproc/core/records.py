@@ -190,6 +190,8 @@ class QueueSettings:
     default_weight: int | None = None
     #: Items of any one of its partitions in flight at once at most (None: no limit).
     partition_limit: int | None = None
+    #: Seconds after which a waiting partition's priority counts one higher (None: no aging).
+    aging: float | None = None
 
     @property
     def operations(self) -> dict[str, str]:
@@ -214,23 +216,27 @@ class QueueSettings:
 
     def describe(self, now: datetime, in_use: int | None = None) -> dict[str, Any]:
         opens = timewindows.next_opening(self.parsed, self.zone, now)
-        return {
-            "name": self.name,
-            "mode": self.mode,
-            "paused": self.paused,
-            "paused_at": iso(self.paused_at),
-            "paused_by": self.paused_by,
-            "limit": self.limit if self.limited else None,
-            "slots_in_use": in_use,
-            "windows": self.windows,
-            "timezone": self.window_tz or "UTC",
-            "window_open": opens == now,
-            "next_window_opens_at": None if opens == now else iso(opens),
-            "accumulate": self.operations,
-            "hooks": {hook: redact_url(target) for hook, target in self.hooks},
-            "priority": self.default_priority,
-            "weight": self.default_weight,
-        } | ({"partition_limit": self.partition_limit} if self.partition_limit is not None else {})
+        return (
+            {
+                "name": self.name,
+                "mode": self.mode,
+                "paused": self.paused,
+                "paused_at": iso(self.paused_at),
+                "paused_by": self.paused_by,
+                "limit": self.limit if self.limited else None,
+                "slots_in_use": in_use,
+                "windows": self.windows,
+                "timezone": self.window_tz or "UTC",
+                "window_open": opens == now,
+                "next_window_opens_at": None if opens == now else iso(opens),
+                "accumulate": self.operations,
+                "hooks": {hook: redact_url(target) for hook, target in self.hooks},
+                "priority": self.default_priority,
+                "weight": self.default_weight,
+            }
+            | ({"partition_limit": self.partition_limit} if self.partition_limit is not None else {})
+            | ({"aging": self.aging} if self.aging is not None else {})
+        )
 
 
 def encode_inflight(deliveries: Iterable[tuple[int, int]], *, alone: bool = False) -> str:

@@ -212,9 +212,9 @@ class QueueView(View):
     `slots_in_use`, windows of the day in `timezone`, whether one is open and when the next opens,
     how its answers' accumulate numbers merge, its completion hooks (URLs redacted), and the
     `priority` and `weight` a partition added without its own gets (None: 0 and 1), and the
-    `partition_limit` on each of its partitions' items in flight (None: none)."""
+    `partition_limit` on each of its partitions' items in flight (None: none) and its `aging`."""
 
-    _omitted: ClassVar[Mapping[str, object]] = {"partition_limit": None}
+    _omitted: ClassVar[Mapping[str, object]] = {"partition_limit": None, "aging": None}
 
     name: str
     mode: str
@@ -232,6 +232,7 @@ class QueueView(View):
     priority: int | None = None
     weight: int | None = None
     partition_limit: int | None = None
+    aging: float | None = None  # seconds after which a waiting partition's priority counts one higher
 
 
 @dataclass(frozen=True, slots=True)

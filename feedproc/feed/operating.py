@@ -123,6 +123,7 @@ class Operating(Reading):
         weight: int | None = None,
         clear_defaults: bool = False,
         partition_limit: int | None = None,
+        aging: float | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
@@ -135,8 +136,9 @@ class Operating(Reading):
         one, hooks not named keep theirs) and/or the `priority` and `weight` a partition added to it
         without its own gets (`clear_defaults` removes both: 0 and 1 again) and/or its
         `partition_limit` (items of any one of its partitions in flight at once, fleet-wide; < 1:
-        none); arguments left None keep their value. `by` is recorded with a pause. InvalidInput
-        naming a bad value: nothing changes."""
+        none) and/or its `aging` (seconds after which a waiting partition's priority counts one
+        higher, for leasing and dispatch; 0: none); arguments left None keep their value. `by` is
+        recorded with a pause. InvalidInput naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
             limit=limit,
@@ -151,5 +153,6 @@ class Operating(Reading):
             weight=weight,
             clear_defaults=clear_defaults,
             partition_limit=partition_limit,
+            aging=aging,
             by=by,
         )

@@ -43,6 +43,7 @@ class Dispatch(Queues):
         closed_gates: Iterable[int] = (),
         kept: InFlight | None = None,
         after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         """Items at the current gate of this watcher's partitions (not wanted by a thief) that are due,
         skipping `exclude` (items already in flight here): the highest priority's partitions first,
@@ -58,16 +59,17 @@ class Dispatch(Queues):
         -> (item id, version) of the items still in flight from earlier fetches), replacing it with
         those and these: a watcher that takes a partition over charges whatever is still there.
         `after`: the last partition the previous fetch served; partitions of one priority are walked
-        from the one after it (by id, wrapping around), so successive fetches take turns."""
+        from the one after it (by id, wrapping around), so successive fetches take turns. `aging`:
+        the queue's (seconds per step): priorities are aged by it (`aged_priority`)."""
         excluded, shut, kept = sorted(set(exclude)), sorted(set(closed)), kept or {}
         gates = sorted(set(closed_gates))
         if slots is not None:
-            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept, gates, after)
+            return self._fetch_within_limit(watcher_id, limit, excluded, slots, shut, kept, gates, after, aging)
         if limit <= 0:
             return []
         with self.single() as conn:  # PostgreSQL: autocommit; SQLite: a write transaction
             shut = self._at_gates(conn, watcher_id, gates, shut)
-            return self._fetch(conn, watcher_id, limit, excluded, shut, kept, after=after)
+            return self._fetch(conn, watcher_id, limit, excluded, shut, kept, after=after, aging=aging)
 
     def _at_gates(self, conn: Connection, watcher_id: str, gates: list[int], closed: list[int]) -> list[int]:
         """`closed` and the partitions leased to `watcher_id` whose current gate is one of `gates`."""
@@ -86,11 +88,12 @@ class Dispatch(Queues):
         kept: InFlight,
         keep: Callable[[list[ReadyItem]], list[ReadyItem]] | None = None,
         after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         """Find the ready items, keep those `keep` takes (all without it), and record them in flight
         (with `kept`), per partition; the items of partitions whose record a newer lease holds are
         dropped."""
-        found = self.dialect.find_ready(conn, watcher_id, limit, excluded, closed, after)
+        found = self.dialect.find_ready(conn, watcher_id, limit, excluded, closed, after, aging)
         if keep is not None:
             found = keep(found)
         if not found:
@@ -118,6 +121,7 @@ class Dispatch(Queues):
         kept: InFlight,
         closed_gates: list[int],
         after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         """Fetch ready items only as far as the queue's concurrency limit and its gates' limits
         allow, and take their slots, in one write transaction under the queue row's lock (SQLite:
@@ -139,7 +143,7 @@ class Dispatch(Queues):
                 if want <= 0:
                     return []
                 shut = self._at_gates(conn, watcher_id, closed_gates, closed)
-                return self._fetch(conn, watcher_id, want, excluded, shut, kept, after=after)
+                return self._fetch(conn, watcher_id, want, excluded, shut, kept, after=after, aging=aging)
             queue_free: int | None = None
             if settings.limited:
                 queue_free = settings.limit - self._slots_in_use(conn, claim.queue, besides=watcher_id) - claim.held
@@ -172,7 +176,7 @@ class Dispatch(Queues):
                     return out
 
                 shut = self._at_gates(conn, watcher_id, sorted({*closed_gates, *full}), closed)
-                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep, after)
+                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep, after, aging)
             held_at = dict(claim.gate_held)
             for item in taken:
                 if item.gate in limits:

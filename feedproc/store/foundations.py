@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import DateTime, Engine, Float, LargeBinary, Text, create_engine, event, make_url
+from sqlalchemy import BigInteger, DateTime, Engine, Float, LargeBinary, Text, create_engine, event, make_url
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import ArgumentError
@@ -197,6 +197,33 @@ def _sqlite_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> s
 def _mysql_seconds_until(element: seconds_until, compiler: Any, **kw: Any) -> str:
     (column,) = element.clauses
     return f"(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {compiler.process(column, **kw)}) / 1000000.0)"
+
+
+class whole(FunctionElement[int]):  # noqa: N801 - reads like the SQL it renders
+    """The whole part of a non-negative number, as a 64-bit integer: FLOOR where the database has
+    it for certain (SQLite's is an optional build of its math functions: a CAST truncates)."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(whole)
+def _whole(element: whole, compiler: Any, **kw: Any) -> str:
+    (value,) = element.clauses
+    return f"CAST(FLOOR({compiler.process(value, **kw)}) AS BIGINT)"
+
+
+@compiles(whole, "mysql")
+@compiles(whole, "mariadb")
+def _mysql_whole(element: whole, compiler: Any, **kw: Any) -> str:
+    (value,) = element.clauses
+    return f"CAST(FLOOR({compiler.process(value, **kw)}) AS SIGNED)"
+
+
+@compiles(whole, "sqlite")
+def _sqlite_whole(element: whole, compiler: Any, **kw: Any) -> str:
+    (value,) = element.clauses
+    return f"CAST({compiler.process(value, **kw)} AS INTEGER)"
 
 
 def seconds_from_now(seconds: float | ColumnElement[Any]) -> ColumnElement[datetime]:

@@ -145,13 +145,18 @@ class Leasing(LostDeliveries, Queues):
 
     # ------------------------------------------------------------ leases
 
-    def acquire(self, watcher_id: str, queue: str, limit: int, lease_seconds: float) -> list[Lease]:
+    def acquire(
+        self, watcher_id: str, queue: str, limit: int, lease_seconds: float, *, aging: float | None = None
+    ) -> list[Lease]:
         """Lease up to `limit` partitions of `queue` that have work ready: highest priority, then
-        oldest, first; unleased ones and ones whose lease expired (a takeover)."""
+        oldest, first; unleased ones and ones whose lease expired (a takeover). With `aging` (the
+        queue's: seconds per step) a partition's priority is raised by one per `aging` seconds of
+        its age for the order."""
         if limit <= 0:
             return []
         with self.single() as conn:  # PostgreSQL: one statement, autocommit; elsewhere a write transaction
-            return [_lease(r, None) for r in self.dialect.acquire_leases(conn, watcher_id, queue, limit, lease_seconds)]
+            rows = self.dialect.acquire_leases(conn, watcher_id, queue, limit, lease_seconds, aging)
+            return [_lease(r, None) for r in rows]
 
     def fair_share(self, queue: str) -> int | None:
         """Partitions with work in `queue` per live watcher of it, rounded up (what `request_steals`

@@ -49,6 +49,10 @@ from .schema import inflight, partitions, queues, watchers
 QUEUE_MODES = ("push", "pull")
 
 
+#: A queue's aging at most, in seconds (a year): past it, aging is as good as none.
+MAX_AGING = 366 * 86400.0
+
+
 class Queues(StoreBase):
     """Queue settings, slots, deferral and progress."""
 
@@ -68,6 +72,7 @@ class Queues(StoreBase):
         weight: int | None = None,
         clear_defaults: bool = False,
         partition_limit: int | None = None,
+        aging: float | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
@@ -77,7 +82,9 @@ class Queues(StoreBase):
         ({"on_complete": URL or "python"}; an empty value removes one, others keep theirs);
         `priority` and `weight` are what a partition added without its own gets (`clear_defaults`
         removes both first: 0 and 1 again); `partition_limit` bounds the items of any one of its
-        partitions in flight at once (< 1: none). Returns the settings now stored."""
+        partitions in flight at once (< 1: none); `aging` (seconds) raises a waiting partition's
+        priority by one per `aging` seconds of its age, for leasing and dispatch (0: none). Returns
+        the settings now stored."""
         check_queue(name)
         if priority is not None:
             check_priority(priority, "default priority")
@@ -95,6 +102,10 @@ class Queues(StoreBase):
         for what, value in (("limit", limit), ("partition limit", partition_limit)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value > MAX_INT32):
                 raise InvalidInput(f"{what} must be an integer up to {MAX_INT32}, got {shown(value)}")
+        if aging is not None and (
+            isinstance(aging, bool) or not isinstance(aging, int | float) or not 0 <= aging <= MAX_AGING
+        ):
+            raise InvalidInput(f"aging must be a number of seconds from 0 to {MAX_AGING:g}, got {shown(aging)}")
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)
@@ -121,6 +132,8 @@ class Queues(StoreBase):
                 values["default_weight"] = weight
             if partition_limit is not None:
                 values["partition_limit"] = partition_limit if partition_limit >= 1 else None
+            if aging is not None:
+                values["aging"] = float(aging) if aging > 0 else None
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
             if window_tz is not None:
@@ -171,6 +184,7 @@ class Queues(StoreBase):
             Q.default_priority,
             Q.default_weight,
             Q.partition_limit,
+            Q.aging,
         ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
@@ -191,6 +205,7 @@ class Queues(StoreBase):
             row.default_priority,
             row.default_weight,
             row.partition_limit,
+            row.aging,
         )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:

@@ -198,6 +198,8 @@ queues = Table(
     Column("default_weight", Integer, nullable=True),
     # Items of any one of its partitions in flight at once at most (0015); NULL: none.
     Column("partition_limit", Integer, nullable=True),
+    # Seconds after which a waiting partition's priority counts one higher (0016); NULL: no aging.
+    Column("aging", Float64, nullable=True),
 )
 
 # Each partition's accumulator (0010): per name, what its answers' `accumulate` numbers came to,

@@ -135,6 +135,7 @@ class Fetcher:
             closed_gates=self._router.closed_gates(),
             kept=kept,
             after=self._after,
+            aging=self._router.settings.aging,
         )
         if ready:
             self._after = ready[-1].partition_id

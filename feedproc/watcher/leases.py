@@ -295,7 +295,13 @@ class LeaseBook:
         if room > 0:
             started = time.monotonic()
             gained = await self._calls.call(
-                self._calls.poll, self._store.acquire, self._id, cfg.queue, room, cfg.lease_seconds
+                self._calls.poll,
+                self._store.acquire,
+                self._id,
+                cfg.queue,
+                room,
+                cfg.lease_seconds,
+                aging=self._router.settings.aging,
             )
             self._fresh.update(lease.partition_id for lease in gained)
             for lease in gained:

@@ -130,12 +130,19 @@ class Dialect(Protocol):
     # ------------------------------------------------------------ dispatch (dispatch.py)
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
+        self,
+        conn: Connection,
+        watcher_id: str,
+        limit: int,
+        excluded: list[int],
+        closed: list[int],
+        after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         """Up to `limit` due items at the current gate of `watcher_id`'s partitions (not wanted, not
         in `closed`), skipping `excluded`: partitions by priority, then from the one after `after`
         (the last partition the previous fetch served) by id, wrapping around; items in due order.
-        Each item carries its partition's priority."""
+        Each item carries its partition's priority, aged by `aging` (`aged_priority`) when given."""
         ...
 
     def mark_inflight(
@@ -166,7 +173,13 @@ class Dialect(Protocol):
     # ------------------------------------------------------------ leases (leasing.py)
 
     def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        watcher_id: str,
+        queue: str,
+        limit: int,
+        lease_seconds: float,
+        aging: float | None = None,
     ) -> Sequence[Row[Any]]:
         """Lease up to `limit` ready partitions of `queue` (not in pull mode) to `watcher_id`, highest
         priority then oldest first, logging each ("leased" or "expired"); rows of id, key, lease_epoch,

@@ -42,6 +42,7 @@ from .statements import (
     MERGE_ACCUMULATOR,
     MYSQL_ACQUIRE_LOCK,
     MYSQL_ACQUIRE_PICK,
+    MYSQL_ACQUIRE_PICK_AGED,
     MYSQL_CHARGE_CELLS,
     MYSQL_CHARGE_LOST,
     MYSQL_CLAIMED,
@@ -133,9 +134,16 @@ class MySQLDialect:
         merge_by_combination(conn, rows, MERGE_ACCUMULATOR)  # one statement per combination, as on SQLite
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
+        self,
+        conn: Connection,
+        watcher_id: str,
+        limit: int,
+        excluded: list[int],
+        closed: list[int],
+        after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
-        return find_ready_mysql(conn, watcher_id, limit, excluded, closed, after)
+        return find_ready_mysql(conn, watcher_id, limit, excluded, closed, after, aging)
 
     def mark_inflight(
         self, conn: Connection, watcher_id: str, pids: list[int], epochs: list[int], entries: list[str]
@@ -154,10 +162,17 @@ class MySQLDialect:
         insert_many_mysql(conn, items.name, rows, now=("next_attempt_at", "created_at", "updated_at"))
 
     def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        watcher_id: str,
+        queue: str,
+        limit: int,
+        lease_seconds: float,
+        aging: float | None = None,
     ) -> Sequence[Row[Any]]:
         """The candidates picked, then locked row by row (`lock_picked`); then leased as on SQLite."""
-        candidates = lock_picked(conn, MYSQL_ACQUIRE_PICK, MYSQL_ACQUIRE_LOCK, {"queue": queue}, limit)
+        pick = MYSQL_ACQUIRE_PICK if aging is None else MYSQL_ACQUIRE_PICK_AGED
+        candidates = lock_picked(conn, pick, MYSQL_ACQUIRE_LOCK, {"queue": queue, "aging": aging}, limit)
         return lease_picked(self, conn, candidates, watcher_id, lease_seconds)
 
     def renew_leases(self, conn: Connection, watcher_id: str, seconds: float) -> None:

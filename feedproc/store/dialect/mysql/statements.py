@@ -20,6 +20,7 @@ from ...schema import accumulators, items, partitions, watchers
 from ..sqlite import SQLiteDialect
 from ..sqlite.statements import (
     ACQUIRE_CANDIDATES,
+    ACQUIRE_CANDIDATES_AGED,
     IDLE,
     LEASABLE,
     LEASED_FOR_DISPATCH,
@@ -103,9 +104,15 @@ MYSQL_READ_READY_AT = select(P.id, P.ready_at, IDLE, P.gate, P.queue, P.tolerate
 
 
 def find_ready_mysql(
-    conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int
+    conn: Connection,
+    watcher_id: str,
+    limit: int,
+    excluded: list[int],
+    closed: list[int],
+    after: int,
+    aging: float | None = None,
 ) -> list[ReadyItem]:
-    params = {"watcher": watcher_id, "after": after}
+    params = {"watcher": watcher_id, "after": after, "aging": aging}
     leased = [p for p in conn.execute(LEASED_FOR_DISPATCH, params).all() if p.id not in closed]
     if not leased:
         return []
@@ -192,6 +199,9 @@ def by_id(statement: Select[Any]) -> Select[Any]:
 # A plain read picks them in lease order; a locking read by id takes those no one else has locked,
 # their conditions checked again on the locked rows (the previous owner read there, under the lock).
 MYSQL_ACQUIRE_PICK = ACQUIRE_CANDIDATES.with_only_columns(P.id).where(P.id.not_in(bindparam("seen", expanding=True)))
+MYSQL_ACQUIRE_PICK_AGED = ACQUIRE_CANDIDATES_AGED.with_only_columns(P.id).where(
+    P.id.not_in(bindparam("seen", expanding=True))
+)
 MYSQL_ACQUIRE_LOCK = by_id(
     select(P.id, P.lease_owner).where(P.id.in_(bindparam("ids", expanding=True)), *LEASABLE)
 ).with_for_update(skip_locked=True)

@@ -27,6 +27,7 @@ from .statements import (
     NOTIFY_FINISHED,
     NOTIFY_WANTED,
     PG_ACQUIRE,
+    PG_ACQUIRE_AGED,
     PG_CANDIDATES,
     PG_CLAIMS_OF,
     PG_COMPLETE_ITEMS,
@@ -127,9 +128,17 @@ class PostgreSQLDialect:
         PG_UPSERT.run(conn, pg_accumulator_params(rows))
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
+        self,
+        conn: Connection,
+        watcher_id: str,
+        limit: int,
+        excluded: list[int],
+        closed: list[int],
+        after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit, "after": after}
+        params["aging"] = aging
         params["closed"] = pg_bigint_array(closed)
         # fetchall and positional rows: the columns are ReadyItem's fields, in order.
         return [ReadyItem(*row) for row in PG_FETCH_READY.rows(conn, params)]
@@ -171,10 +180,18 @@ class PostgreSQLDialect:
         conn.execute(PG_INSERT_ITEMS, params)
 
     def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        watcher_id: str,
+        queue: str,
+        limit: int,
+        lease_seconds: float,
+        aging: float | None = None,
     ) -> Sequence[Row[Any]]:
         params = {"queue": queue, "limit": limit, "watcher": watcher_id, "seconds": float(lease_seconds)}
-        return conn.execute(PG_ACQUIRE, params).all()
+        if aging is None:
+            return conn.execute(PG_ACQUIRE, params).all()
+        return conn.execute(PG_ACQUIRE_AGED, {**params, "aging": aging}).all()
 
     def renew_leases(self, conn: Connection, watcher_id: str, seconds: float) -> None:
         SQLITE.renew_leases(conn, watcher_id, seconds)  # one UPDATE by owner, as SQLite's

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from ....core.models import MAX_PRIORITY
 from ...answers import OUTCOME_COLUMNS, with_results
 from ...base import P
 from ...collecting import PAGE_COLUMNS
@@ -178,6 +179,19 @@ PG_RENEW_LEASES = text(
     """
 )
 
+
+def _aged(table: str = "") -> str:
+    """`aged_priority` (SQLite's statements) as SQL text, for the statements written as text: the
+    priority raised by one for every :aging seconds since creation, capped; the priority itself when
+    :aging is NULL."""
+    steps = f"CAST(FLOOR(EXTRACT(EPOCH FROM (now() - {table}created_at)) / CAST(:aging AS double precision)) AS bigint)"
+    return (
+        f"CASE WHEN CAST(:aging AS double precision) IS NULL THEN {table}priority"
+        f" WHEN {table}priority > {MAX_PRIORITY} - {steps} THEN {MAX_PRIORITY}"
+        f" ELSE {table}priority + {steps} END"
+    )
+
+
 # The ready items of a watcher's partitions, in dispatch order, in one statement that walks the
 # leased partitions in order (priority, then from the one after :after, the last partition the
 # previous fetch served, by id, wrapping around) and stops once it has `limit` items, as SQLite's
@@ -201,10 +215,10 @@ PG_RENEW_LEASES = text(
 # with a few hundred in flight). Its columns are ReadyItem's fields, in order (`collect`: the gate
 # whose results an item collects, given when it was added; NULL for nearly all).
 PG_FETCH_READY = DriverStatement(
-    """
+    f"""
     WITH RECURSIVE leased AS MATERIALIZED (
-        SELECT p.id, p.key, p.queue, p.lease_epoch, p.weight, p.gate, p.priority,
-               row_number() OVER (ORDER BY p.priority DESC, p.id <= :after, p.id) AS n
+        SELECT p.id, p.key, p.queue, p.lease_epoch, p.weight, p.gate, {_aged("p.")} AS priority,
+               row_number() OVER (ORDER BY {_aged("p.")} DESC, p.id <= :after, p.id) AS n
         FROM feedproc_partitions AS p
         WHERE p.lease_owner = :watcher AND p.status = 'available' AND p.wanted_by IS NULL
           AND p.lease_expires_at > now() AND p.ready_at <= now()
@@ -213,7 +227,7 @@ PG_FETCH_READY = DriverStatement(
         SELECT array_agg(id ORDER BY n) AS pids, array_agg(gate ORDER BY n) AS gates, count(*) AS total
         FROM leased
     ), walk (n, taken, ids) AS (
-        SELECT CAST(0 AS bigint), 0, CAST('{}' AS bigint[])
+        SELECT CAST(0 AS bigint), 0, CAST('{{}}' AS bigint[])
         UNION ALL
         SELECT w.n + 1, w.taken + cardinality(x.ids), x.ids
         FROM walk AS w
@@ -321,8 +335,7 @@ def pg_int_array(values: Iterable[int | None]) -> str:
 # `acquire` on PostgreSQL: pick, lease and log in one statement (data-modifying CTEs share one
 # snapshot and commit together), one round trip: the path from a notification to dispatch.
 # RETURNING sees the new epoch; `c.lease_owner` is the previous owner. Never in a queue in pull mode.
-PG_ACQUIRE = text(
-    """
+_PG_ACQUIRE = """
     WITH candidates AS (
         SELECT id, lease_owner FROM feedproc_partitions
         WHERE queue = :queue AND status = 'available' AND ready_at IS NOT NULL AND ready_at <= now()
@@ -355,6 +368,10 @@ PG_ACQUIRE = text(
     FROM leased AS l LEFT JOIN feedproc_inflight AS f ON f.partition_id = l.id AND f.epoch < l.lease_epoch
     ORDER BY l.id
     """
+PG_ACQUIRE = text(_PG_ACQUIRE)
+# With the queue's aging (:aging seconds a step): by aged priority (a sort of its leasable partitions).
+PG_ACQUIRE_AGED = text(
+    _PG_ACQUIRE.replace("ORDER BY priority DESC, created_at, id", f"ORDER BY {_aged()} DESC, created_at, id")
 )
 
 

@@ -39,6 +39,7 @@ from ...schema import attempts, claims, stats, watchers
 from .. import AccumulatorRow
 from .statements import (
     ACQUIRE_CANDIDATES,
+    ACQUIRE_CANDIDATES_AGED,
     CANDIDATES,
     CANDIDATES_UNBLOCKED,
     CHARGE_LOST,
@@ -127,12 +128,19 @@ class SQLiteDialect:
         merge_by_combination(conn, rows, MERGE_ACCUMULATOR)
 
     def find_ready(
-        self, conn: Connection, watcher_id: str, limit: int, excluded: list[int], closed: list[int], after: int = 0
+        self,
+        conn: Connection,
+        watcher_id: str,
+        limit: int,
+        excluded: list[int],
+        closed: list[int],
+        after: int = 0,
+        aging: float | None = None,
     ) -> list[ReadyItem]:
         """The leased partitions in dispatch order, then each one's due items: one short query per
         partition, in-process."""
         found: list[ReadyItem] = []
-        for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id, "after": after}).all():
+        for p in conn.execute(LEASED_FOR_DISPATCH, {"watcher": watcher_id, "after": after, "aging": aging}).all():
             if p.id in closed:
                 continue
             found += [
@@ -181,10 +189,17 @@ class SQLiteDialect:
         conn.execute(INSERT_ITEMS, rows)
 
     def acquire_leases(
-        self, conn: Connection, watcher_id: str, queue: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        watcher_id: str,
+        queue: str,
+        limit: int,
+        lease_seconds: float,
+        aging: float | None = None,
     ) -> Sequence[Row[Any]]:
         """The candidates, locked by the write transaction, then `lease_picked`."""
-        candidates = conn.execute(ACQUIRE_CANDIDATES, {"queue": queue, "limit": limit}).all()
+        pick = ACQUIRE_CANDIDATES if aging is None else ACQUIRE_CANDIDATES_AGED
+        candidates = conn.execute(pick, {"queue": queue, "limit": limit, "aging": aging}).all()
         return lease_picked(self, conn, candidates, watcher_id, lease_seconds)
 
     def renew_leases(self, conn: Connection, watcher_id: str, seconds: float) -> None:
