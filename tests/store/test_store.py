@@ -567,7 +567,7 @@ def test_the_fetch_reads_each_partition_in_due_order_from_the_index_not_by_sorti
     for n in range(3):
         store.add_partition(f"p{n}", [(0, b"x")] * 300)
     store.acquire(A, "default", 10, 30)
-    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "after": 0}
+    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "after": 0, "aging": None}
     with store.read() as conn:
         plan = "\n".join(row[0] for row in conn.execute(text("EXPLAIN " + PG_FETCH_READY.clause.text), params))
     assert "feedproc_items_by_gate" in plan, plan
@@ -583,7 +583,7 @@ def test_the_fetch_stops_reading_once_it_has_its_limit_however_many_partitions_a
     for n in range(10):
         store.add_partition(f"p{n}", [(0, b"x")] * 100)
     store.acquire(A, "default", 10, 30)
-    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "after": 0}
+    params = {"watcher": A, "excluded": "{}", "limit": 50, "closed": "{}", "after": 0, "aging": None}
     with store.read() as conn:
         plan = [row[0] for row in conn.execute(text("EXPLAIN ANALYZE " + PG_FETCH_READY.clause.text), params)]
     scans = [line for line in plan if "Index Only Scan using feedproc_items_by_gate" in line]
