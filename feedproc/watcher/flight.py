@@ -192,8 +192,8 @@ TURN = 16
 
 class ReadyBuffer:
     """Fetched items waiting for a worker, served fairly: the partitions of the highest priority
-    buffered take turns, one item each, so a small partition leased beside a big one is not served
-    after everything fetched of the big one (a 5-item partition behind a 400-item one of the same
+    buffered take turns of `TURN` items each, so a small partition leased beside a big one is not
+    served after everything fetched of the big one (a 5-item partition behind a 400-item one of the same
     priority waited for all 400). A partition's own items keep their fetch order (due, then id).
 
     A partition with as many items handed out (taken, not yet `done`) as its partition limit
@@ -294,21 +294,15 @@ class ReadyBuffer:
         item = queued.popleft()
         self._size -= 1
         self._out[pid] += 1
-        priority = self._priority[pid]
-        turns = self._turns[priority]
         if not queued:  # its last: it leaves the turns
-            del self._items[pid], self._priority[pid]
-            self._limits.pop(pid, None)
-            turns.remove(pid)
-            if not turns:
-                del self._turns[priority]
+            self._forget(pid)
         elif rotate:
             if pid != self._head:  # a new turn
                 self._head, self._served = pid, 0
             self._served += 1
             if self._served >= TURN:  # its turn is over: to the back
                 self._head = None
-                turns.rotate(-1)
+                self._turns[self._priority[pid]].rotate(-1)
         return item
 
     def size(self) -> int:
@@ -327,13 +321,17 @@ class ReadyBuffer:
             self._size -= len(queued) - len(kept)
             if kept:
                 self._items[pid] = kept
-                continue
-            priority = self._priority.pop(pid)
-            del self._items[pid]
-            self._limits.pop(pid, None)
-            self._turns[priority].remove(pid)
-            if not self._turns[priority]:
-                del self._turns[priority]
+            else:
+                self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        """`pid` has nothing buffered any more: it leaves the turns."""
+        del self._items[pid]
+        self._limits.pop(pid, None)
+        priority = self._priority.pop(pid)
+        self._turns[priority].remove(pid)
+        if not self._turns[priority]:
+            del self._turns[priority]
 
     def drop_partition(self, pid: int) -> None:
         self.drop(lambda item: item.partition_id == pid)

@@ -3,7 +3,7 @@
 and the API's `partition_limit` on POST /partitions and PUT /queues, `aging` on PUT /queues (422
 for a malformed value).
 
-The commands run in this process (`feedproc.cli.main`), as in test_priority_doors.py."""
+The commands run in this process (the `cli` fixture, tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from feedproc import Feed
-from feedproc.cli import main
 
 from ..api_support import AUTH, ApiServer
 from ..support import db_state
@@ -23,17 +22,6 @@ def api(db_url: str) -> Iterator[ApiServer]:
     server = ApiServer(db_url)
     yield server
     server.close()
-
-
-@pytest.fixture
-def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exited:
-            main(["--db", db_url, *args])
-        out = capsys.readouterr()
-        return int(exited.value.code or 0), out.out, out.err
-
-    return run
 
 
 def test_the_cli_sets_a_partitions_and_a_queues_partition_limit(

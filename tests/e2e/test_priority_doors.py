@@ -3,8 +3,8 @@ a malformed or out-of-range N, one line), `queue set --priority/--weight`, the A
 `POST /partitions/KEY/priority`, a queue's defaults over `PUT /queues/NAME`, 64-bit priorities added
 over the API, pull claims with `min_priority`/`max_priority`, and the partition page's control.
 
-The commands run in this process (`feedproc.cli.main`, what the console script calls): a process
-each took 5 s on a loaded machine, and parsing, exit codes and output are the same."""
+The commands run in this process (the `cli` fixture: `feedproc.cli.main`, what the console script
+calls): a process each took 5 s on a loaded machine, and parsing, exit codes and output are the same."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from feedproc import Feed
-from feedproc.cli import main
 from feedproc.core.models import MAX_PRIORITY, MIN_PRIORITY
 
 from ..api_support import AUTH, ApiServer
@@ -27,19 +26,6 @@ def api(db_url: str) -> Iterator[ApiServer]:
     server = ApiServer(db_url, worker_token=WORKER_TOKEN)
     yield server
     server.close()
-
-
-@pytest.fixture
-def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """`feedproc --db URL ARGS`: its exit code, standard output and standard error."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exited:
-            main(["--db", db_url, *args])
-        out = capsys.readouterr()
-        return int(exited.value.code or 0), out.out, out.err
-
-    return run
 
 
 def one_line(result: tuple[int, str, str], code: int, says: str) -> None:

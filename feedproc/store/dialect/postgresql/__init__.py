@@ -137,9 +137,8 @@ class PostgreSQLDialect:
         after: int = 0,
         aging: float | None = None,
     ) -> list[ReadyItem]:
-        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit, "after": after}
-        params["aging"] = aging
-        params["closed"] = pg_bigint_array(closed)
+        params = {"watcher": watcher_id, "excluded": pg_bigint_array(excluded), "limit": limit}
+        params.update(closed=pg_bigint_array(closed), after=after, aging=aging)
         # fetchall and positional rows: the columns are ReadyItem's fields, in order.
         return [ReadyItem(*row) for row in PG_FETCH_READY.rows(conn, params)]
 
