@@ -52,6 +52,7 @@ from typing import Any, cast
 from . import windows as timewindows
 from .errors import InvalidInput
 from .fanin import COLLECT_INLINE, Tolerance, check_operations
+from .flow import FlowRules, format_rate, parse_rate
 from .gate_names import check_gate_name, naming
 from .hooks import check_hooks
 from .models import (
@@ -83,6 +84,8 @@ GATE_SETTINGS: dict[str, type] = {
     "max_retry_delay": float,
     "limit": int,
     "partition_limit": int,
+    "group_limit": int,
+    "rate": str,
     "windows": list,
     "timezone": str,
     "batch": int,
@@ -118,6 +121,8 @@ class GateSpec:
     max_retry_delay: float | None = None
     limit: int | None = None  # items of this gate in flight fleet-wide, by weight
     partition_limit: int | None = None  # items of one partition at this gate in flight at once
+    group_limit: int | None = None  # items of one concurrency group at this gate in flight, fleet-wide
+    rate: str | None = None  # items of this gate started at most, fleet-wide: "600/min"
     windows: str | None = None  # "22:00-06:00,12:00-13:00": when items of this gate may start
     timezone: str | None = None  # of the windows (None: UTC)
     batch: int | None = None  # items of one partition delivered in one call at most
@@ -244,6 +249,14 @@ class PipelineSpec:
     def limits(self) -> dict[int, int]:
         """Gate number -> its fleet-wide concurrency limit, for the gates that have one."""
         return {gate.number: gate.limit for gate in self.gates if gate.limit}
+
+    @property
+    def flow(self) -> FlowRules:
+        """Its gates' group limits and rates (items per second), for the gates that have them."""
+        return FlowRules(
+            gate_group_limits={gate.number: gate.group_limit for gate in self.gates if gate.group_limit},
+            gate_rates={gate.number: parse_rate(gate.rate) for gate in self.gates if gate.rate},
+        )
 
     def closed_gates(self, now: datetime) -> list[int]:
         """Numbers of the gates outside their time windows at `now` (aware): items there do not start."""
@@ -423,6 +436,7 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
         ("max_not_yet", 1, MAX_INT32),
         ("limit", 1, MAX_INT32),
         ("partition_limit", 1, MAX_INT32),
+        ("group_limit", 1, MAX_INT32),
         ("batch", 1, MAX_BATCH),
     ):
         if key in raw:
@@ -430,6 +444,12 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InvalidInput(f"{where}{key} must be an integer from {low} to {high}, got {shown(value)}")
             values[key] = value
+    if "rate" in raw:
+        try:
+            per_second = parse_rate(raw["rate"])
+            values["rate"] = raw["rate"].strip() if isinstance(raw["rate"], str) else format_rate(per_second)
+        except InvalidInput as error:
+            raise InvalidInput(f"{where}{error}") from None
     if "windows" in raw:
         spec = raw["windows"]
         spec = [spec] if isinstance(spec, str) else spec

@@ -12,6 +12,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import windows as timewindows
+from .flow import FlowRules, format_rate
 from .models import NewItem
 from .redaction import redact_url
 from .timestamps import iso
@@ -71,6 +72,7 @@ class ReadyItem:
     collect: int | None = None  # the gate whose results it collects, given when it was added (no pipeline)
     not_yet: int = 0  # "not yet" answers at its current gate so far
     priority: int = 0  # its partition's, when fetched: the buffer serves the highest first
+    group: str | None = None  # its partition's concurrency group, when group limits apply
 
 
 class Kind(StrEnum):
@@ -160,12 +162,25 @@ class ProgressReport:
 @dataclass(frozen=True, slots=True)
 class SlotClaim:
     """A watcher of a limited queue (or of a pipeline with gate limits) asking for slots: its queue,
-    the weight it has in flight, and per limited gate its limit and the weight it has in flight there."""
+    the weight it has in flight, and per limited gate its limit and the weight it has in flight there;
+    its pipeline's gate group limits and rates (`flow`: the queue's own are read with its row), and
+    the weight it has in flight per (group, gate)."""
 
     queue: str
     held: int = 0
     gate_limits: Mapping[int, int] = field(default_factory=dict)
     gate_held: Mapping[int, int] = field(default_factory=dict)
+    flow: FlowRules = field(default_factory=FlowRules)
+    group_held: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+class Fetched(list[ReadyItem]):
+    """What a fetch under rate limits took, and `retry_in`: seconds until a bucket that ran dry
+    has a token again (None: none ran dry), so the watcher looks again then, not a poll later."""
+
+    def __init__(self, items: Iterable[ReadyItem] = (), *, retry_in: float | None = None) -> None:
+        super().__init__(items)
+        self.retry_in = retry_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +207,11 @@ class QueueSettings:
     partition_limit: int | None = None
     #: Seconds after which a waiting partition's priority counts one higher (None: no aging).
     aging: float | None = None
+    #: Items of one concurrency group in flight at most, fleet-wide (None: no limit).
+    group_limit: int | None = None
+    #: Items started per second at most: the whole queue's, and each group's (None: no rate).
+    rate: float | None = None
+    group_rate: float | None = None
 
     @property
     def operations(self) -> dict[str, str]:
@@ -236,6 +256,9 @@ class QueueSettings:
             }
             | ({"partition_limit": self.partition_limit} if self.partition_limit is not None else {})
             | ({"aging": self.aging} if self.aging is not None else {})
+            | ({"group_limit": self.group_limit} if self.group_limit is not None else {})
+            | ({"rate": format_rate(self.rate)} if self.rate is not None else {})
+            | ({"group_rate": format_rate(self.group_rate)} if self.group_rate is not None else {})
         )
 
 

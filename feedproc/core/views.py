@@ -212,9 +212,18 @@ class QueueView(View):
     `slots_in_use`, windows of the day in `timezone`, whether one is open and when the next opens,
     how its answers' accumulate numbers merge, its completion hooks (URLs redacted), and the
     `priority` and `weight` a partition added without its own gets (None: 0 and 1), and the
-    `partition_limit` on each of its partitions' items in flight (None: none) and its `aging`."""
+    `partition_limit` on each of its partitions' items in flight (None: none) and its `aging`;
+    its flow controls (`group_limit`, `rate` and `group_rate` as "600/min"; None: none) and the
+    weight each concurrency group has in flight (`groups`, when any has)."""
 
-    _omitted: ClassVar[Mapping[str, object]] = {"partition_limit": None, "aging": None}
+    _omitted: ClassVar[Mapping[str, object]] = {
+        "partition_limit": None,
+        "aging": None,
+        "group_limit": None,
+        "rate": None,
+        "group_rate": None,
+        "groups": None,
+    }
 
     name: str
     mode: str
@@ -233,6 +242,10 @@ class QueueView(View):
     weight: int | None = None
     partition_limit: int | None = None
     aging: float | None = None  # seconds after which a waiting partition's priority counts one higher
+    group_limit: int | None = None  # items of one concurrency group in flight at most
+    rate: str | None = None  # items started at most, as "600/min"
+    group_rate: str | None = None  # the same for each concurrency group
+    groups: Mapping[str, int] | None = None  # concurrency group -> weight in flight, fleet-wide
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +301,7 @@ class PartitionStatus(View):
     items, tolerance, accumulated numbers, schedule and progress; its last events (`history`) when
     asked, else None."""
 
-    _omitted: ClassVar[Mapping[str, object]] = {"history": None}
+    _omitted: ClassVar[Mapping[str, object]] = {"history": None, "group": None}
     _nested: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "lease": one(StatusLease),
         "gates": _counts_by_gate,
@@ -319,6 +332,7 @@ class PartitionStatus(View):
     schedule: PartitionSchedule
     progress: Progress
     history: tuple[HistoryEntry, ...] | None = None
+    group: str | None = None  # its concurrency group
 
 
 @dataclass(frozen=True, slots=True)

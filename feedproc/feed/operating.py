@@ -124,6 +124,9 @@ class Operating(Reading):
         clear_defaults: bool = False,
         partition_limit: int | None = None,
         aging: float | None = None,
+        group_limit: int | None = None,
+        rate: str | float | None = None,
+        group_rate: str | float | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Store a queue's global concurrency limit (sum of weights in flight across all watchers
@@ -137,7 +140,10 @@ class Operating(Reading):
         without its own gets (`clear_defaults` removes both: 0 and 1 again) and/or its
         `partition_limit` (items of any one of its partitions in flight at once, fleet-wide; < 1:
         none) and/or its `aging` (seconds after which a waiting partition's priority counts one
-        higher, for leasing and dispatch; 0: none); arguments left None keep their value. `by` is
+        higher, for leasing and dispatch; 0: none) and/or its flow controls: `group_limit` (items
+        of any one concurrency group in flight at once, fleet-wide; < 1: none), `rate` and
+        `group_rate` (items started at most, the queue's and each group's: "600/min", "10/s",
+        "100/hour" or a number per second; 0: none); arguments left None keep their value. `by` is
         recorded with a pause. InvalidInput naming a bad value: nothing changes."""
         return self.store.set_queue(
             name,
@@ -154,5 +160,8 @@ class Operating(Reading):
             clear_defaults=clear_defaults,
             partition_limit=partition_limit,
             aging=aging,
+            group_limit=group_limit,
+            rate=rate,
+            group_rate=group_rate,
             by=by,
         )

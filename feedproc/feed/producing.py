@@ -37,6 +37,7 @@ class Producing(FeedBase):
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
         partition_limit: int | None = None,
+        group: str | None = None,
         connection: Connection | None = None,
     ) -> int: ...
 
@@ -58,6 +59,7 @@ class Producing(FeedBase):
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
         partition_limit: int | None = None,
+        group: str | None = None,
         connection: Connection | None = None,
     ) -> AddedPartition: ...
 
@@ -78,6 +80,7 @@ class Producing(FeedBase):
         tolerate: str | int | None = None,
         deadline: datetime | timedelta | float | None = None,
         partition_limit: int | None = None,
+        group: str | None = None,
         connection: Connection | None = None,
     ) -> int | AddedPartition:
         """Create partition `key` with `items` ((gate, bytes) pairs) in one transaction.
@@ -94,7 +97,9 @@ class Producing(FeedBase):
         after which the partition, unless finished, fails with "deadline exceeded": a watcher of its
         queue cancels its unfinished items and their calls, within a second or so.
         `partition_limit`: its items in flight at once at most, fleet-wide (its queue's and its
-        pipeline gates' `partition_limit` hold too: the smallest wins).
+        pipeline gates' `partition_limit` hold too: the smallest wins). `group`: its concurrency
+        group (a tenant, a customer): its queue's and its gates' `group_limit` and the queue's
+        `group_rate` hold for all of a group's partitions together.
 
         `connection`: write in the caller's transaction on it instead (from `Feed.begin()`):
         nothing is committed unless the caller commits, and a rollback leaves no trace. A refusal
@@ -118,6 +123,7 @@ class Producing(FeedBase):
                 "tolerate": tolerate,
                 "deadline": deadline,
                 "partition_limit": partition_limit,
+                "group": group,
             }
             if key is not None:
                 return self._add_partition(key, items, options, connection=connection)

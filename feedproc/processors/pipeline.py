@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..core.errors import PermanentError, RetryLater
+from ..core.flow import FlowRules
 from ..core.gate_names import naming
 from ..core.hooks import PYTHON, check_hooks
 from ..core.models import Item, Response
@@ -230,6 +231,7 @@ class GateRouter:
         self._whose = f"queue {spec.queue!r}" if spec is not None else ""
         self._routes: dict[int, Route] = {}
         self._limits = spec.limits if spec is not None else {}
+        self._flow = spec.flow if spec is not None else FlowRules()
         #: (kind, target, settings) -> processor: what this router made, for the next version to reuse.
         self.made: dict[tuple[Any, ...], ProcessorLike] = {}
         options = http_options if http_options is not None else HTTPOptions()
@@ -278,6 +280,11 @@ class GateRouter:
     def limits(self) -> dict[int, int]:
         """Gate number -> fleet-wide concurrency limit, for the gates of this version that have one."""
         return self._limits
+
+    @property
+    def flow(self) -> FlowRules:
+        """The group limits and rates of the gates of this version that have them."""
+        return self._flow
 
     @property
     def attempts(self) -> dict[int, int]:

@@ -21,11 +21,16 @@ from dataclasses import replace
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from ..core.records import ReadyItem, SlotClaim, encode_inflight
+from ..core.flow import Room
+from ..core.records import Fetched, ReadyItem, SlotClaim, encode_inflight
+from . import flow
 from .base import IS_AVAILABLE, P
 from .queues import Queues
 
 InFlight = dict[int, list[tuple[int, int]]]  # partition id -> (item id, version) still in flight
+#: Reads one fetch under flow control makes at most: a group filled (or a bucket emptied) by one
+#: read closes its partitions, and the next read takes the other groups' items instead.
+FLOW_ROUNDS = 4
 
 
 class Dispatch(Queues):
@@ -123,22 +128,27 @@ class Dispatch(Queues):
         after: int = 0,
         aging: float | None = None,
     ) -> list[ReadyItem]:
-        """Fetch ready items only as far as the queue's concurrency limit and its gates' limits
-        allow, and take their slots, in one write transaction under the queue row's lock (SQLite:
-        BEGIN IMMEDIATE).
+        """Fetch ready items only as far as the queue's concurrency limit, its gates' limits and its
+        flow controls (group limits, rates) allow, and take their slots and tokens, in one write
+        transaction under the queue row's lock (SQLite: BEGIN IMMEDIATE).
 
         Free = limit - slots of the queue's other live watchers - `claim.held` (the weight this
         watcher still has in flight, which it knows exactly); likewise per limited gate, with the
-        watchers' per-gate slots and the claims at that gate. Partitions whose current gate has no
-        slot free are not read. Items are taken in dispatch order while their weights fit (a weight
-        above a limit counts as the limit, so such an item runs alone); a heavy item that does not
-        fit stops the queue's fetch, and its gate's (it is not overtaken by lighter ones). The
+        watchers' per-gate slots and the claims at that gate, and per concurrency group (and gate)
+        with their group slots. Partitions whose current gate has no slot or token free, or whose
+        group has none, are not read. Items are taken in dispatch order while their weights fit (a
+        weight above a limit counts as the limit, so such an item runs alone); a heavy item that does
+        not fit stops the queue's fetch, and its gate's (it is not overtaken by lighter ones). The
         watcher's row is then set to what it holds. A dead watcher's slots stop counting when its
-        registration expires."""
+        registration expires. With a rate, the list returned is a `Fetched` saying when the first
+        dry bucket has a token again."""
         with self.write() as conn:
             settings = self._queue(conn, claim.queue, lock=True)
             limits = dict(claim.gate_limits)
-            if not settings.limited and not limits:  # the limits were lifted meanwhile
+            rules = replace(
+                claim.flow, group_limit=settings.group_limit, rate=settings.rate, group_rate=settings.group_rate
+            )
+            if not settings.limited and not limits and not rules.any:  # the limits were lifted meanwhile
                 self._set_slots(conn, watcher_id, 0)
                 if want <= 0:
                     return []
@@ -152,7 +162,19 @@ class Dispatch(Queues):
                 used = self._gate_slots_in_use(conn, claim.queue, besides=watcher_id)
                 gate_free = {g: n - used.get(g, 0) - claim.gate_held.get(g, 0) for g, n in limits.items()}
             full = [g for g, free in gate_free.items() if free <= 0]
+            groups: dict[int, str] = {}
+            room: Room | None = None
+            if rules.any:
+                groups = flow.leased_groups(conn, watcher_id) if rules.grouped else {}
+                in_use = flow.group_use(conn, claim.queue, besides=watcher_id) if rules.grouped else {}
+                for key, weight in claim.group_held.items():
+                    in_use[key] = in_use.get(key, 0) + weight
+                room = flow.room(conn, claim.queue, rules, set(groups.values()), in_use)
+                full += [gate for gate in rules.gate_rates if room.gate_dry(gate)]
+                closed = sorted({*closed, *(pid for pid, group in groups.items() if room.group_full(group))})
             budget = want if queue_free is None else min(want, queue_free)
+            if room is not None and room.queue_dry:
+                budget = 0
             taken: list[ReadyItem] = []
             if budget > 0:
 
@@ -165,26 +187,50 @@ class Dispatch(Queues):
                             weight = min(weight, limits[item.gate])
                         if queue_free is not None and weight > queue_free:
                             break  # strict dispatch order: a heavy item is not overtaken by lighter ones
+                        if item.gate in gate_free and weight > gate_free[item.gate]:
+                            gate_free[item.gate] = 0  # nor within its gate
+                            continue
+                        group = groups.get(item.partition_id)
+                        if room is not None and not room.take(item.gate, group, weight):
+                            continue  # its group is full, or a bucket is dry
                         if item.gate in gate_free:
-                            if weight > gate_free[item.gate]:
-                                gate_free[item.gate] = 0  # nor within its gate
-                                continue
                             gate_free[item.gate] -= weight
                         if queue_free is not None:
                             queue_free -= weight
-                        out.append(replace(item, weight=weight))
+                        out.append(replace(item, weight=weight, group=group))
                     return out
 
-                shut = self._at_gates(conn, watcher_id, sorted({*closed_gates, *full}), closed)
-                taken = self._fetch(conn, watcher_id, budget, excluded, shut, kept, keep, after, aging)
+                shut_gates, touched = {*closed_gates, *full}, set()
+                for _ in range(FLOW_ROUNDS if room is not None else 1):
+                    shut = self._at_gates(conn, watcher_id, sorted(shut_gates), closed)
+                    left = {pid: entries for pid, entries in kept.items() if pid not in touched}
+                    skip = sorted({*excluded, *(item.id for item in taken)})
+                    got = self._fetch(conn, watcher_id, budget - len(taken), skip, shut, left, keep, after, aging)
+                    taken += got
+                    touched.update(item.partition_id for item in got)
+                    if room is None or len(taken) >= budget or room.queue_dry or queue_free == 0:
+                        break
+                    # Groups filled and buckets emptied by this round: read the others' items now.
+                    filled = {pid for pid, group in groups.items() if room.group_full(group)} - set(closed)
+                    emptied = {gate for gate in rules.gate_rates if room.gate_dry(gate)} - shut_gates
+                    if not filled and not emptied:
+                        break
+                    closed, shut_gates = sorted({*closed, *filled}), shut_gates | emptied
             held_at = dict(claim.gate_held)
+            group_held = dict(claim.group_held)
             for item in taken:
                 if item.gate in limits:
                     held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
+                if item.group is not None:
+                    group_held[(item.group, item.gate)] = group_held.get((item.group, item.gate), 0) + item.weight
             self._set_slots(
                 conn,
                 watcher_id,
                 claim.held + sum(item.weight for item in taken),
                 gate_slots=held_at if limits else None,
+                group_slots=group_held if rules.grouped else None,
             )
-            return taken
+            if room is None or not rules.rated:
+                return taken
+            flow.spend(conn, room)
+            return Fetched(taken, retry_in=room.next_token_in())

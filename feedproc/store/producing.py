@@ -20,6 +20,7 @@ from ..core import gates
 from ..core import windows as timewindows
 from ..core.errors import DatabaseRefused, DuplicateKey, InvalidInput, Refused
 from ..core.fanin import Tolerance
+from ..core.flow import check_group
 from ..core.gates import Move
 from ..core.models import NewItem, check_key, check_priority, check_queue, check_weight, shown, uuid7
 from .base import (
@@ -72,6 +73,7 @@ class Producing(GateWriter):
         tolerate: str | int | None = None,
         deadline: Deadline | None = None,
         partition_limit: int | None = None,
+        group: str | None = None,
         connection: Connection | None = None,
     ) -> int:
         """Create a partition with its items in one transaction (or in the caller's `connection`'s,
@@ -85,7 +87,8 @@ class Producing(GateWriter):
         the failed items each of its gates lets pass ("5%" or a count; over its pipeline gates').
         `deadline`: when it fails with "deadline exceeded" unless finished, a time or a duration
         (timedelta or seconds) from now on the database's clock (`fail_overdue`). `partition_limit`:
-        its items in flight at once at most (besides its queue's and its gates')."""
+        its items in flight at once at most (besides its queue's and its gates'). `group`: its
+        concurrency group (a tenant, a customer), which its queue's group limit and group rate count."""
         check_key(key)
         check_queue(queue)
         if priority is not None:
@@ -97,6 +100,8 @@ class Producing(GateWriter):
             schedule["deadline"] = deadline_value(deadline)
         if partition_limit is not None:
             schedule["partition_limit"] = check_weight(partition_limit, "partition limit")
+        if group is not None:
+            schedule["concurrency_group"] = check_group(group)
         if tolerate is not None:
             try:
                 schedule["tolerate"] = str(Tolerance.parse(tolerate))

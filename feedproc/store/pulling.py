@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,10 +28,12 @@ from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
 from ..core.errors import InvalidAnswer, NotFound, PermanentError, Refused, RetryLater, StaleClaim
+from ..core.flow import FlowRules, Room
 from ..core.models import Response
 from ..core.pipelines import collects
 from ..core.policy import RetryPolicy, outcome_of, validate
 from ..core.records import Kind, Outcome, ReadyItem, tally_outcomes
+from . import flow
 from .answers import SETTLE_GRACE, Answers
 from .base import ACTIVE_CLAIM, AVAILABLE, CANCELLED, C, I, P, iso
 from .claimable import ALL_PRIORITIES
@@ -90,7 +93,14 @@ class Pulling(Answers, Queues, Pipelines):
             settings = self._queue(conn, queue)
             spec = self._claims_pipeline(conn, queue)
             gate_limits = spec.limits if spec is not None else {}
-            if settings.limited or gate_limits:  # claims count against the limits: one claimer at a time decides
+            rules = replace(
+                spec.flow if spec is not None else FlowRules(),
+                group_limit=settings.group_limit,
+                rate=settings.rate,
+                group_rate=settings.group_rate,
+            )
+            # Claims count against the limits: one claimer at a time decides, under the queue row's lock.
+            if settings.limited or gate_limits or rules.any:
                 settings = self._queue(conn, queue, lock=True)
             if settings.mode != "pull":
                 raise Refused(f"queue {queue!r} is not in pull mode (feedproc queue set {queue} --mode pull)")
@@ -108,8 +118,18 @@ class Pulling(Answers, Queues, Pipelines):
                 gate_room = {gate: limit - used.get(gate, 0) for gate, limit in gate_limits.items()}
             blocked = {gate for gate, free in gate_room.items() if free <= 0}
             blocked.update(spec.closed_gates(now) if spec is not None else ())
-            rows = self.dialect.find_claimable(conn, queue, max_items, sorted(blocked), priorities)
-            chosen = _within_limits(rows, now, room, gate_room, gate_limits)
+            flow_room: Room | None = None
+            # Some candidates may be of groups or gates without room: read a few more than wanted.
+            wanted = max_items * 4 + 16 if rules.any else max_items
+            rows = self.dialect.find_claimable(conn, queue, wanted, sorted(blocked), priorities)
+            groups: dict[int, str] = {}
+            if rules.any:
+                groups = flow.groups_of(conn, (r.partition_id for r in rows)) if rules.grouped else {}
+                in_use = flow.group_use(conn, queue) if rules.grouped else {}
+                flow_room = flow.room(conn, queue, rules, set(groups.values()), in_use)
+            chosen = _within_limits(rows, now, room, gate_room, gate_limits, flow_room, groups)[:max_items]
+            if flow_room is not None:
+                flow.spend(conn, flow_room)
             if not chosen:
                 return []
             ids = [r.id for r in chosen]
@@ -139,6 +159,7 @@ class Pulling(Answers, Queues, Pipelines):
                         "weight": r.weight,
                         "lease_seconds": float(lease_seconds),
                         "state": "active",
+                        "concurrency_group": groups.get(r.partition_id),
                     }
                     for r in chosen
                 ],
@@ -352,10 +373,17 @@ class Pulling(Answers, Queues, Pipelines):
 
 
 def _within_limits(
-    rows: Sequence[Any], now: datetime, room: int | None, gate_room: dict[int, int], gate_limits: Mapping[int, int]
+    rows: Sequence[Any],
+    now: datetime,
+    room: int | None,
+    gate_room: dict[int, int],
+    gate_limits: Mapping[int, int],
+    flow_room: Room | None = None,
+    groups: Mapping[int, str] | None = None,
 ) -> list[Any]:
     """The candidate `rows` a claim takes, in order: those whose partition's windows are open at
-    `now`, while their weights fit the queue's `room` (None: no limit) and their gate's `gate_room`.
+    `now`, while their weights fit the queue's `room` (None: no limit) and their gate's `gate_room`,
+    and their group's limits and the rate buckets have room (`flow_room`, charged as they are taken).
     As a watcher's fetch counts it, a partition heavier than its gate's limit takes the whole gate (it
     runs alone), and one that does not fit at its gate now is not overtaken there by lighter ones."""
     chosen: list[Any] = []
@@ -364,15 +392,18 @@ def _within_limits(
             timewindows.parse_windows(row.windows), timewindows.zone(row.window_tz), now
         ):
             continue
+        weight = min(row.weight, gate_limits[row.gate]) if row.gate in gate_room else row.weight
+        if row.gate in gate_room and weight > gate_room[row.gate]:
+            gate_room[row.gate] = 0
+            continue
+        if room is not None and row.weight > room:
+            break
+        group = (groups or {}).get(row.partition_id)
+        if flow_room is not None and not flow_room.take(row.gate, group, row.weight):
+            continue
         if row.gate in gate_room:
-            weight = min(row.weight, gate_limits[row.gate])
-            if weight > gate_room[row.gate]:
-                gate_room[row.gate] = 0
-                continue
             gate_room[row.gate] -= weight
         if room is not None:
-            if row.weight > room:
-                break
             room -= row.weight
         chosen.append(row)
     return chosen

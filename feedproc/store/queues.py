@@ -22,9 +22,11 @@ from sqlalchemy.engine import Connection
 from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
 from ..core.fanin import check_operations
+from ..core.flow import check_group_limit, encode_group_slots, parse_rate
 from ..core.hooks import check_hooks
 from ..core.models import MAX_INT32, check_priority, check_queue, check_weight, shown
 from ..core.records import Lease, ProgressReport, QueueSettings
+from . import flow
 from .base import (
     ACTIVE_CLAIM,
     CANCELLED,
@@ -73,6 +75,9 @@ class Queues(StoreBase):
         clear_defaults: bool = False,
         partition_limit: int | None = None,
         aging: float | None = None,
+        group_limit: int | None = None,
+        rate: str | float | None = None,
+        group_rate: str | float | None = None,
         by: str = "python",
     ) -> QueueSettings:
         """Create or change a queue's settings; arguments left None keep their current value.
@@ -83,8 +88,10 @@ class Queues(StoreBase):
         `priority` and `weight` are what a partition added without its own gets (`clear_defaults`
         removes both first: 0 and 1 again); `partition_limit` bounds the items of any one of its
         partitions in flight at once (< 1: none); `aging` (seconds) raises a waiting partition's
-        priority by one per `aging` seconds of its age, for leasing and dispatch (0: none). Returns
-        the settings now stored."""
+        priority by one per `aging` seconds of its age, for leasing and dispatch (0: none);
+        `group_limit` bounds the items of any one concurrency group in flight (< 1: none); `rate`
+        and `group_rate` ("600/min", or items per second; 0: none) bound the items started per
+        second, the queue's and each group's. Returns the settings now stored."""
         check_queue(name)
         if priority is not None:
             check_priority(priority, "default priority")
@@ -106,6 +113,13 @@ class Queues(StoreBase):
             isinstance(aging, bool) or not isinstance(aging, int | float) or not 0 <= aging <= MAX_AGING
         ):
             raise InvalidInput(f"aging must be a number of seconds from 0 to {MAX_AGING:g}, got {shown(aging)}")
+        if group_limit is not None:
+            check_group_limit(group_limit)
+        rates = {
+            column: None if given in (0, "0") else parse_rate(given, what)
+            for column, what, given in (("rate", "rate", rate), ("group_rate", "group rate", group_rate))
+            if given is not None
+        }
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)
@@ -134,6 +148,9 @@ class Queues(StoreBase):
                 values["partition_limit"] = partition_limit if partition_limit >= 1 else None
             if aging is not None:
                 values["aging"] = float(aging) if aging > 0 else None
+            if group_limit is not None:
+                values["group_limit"] = group_limit if group_limit >= 1 else None
+            values.update(rates)
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
             if window_tz is not None:
@@ -162,13 +179,23 @@ class Queues(StoreBase):
             names = set(conn.execute(select(Q.name)).scalars()) | set(
                 conn.execute(select(P.queue).where(P.status == IS_AVAILABLE).distinct()).scalars()
             )
-            return [self._queue(conn, name).describe(now, self._slots_in_use(conn, name)) for name in sorted(names)]
+            return [self._described(conn, name, now) for name in sorted(names)]
 
     def queue(self, name: str) -> dict[str, Any]:
         """One queue's settings and state (as in `queues`)."""
         check_queue(name)
         with self.read() as conn:
-            return self._queue(conn, name).describe(utcnow(), self._slots_in_use(conn, name))
+            return self._described(conn, name, utcnow())
+
+    def _described(self, conn: Connection, name: str, now: datetime) -> dict[str, Any]:
+        """A queue's settings and state, with the weight each concurrency group has in flight."""
+        described = self._queue(conn, name).describe(now, self._slots_in_use(conn, name))
+        per_group: dict[str, int] = {}
+        for (group, _), weight in flow.group_use(conn, name).items():
+            per_group[group] = per_group.get(group, 0) + weight
+        if per_group:
+            described["groups"] = dict(sorted(per_group.items()))
+        return described
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:
         query = select(
@@ -185,6 +212,9 @@ class Queues(StoreBase):
             Q.default_weight,
             Q.partition_limit,
             Q.aging,
+            Q.group_limit,
+            Q.rate,
+            Q.group_rate,
         ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
             query = query.with_for_update()
@@ -206,6 +236,9 @@ class Queues(StoreBase):
             row.default_weight,
             row.partition_limit,
             row.aging,
+            row.group_limit,
+            row.rate,
+            row.group_rate,
         )
 
     def _slots_in_use(self, conn: Connection, queue: str, *, besides: str | None = None) -> int:
@@ -241,11 +274,23 @@ class Queues(StoreBase):
         return used
 
     def _set_slots(
-        self, conn: Connection, watcher_id: str, slots: int, *, gate_slots: Mapping[int, int] | None = None
+        self,
+        conn: Connection,
+        watcher_id: str,
+        slots: int,
+        *,
+        gate_slots: Mapping[int, int] | None = None,
+        group_slots: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
-        """Set the weight this watcher has in flight (and per limited gate: None clears it)."""
+        """Set the weight this watcher has in flight (and per limited gate, and per group and gate:
+        None clears them)."""
         per_gate = None if gate_slots is None else json.dumps({str(g): n for g, n in gate_slots.items() if n > 0})
-        done = conn.execute(update(watchers).where(W.id == watcher_id).values(slots=max(slots, 0), gate_slots=per_gate))
+        per_group = None if group_slots is None else encode_group_slots(group_slots)
+        done = conn.execute(
+            update(watchers)
+            .where(W.id == watcher_id)
+            .values(slots=max(slots, 0), gate_slots=per_gate, group_slots=per_group)
+        )
         if done.rowcount == 0:  # reaped: its slots would go uncounted; claim none until it registers again
             raise WatcherGone(watcher_id)
 

@@ -71,6 +71,8 @@ class Reading(Tolerating, Queues):
                 # What its answers' accumulate numbers came to (an int where the value is one).
                 "accumulated": {name: shown_number(v) for name, v in accumulated_of(conn, row.id).items()},
             }
+            if row.concurrency_group is not None:
+                result["group"] = row.concurrency_group
             result.update(self._schedule_status(conn, row, counts["gates"]))
             if history:
                 rows = conn.execute(_history_of(row.id).order_by(E.id.desc()).limit(history)).all()

@@ -69,6 +69,9 @@ partitions = Table(
     Column("gate_since", UTCDateTime(), nullable=True),
     # Items of it in flight at once at most (0015); NULL: none of its own.
     Column("partition_limit", Integer, nullable=True),
+    # Its concurrency group (0017): a tenant, a customer; the queue's group limit and group rate
+    # hold per group. NULL: none (group limits do not apply to it).
+    Column("concurrency_group", String(200), nullable=True),
     Index(
         "feedproc_partitions_leasable",
         "queue",
@@ -170,6 +173,8 @@ watchers = Table(
     Column("slots", Integer, nullable=False, server_default=text("0")),
     # The same per gate of a pipeline with gate limits (0009): JSON {"gate": weight, ...}.
     Column("gate_slots", LongText, nullable=True),
+    # The same per concurrency group and gate, when group limits apply (0017): JSON [[group, gate, weight]].
+    Column("group_slots", LongText, nullable=True),
     Index("feedproc_watchers_queue", "queue", "expires_at"),
 )
 
@@ -200,6 +205,36 @@ queues = Table(
     Column("partition_limit", Integer, nullable=True),
     # Seconds after which a waiting partition's priority counts one higher (0016); NULL: no aging.
     Column("aging", Float64, nullable=True),
+    # Flow control (0017): items of one concurrency group in flight at most (NULL: none), and rates
+    # in items per second (NULL: none) for the whole queue and for each group.
+    Column("group_limit", Integer, nullable=True),
+    Column("rate", Float64, nullable=True),
+    Column("group_rate", Float64, nullable=True),
+)
+
+# Token buckets of rate limits (0017), one row per queue, pipeline gate or group that has a rate
+# and has been drawn from: the whole tokens it held at `refilled_at` (database clock). Taken under
+# the queue row's lock by the fetch or claim that spends them; a missing row is a full bucket.
+rate_buckets = Table(
+    "feedproc_rate_buckets",
+    metadata,
+    Column("name", String(400), primary_key=True),
+    Column("queue", String(100), nullable=False),
+    Column("tokens", Float64, nullable=False),
+    Column("refilled_at", UTCDateTime(), nullable=False),
+)
+
+# Adaptive concurrency (0017): per queue and gate whose handler pushed back (429, 503, a timeout),
+# the fleet's concurrency window there; it shrinks on push-back, grows as answers succeed, and the
+# row goes once it has grown past every bound.
+gate_windows = Table(
+    "feedproc_gate_windows",
+    metadata,
+    Column("queue", String(100), primary_key=True),
+    Column("gate", Integer, primary_key=True),
+    Column("width", Float64, nullable=False),
+    Column("cut_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
 )
 
 # Each partition's accumulator (0010): per name, what its answers' `accumulate` numbers came to,
@@ -272,6 +307,7 @@ claims = Table(
     Column("claimed_at", UTCDateTime(), nullable=False),
     Column("expires_at", UTCDateTime(), nullable=False),
     Column("ended_at", UTCDateTime(), nullable=True),
+    Column("concurrency_group", String(200), nullable=True),  # its partition's, counted against group limits (0017)
     Index("feedproc_claims_active", "queue", "state", "expires_at"),
     Index("feedproc_claims_item", "item_id"),
 )

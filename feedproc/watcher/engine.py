@@ -315,7 +315,7 @@ class Watcher:
                 await router.read_settings()
                 await router.follow_pipeline()
                 code = router.code_pipeline
-                if code is not None and code.spec.limits:  # the row gate slots lock
+                if code is not None and (code.spec.limits or code.spec.flow.any):  # the row gate slots lock
                     await calls.call(calls.poll, self.store.set_queue, self.config.queue, by=self.id)
                 await self._leases.register(calls.poll)
                 calls.health.ok()

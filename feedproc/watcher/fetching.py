@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from ..core.errors import DatabaseUnavailable
-from ..core.records import Lease, ReadyItem, SlotClaim
+from ..core.records import Fetched, Lease, ReadyItem, SlotClaim
 from .calls import DatabaseCalls, Lifecycle, PollSignals
 from .config import FAILED_POLLS_FATAL, WatcherConfig
 from .flight import InFlight, ReadyBuffer
@@ -53,6 +53,7 @@ class Fetcher:
         self._maintain = maintain
         self._failed_polls = 0
         self._after = 0  # the last partition the previous fetch served: the next goes on after it
+        self._token_at: float | None = None  # (monotonic) when a dry rate bucket has a token again
 
     async def poll_loop(self) -> None:
         """Fetch whenever woken (a flush landed, the buffer ran low); do the lease bookkeeping
@@ -73,7 +74,8 @@ class Fetcher:
                 await self._fill_buffer()
                 health.ok(wrote=False)  # (it may have read only)
                 self._failed_polls = 0
-                delay = max(0.0, next_maintenance - time.monotonic())
+                due = next_maintenance if self._token_at is None else min(next_maintenance, self._token_at)
+                delay = max(0.0, due - time.monotonic())
             except DatabaseUnavailable as error:
                 health.failed("poll", error)
                 delay = health.delay(5.0)
@@ -107,7 +109,8 @@ class Fetcher:
         settings = self._router.settings
         if settings.paused or (settings.windows is not None and not settings.is_open(datetime.now(UTC))):
             return  # in-flight items finish; nothing new is fetched
-        if settings.limited or self._router.current.limits:
+        self._token_at = None
+        if settings.limited or self._router.current.limits or self._flow_controlled:
             return await self._fill_within_limit()
         target = self._config.effective_prefetch
         buffered = self._buffer.servable()
@@ -142,6 +145,12 @@ class Fetcher:
         self._flight.note_fetch(ready, kept)
         return ready
 
+    @property
+    def _flow_controlled(self) -> bool:
+        """Group limits or rates apply to the queue (its own, or its pipeline gates')."""
+        settings = self._router.settings
+        return bool(settings.group_limit or settings.rate or settings.group_rate or self._router.current.flow.any)
+
     def _at_partition_limit(self) -> set[int]:
         """Partitions with as many items in flight here (buffered or running) as their partition
         limit: not fetched from, so a limited partition's backlog does not pile up in the buffer."""
@@ -165,16 +174,20 @@ class Fetcher:
         stopped = self._life.stopping or self._isolation.active
         want = 0 if stopped else self._config.concurrency - len(flight.busy) - self._buffer.servable()
         held, limits = flight.held_weight(), self._router.current.limits
-        held_at = flight.held_at_gates(limits)
-        if (want <= 0 or not owned) and (held, held_at) == flight.slots_reported:
+        held_at, by_group = flight.held_at_gates(limits), flight.held_by_group()
+        if (want <= 0 or not owned) and (held, held_at, by_group) == flight.slots_reported:
             return
-        claim = SlotClaim(self._config.queue, held, limits, held_at)
+        claim = SlotClaim(self._config.queue, held, limits, held_at, self._router.current.flow, by_group)
         want = max(want, 0) if owned else 0
         ready = await self._fetch(want, slots=claim)
         for item in ready:
             if item.gate in limits:
                 held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
-        flight.slots_reported = (held + sum(item.weight for item in ready), held_at)
+            if item.group is not None:
+                by_group[(item.group, item.gate)] = by_group.get((item.group, item.gate), 0) + item.weight
+        flight.slots_reported = (held + sum(item.weight for item in ready), held_at, by_group)
+        if isinstance(ready, Fetched) and ready.retry_in is not None:
+            self._token_at = time.monotonic() + ready.retry_in  # look again once a token is there
         self._take(ready)
 
     def _take(self, ready: list[ReadyItem]) -> None:

@@ -47,7 +47,7 @@ class InFlight:
         self._cancelled_calls: set[asyncio.Task[Any]] = set()
         self._appended: Counter[int] = Counter()  # fetches appended to each partition's record since its rewrite
         # Slots the database counts for this watcher (and per limited gate), as last set by a fetch.
-        self.slots_reported: tuple[int, dict[int, int]] = (0, {})
+        self.slots_reported: tuple[int, dict[int, int], dict[tuple[str, int], int]] = (0, {}, {})
 
     # Items
 
@@ -87,6 +87,14 @@ class InFlight:
             for item_id, item in self.items.items():
                 if item.gate in limits and item_id not in self._answered:
                     held[item.gate] = held.get(item.gate, 0) + item.weight
+        return held
+
+    def held_by_group(self) -> dict[tuple[str, int], int]:
+        """`held_weight` per (concurrency group, gate), of the items fetched with a group."""
+        held: dict[tuple[str, int], int] = {}
+        for item_id, item in self.items.items():
+            if item.group is not None and item_id not in self._answered:
+                held[(item.group, item.gate)] = held.get((item.group, item.gate), 0) + item.weight
         return held
 
     def entries(self, which: Callable[[ReadyItem], bool]) -> dict[int, list[tuple[int, int]]]:

@@ -90,7 +90,7 @@ class LeaseBook:
             lease_seconds=cfg.lease_seconds,
             slots=0,  # slots are only ever claimed under the queue's lock, by the fetch (`Fetcher._fill_within_limit`)
         )
-        self._flight.slots_reported = (0, {})
+        self._flight.slots_reported = (0, {}, {})
         self._signals.wake()  # a limited queue: claim what is still running at once
 
     def forget(self, pid: int) -> None:

@@ -74,7 +74,8 @@ class Router:
             self._settings_read_at = time.monotonic()
             await self.follow_pipeline()
         lowered = settings.limited and (not self.settings.limited or settings.limit < self.settings.limit)
-        if lowered or (settings.paused and not self.settings.paused):
+        flow_set = _flow_of(settings) != _flow_of(self.settings) and any(_flow_of(settings))
+        if lowered or flow_set or (settings.paused and not self.settings.paused):
             # A limit set or lowered, or the queue paused, while items wait in the buffer: give them
             # back (fetched again through the slot claim, or once resumed) instead of dispatching them.
             self._buffer.drop_all()
@@ -109,10 +110,11 @@ class Router:
         await router.start(self._started_processors)
         kept = {id(processor) for processor in router.processors}
         self._retired.extend(p for p in old.processors if id(p) not in kept and p is not self.processor)
-        if spec is not None and spec.limits and not self.settings.limited:
+        if spec is not None and (spec.limits or spec.flow.any) and not self.settings.limited:
             await calls.call(calls.poll, store.set_queue, queue, by=self._id)  # the row slot claims lock
-        if set((spec.limits if spec else {}).items()) - set((old.spec.limits if old.spec else {}).items()):
-            self._buffer.drop_all()  # a gate limit set or changed: fetched again through the claim
+        gained = set((spec.limits if spec else {}).items()) - set((old.spec.limits if old.spec else {}).items())
+        if gained or (spec is not None and spec.flow != old.flow and spec.flow.any):
+            self._buffer.drop_all()  # a gate limit or flow control set or changed: fetched again through the claim
         self.current = router
         if spec is None and self.processor is None:
             log.warning(
@@ -170,3 +172,8 @@ class Router:
         """Gates of the pipeline outside their time windows now: their partitions are not fetched from."""
         spec = self.current.spec
         return [] if spec is None else spec.closed_gates(datetime.now(UTC))
+
+
+def _flow_of(settings: QueueSettings) -> tuple[int | float | None, ...]:
+    """A queue's own flow controls: set or changed, the buffered items are fetched again through them."""
+    return (settings.group_limit, settings.rate, settings.group_rate)
