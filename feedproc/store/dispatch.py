@@ -200,7 +200,7 @@ class Dispatch(Queues):
                         out.append(replace(item, weight=weight, group=group))
                     return out
 
-                shut_gates, touched = {*closed_gates, *full}, set()
+                shut_gates, touched = {*closed_gates, *full}, set[int]()
                 for _ in range(FLOW_ROUNDS if room is not None else 1):
                     shut = self._at_gates(conn, watcher_id, sorted(shut_gates), closed)
                     left = {pid: entries for pid, entries in kept.items() if pid not in touched}
