@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import InvalidInput
-from ..core.models import MAX_INT32, MAX_PRIORITY, MIN_PRIORITY, check_key, check_priority
+from ..core.flow import MAX_GROUP, check_group
+from ..core.models import MAX_INT32, MAX_PRIORITY, MIN_PRIORITY, check_key, check_priority, shown
 from .app import (
     DbOption,
     ItemsOption,
@@ -77,9 +78,18 @@ def add(
             help="Its items in flight at once at most, fleet-wide (besides its queue's and gates').",
         ),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Its concurrency group (a tenant): its queue's and gates' group limit and the queue's"
+            " group rate count all of a group's partitions together.",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Create partition KEY with its items, in one transaction (no KEY: one is generated and printed)."""
+    _check_group(group)
     when = parse_time(not_before)
     until = parse_deadline(deadline) if deadline is not None else None
     timeout = parse_duration(item_timeout, "--item-timeout") if item_timeout is not None else None
@@ -98,6 +108,7 @@ def add(
         "tolerate": tolerate,
         "deadline": until,
         "partition_limit": partition_limit,
+        "group": group,
     }
     with _feed(db) as feed:
         if key is not None:
@@ -106,6 +117,17 @@ def add(
             added = feed.add_partition(None, read_items(items), **options)
             key, count = added.key, added.items
     typer.echo(f"added partition {key} with {count} items")
+
+
+def _check_group(group: str | None) -> None:
+    """`--group` checked before anything is read or written, so that a refusal names the option
+    (the store's names the setting, `group`)."""
+    try:
+        check_group(group)
+    except InvalidInput:
+        raise InvalidInput(
+            f"--group {shown(group)}: expected a non-empty name of at most {MAX_GROUP} characters"
+        ) from None
 
 
 @app.command("add-items")

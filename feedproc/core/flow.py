@@ -94,12 +94,44 @@ def check_group_limit(value: Any, what: str = "group limit") -> int:
     return value
 
 
-def queue_bucket(queue: str) -> str:
-    return f"q:{queue}"
+#: A rate as a setting holds it: items per second (a bucket of its own), or the name of a shared
+#: rate (`feedproc rate set NAME 600/min`): one bucket for every queue and gate that names it.
+Rate = float | str
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 
 
-def gate_bucket(queue: str, gate: int) -> str:
-    return f"g:{gate}:{queue}"
+def parse_rate_setting(value: Any, what: str = "rate") -> Rate:
+    """A rate setting: a rate (`parse_rate`) or the name of a shared rate."""
+    if isinstance(value, str) and _NAME.match(value.strip()):
+        return value.strip()
+    return parse_rate(value, what)
+
+
+def check_rate_name(value: Any) -> str:
+    """`value` if it names a shared rate: a letter, then letters, digits, `_`, `.` or `-` (100 at most)."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidInput(
+            f"a rate's name must be a letter then letters, digits, _ . or - (100 at most), got {shown(value)}"
+        )
+    return value
+
+
+def shown_rate(rate: Rate) -> str:
+    """A rate setting as people write it: "600/min"-style, or the shared rate's name."""
+    return rate if isinstance(rate, str) else format_rate(rate)
+
+
+def shared_bucket(name: str) -> str:
+    """The bucket of the shared rate `name`."""
+    return f"n:{name}"
+
+
+def queue_bucket(queue: str, rate: Rate = 0.0) -> str:
+    return shared_bucket(rate) if isinstance(rate, str) else f"q:{queue}"
+
+
+def gate_bucket(queue: str, gate: int, rate: Rate = 0.0) -> str:
+    return shared_bucket(rate) if isinstance(rate, str) else f"g:{gate}:{queue}"
 
 
 def group_bucket(queue: str, group: str) -> str:
@@ -108,12 +140,13 @@ def group_bucket(queue: str, group: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FlowRules:
-    """A queue's flow controls, with its pipeline's: group limits and rates (items per second)."""
+    """A queue's flow controls, with its pipeline's: group limits and rates (items per second, or
+    a shared rate's name; the group rate is each group's own)."""
 
     group_limit: int | None = None
     gate_group_limits: Mapping[int, int] = field(default_factory=dict)
-    rate: float | None = None
-    gate_rates: Mapping[int, float] = field(default_factory=dict)
+    rate: Rate | None = None
+    gate_rates: Mapping[int, Rate] = field(default_factory=dict)
     group_rate: float | None = None
 
     @property
@@ -129,13 +162,14 @@ class FlowRules:
     def any(self) -> bool:
         return self.grouped or self.rated
 
-    def buckets(self, queue: str, groups: Iterable[str]) -> dict[str, float]:
-        """The token buckets a fetch of `queue` touching `groups` may take from: name -> rate."""
-        found: dict[str, float] = {}
+    def buckets(self, queue: str, groups: Iterable[str]) -> dict[str, float | None]:
+        """The token buckets a fetch of `queue` touching `groups` may take from: name -> rate
+        (None: a shared rate's, read with its bucket)."""
+        found: dict[str, float | None] = {}
         if self.rate:
-            found[queue_bucket(queue)] = self.rate
+            found[queue_bucket(queue, self.rate)] = None if isinstance(self.rate, str) else self.rate
         for gate, rate in self.gate_rates.items():
-            found[gate_bucket(queue, gate)] = rate
+            found[gate_bucket(queue, gate, rate)] = None if isinstance(rate, str) else rate
         if self.group_rate:
             for group in groups:
                 found[group_bucket(queue, group)] = self.group_rate
@@ -165,12 +199,12 @@ class Room:
     def _buckets_of(self, gate: int, group: str | None) -> list[str]:
         names = []
         if self.rules.rate:
-            names.append(queue_bucket(self.queue))
+            names.append(queue_bucket(self.queue, self.rules.rate))
         if gate in self.rules.gate_rates:
-            names.append(gate_bucket(self.queue, gate))
+            names.append(gate_bucket(self.queue, gate, self.rules.gate_rates[gate]))
         if group is not None and self.rules.group_rate:
             names.append(group_bucket(self.queue, group))
-        return names
+        return list(dict.fromkeys(names))  # a queue and its gate may name one shared rate: one token
 
     def group_weight(self, group: str, gate: int | None = None) -> int:
         """Weight in flight of `group` (at `gate`, or at every gate)."""
@@ -189,11 +223,13 @@ class Room:
 
     def gate_dry(self, gate: int) -> bool:
         """Whether `gate`'s bucket has no token (its items are not fetched now)."""
-        return gate in self.rules.gate_rates and self.tokens.get(gate_bucket(self.queue, gate), 0) <= 0
+        rate = self.rules.gate_rates.get(gate)
+        return rate is not None and self.tokens.get(gate_bucket(self.queue, gate, rate), 0) <= 0
 
     @property
     def queue_dry(self) -> bool:
-        return bool(self.rules.rate) and self.tokens.get(queue_bucket(self.queue), 0) <= 0
+        rate = self.rules.rate
+        return bool(rate) and self.tokens.get(queue_bucket(self.queue, rate or 0.0), 0) <= 0
 
     def take(self, gate: int, group: str | None, weight: int) -> bool:
         """Admit an item of `group` at `gate` of `weight` if every limit and bucket has room, and

@@ -52,7 +52,7 @@ from typing import Any, cast
 from . import windows as timewindows
 from .errors import InvalidInput
 from .fanin import COLLECT_INLINE, Tolerance, check_operations
-from .flow import FlowRules, format_rate, parse_rate
+from .flow import FlowRules, parse_rate_setting, shown_rate
 from .gate_names import check_gate_name, naming
 from .hooks import check_hooks
 from .models import (
@@ -122,7 +122,7 @@ class GateSpec:
     limit: int | None = None  # items of this gate in flight fleet-wide, by weight
     partition_limit: int | None = None  # items of one partition at this gate in flight at once
     group_limit: int | None = None  # items of one concurrency group at this gate in flight, fleet-wide
-    rate: str | None = None  # items of this gate started at most, fleet-wide: "600/min"
+    rate: str | None = None  # items of this gate started at most, fleet-wide: "600/min", or a shared rate's name
     windows: str | None = None  # "22:00-06:00,12:00-13:00": when items of this gate may start
     timezone: str | None = None  # of the windows (None: UTC)
     batch: int | None = None  # items of one partition delivered in one call at most
@@ -255,7 +255,7 @@ class PipelineSpec:
         """Its gates' group limits and rates (items per second), for the gates that have them."""
         return FlowRules(
             gate_group_limits={gate.number: gate.group_limit for gate in self.gates if gate.group_limit},
-            gate_rates={gate.number: parse_rate(gate.rate) for gate in self.gates if gate.rate},
+            gate_rates={gate.number: parse_rate_setting(gate.rate) for gate in self.gates if gate.rate},
         )
 
     def closed_gates(self, now: datetime) -> list[int]:
@@ -446,8 +446,8 @@ def _gate(raw: Mapping[str, Any], where: str) -> GateSpec:
             values[key] = value
     if "rate" in raw:
         try:
-            per_second = parse_rate(raw["rate"])
-            values["rate"] = raw["rate"].strip() if isinstance(raw["rate"], str) else format_rate(per_second)
+            rate = parse_rate_setting(raw["rate"])
+            values["rate"] = raw["rate"].strip() if isinstance(raw["rate"], str) else shown_rate(rate)
         except InvalidInput as error:
             raise InvalidInput(f"{where}{error}") from None
     if "windows" in raw:

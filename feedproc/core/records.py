@@ -12,7 +12,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import windows as timewindows
-from .flow import FlowRules, format_rate
+from .flow import FlowRules, Rate, format_rate, shown_rate
 from .models import NewItem
 from .redaction import redact_url
 from .timestamps import iso
@@ -209,8 +209,9 @@ class QueueSettings:
     aging: float | None = None
     #: Items of one concurrency group in flight at most, fleet-wide (None: no limit).
     group_limit: int | None = None
-    #: Items started per second at most: the whole queue's, and each group's (None: no rate).
-    rate: float | None = None
+    #: Items started per second at most: the whole queue's (or the name of the shared rate it draws
+    #: from), and each group's (None: no rate).
+    rate: Rate | None = None
     group_rate: float | None = None
 
     @property
@@ -257,7 +258,7 @@ class QueueSettings:
             | ({"partition_limit": self.partition_limit} if self.partition_limit is not None else {})
             | ({"aging": self.aging} if self.aging is not None else {})
             | ({"group_limit": self.group_limit} if self.group_limit is not None else {})
-            | ({"rate": format_rate(self.rate)} if self.rate is not None else {})
+            | ({"rate": shown_rate(self.rate)} if self.rate is not None else {})
             | ({"group_rate": format_rate(self.group_rate)} if self.group_rate is not None else {})
         )
 

@@ -249,6 +249,17 @@ class QueueView(View):
 
 
 @dataclass(frozen=True, slots=True)
+class RateView(View):
+    """A shared rate (`Feed.set_rate`): its name, its rate as written back ("10/s") and per second,
+    and the tokens its bucket holds now (items that may start at once)."""
+
+    name: str
+    rate: str
+    per_second: float
+    tokens: float
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionSchedule(View):
     """When a partition's items may run: its weight, item timeout and windows, its queue, whether a
     window is open now and when the next opens; `windows_never_overlap` when its windows and its
@@ -644,6 +655,7 @@ __all__ = [
     "PartitionStatus",
     "Progress",
     "QueueView",
+    "RateView",
     "RecentPartition",
     "RunningItem",
     "ScheduleView",

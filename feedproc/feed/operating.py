@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..core.records import QueueSettings
+from ..core.views import RateView
 from .base import retried
 from .reading import Reading
 
@@ -107,6 +108,16 @@ class Operating(Reading):
         return self.store.cleanup(older_than, statuses=statuses, dry_run=dry_run)
 
     @retried
+    def set_rate(self, name: str, rate: str | float) -> RateView:
+        """Declare (or change) shared rate `name`: "600/min", "10/s", "100/hour" or items per second.
+        Any queue's or pipeline gate's `rate` may name it: all of them draw from its one bucket,
+        fleet-wide (an API that allows 600 calls a minute, called from several queues)."""
+        return RateView.from_json(self.store.set_rate(name, rate))
+
+    def remove_rate(self, name: str) -> None:
+        """Remove shared rate `name`: Refused while a queue's rate names it, NotFound without it."""
+        self.store.remove_rate(name)
+
     def set_queue(
         self,
         name: str,

@@ -15,6 +15,7 @@ from ..core.views import (
     PartitionRow,
     PartitionStatus,
     QueueView,
+    RateView,
     RunningItem,
     ScheduleView,
     Summary,
@@ -98,6 +99,10 @@ class Reading(FeedBase):
     def queues(self) -> list[QueueView]:
         """Every queue with settings or unfinished partitions, as `queue`."""
         return [QueueView.from_json(q) for q in self.store.queues()]
+
+    def rates(self) -> list[RateView]:
+        """Every shared rate (`set_rate`), with the tokens its bucket holds now."""
+        return [RateView.from_json(r) for r in self.store.rates()]
 
     def schedules(self, queue: str | None = None, count: int = 3) -> list[ScheduleView]:
         """Every stored pipeline's schedules (or `queue`'s): cron, zone, key template, last tick and

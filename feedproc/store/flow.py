@@ -12,16 +12,89 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from ..core.flow import FlowRules, GroupUse, Room, burst, decode_group_slots, refill
-from .base import ACTIVE_CLAIM, IS_AVAILABLE, C, P, W
+from ..core.errors import NotFound, Refused
+from ..core.flow import (
+    FlowRules,
+    GroupUse,
+    Room,
+    burst,
+    check_rate_name,
+    decode_group_slots,
+    format_rate,
+    parse_rate,
+    refill,
+    shared_bucket,
+)
+from .base import ACTIVE_CLAIM, IS_AVAILABLE, C, P, Q, StoreBase, W
 from .foundations import db_now
 from .schema import rate_buckets
 
 B = rate_buckets.c
+
+
+class SharedRates(StoreBase):
+    """Shared rates: a named rate (`ocr-api` at 600/min) that any queue's or pipeline gate's `rate`
+    may name, so that every queue and gate calling one API draws from one bucket, fleet-wide."""
+
+    def set_rate(self, name: str, rate: str | float) -> dict[str, Any]:
+        """Declare shared rate `name` at `rate` ("600/min", or items per second), or change its rate
+        (the tokens it holds are kept, at most its new burst). Returns it as `rates` shows it."""
+        check_rate_name(name)
+        per_second = parse_rate(rate)
+        with self.write() as conn:
+            bucket = shared_bucket(name)
+            if conn.execute(select(B.name).where(B.name == bucket).with_for_update()).first() is None:
+                conn.execute(
+                    insert(rate_buckets).values(
+                        name=bucket, queue=None, tokens=burst(per_second), refilled_at=db_now(), per_second=per_second
+                    )
+                )
+            else:
+                conn.execute(update(rate_buckets).where(B.name == bucket).values(per_second=per_second))
+            return self._rates(conn, name)[0]
+
+    def remove_rate(self, name: str) -> None:
+        """Remove shared rate `name`; Refused while a queue names it (a pipeline gate that names it is
+        no longer limited by it), NotFound when there is none."""
+        check_rate_name(name)
+        with self.write() as conn:
+            users = sorted(conn.execute(select(Q.name).where(Q.rate_name == name)).scalars())
+            if users:
+                raise Refused(f"rate {name!r} is the rate of queue {users[0]!r}: set another one first")
+            if conn.execute(delete(rate_buckets).where(B.name == shared_bucket(name))).rowcount == 0:
+                raise NotFound(f"no rate named {name!r}")
+
+    def rates(self) -> list[dict[str, Any]]:
+        """Every shared rate: name, rate ("600/min"), per second and the tokens it holds now."""
+        with self.read() as conn:
+            return self._rates(conn)
+
+    def _rates(self, conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+        query = select(B.name, B.tokens, B.refilled_at, B.per_second, db_now().label("now")).where(
+            B.per_second.is_not(None)
+        )
+        query = query.where(B.name == shared_bucket(name)) if name is not None else query.order_by(B.name)
+        return [
+            {
+                "name": row.name[2:],
+                "rate": format_rate(row.per_second),
+                "per_second": row.per_second,
+                "tokens": round(refill(row.tokens, (row.now - row.refilled_at).total_seconds(), row.per_second), 3),
+            }
+            for row in conn.execute(query).all()
+        ]
+
+    def _shared_rate(self, conn: Connection, name: str) -> float:
+        """Shared rate `name`'s items per second; Refused when it is not declared."""
+        found = conn.execute(select(B.per_second).where(B.name == shared_bucket(name))).scalar_one_or_none()
+        if found is None:
+            raise Refused(f"no rate named {name!r}: declare it first (feedproc rate set {name} 600/min)")
+        return float(found)
 
 
 def leased_groups(conn: Connection, watcher_id: str) -> dict[int, str]:
@@ -66,20 +139,30 @@ def group_use(conn: Connection, queue: str, *, besides: str | None = None) -> Gr
 def room(conn: Connection, queue: str, rules: FlowRules, groups: Iterable[str], used: GroupUse) -> Room:
     """The room one fetch or claim of `queue` has: `used` per group, and the whole tokens of each
     bucket that may apply (refilled up to the database's now), locked until the transaction ends."""
-    rates = rules.buckets(queue, set(groups))
+    wanted = rules.buckets(queue, set(groups))
+    rates: dict[str, float] = {}
     tokens: dict[str, int] = {}
     fractions: dict[str, float] = {}
     now: datetime | None = None
-    if rates:
+    if wanted:
         now = conn.execute(select(db_now())).scalar_one()
         stored = conn.execute(
-            select(B.name, B.tokens, B.refilled_at).where(B.name.in_(sorted(rates))).with_for_update()
+            select(B.name, B.tokens, B.refilled_at, B.per_second).where(B.name.in_(sorted(wanted))).with_for_update()
         ).all()
-        held = {
-            row.name: refill(row.tokens, (now - row.refilled_at).total_seconds(), rates[row.name]) for row in stored
-        }
-        for name, rate in rates.items():
-            have = held.get(name, burst(rate))
+        held: dict[str, float] = {}
+        for row in stored:
+            rate = wanted[row.name] if wanted[row.name] is not None else row.per_second
+            if rate is None:
+                continue
+            rates[row.name] = float(rate)
+            held[row.name] = refill(row.tokens, (now - row.refilled_at).total_seconds(), rates[row.name])
+        for name, own in wanted.items():
+            if own is not None:
+                rates.setdefault(name, own)
+            if name not in rates:  # a shared rate removed meanwhile: it limits nothing now
+                tokens[name] = 1 << 62
+                continue
+            have = held.get(name, burst(rates[name]))
             tokens[name] = int(have)
             fractions[name] = have - int(have)
     return Room(queue, rules, dict(used), tokens, rates, fractions, now)
@@ -92,6 +175,8 @@ def spend(conn: Connection, taken: Room) -> None:
     now = taken.read_at
     existing = set(conn.execute(select(B.name).where(B.name.in_(sorted(taken.spent)))).scalars())
     for name in sorted(taken.spent):
+        if name not in taken.rates:
+            continue  # a shared rate removed meanwhile
         left = taken.tokens[name] + taken.fractions.get(name, 0.0)
         if name in existing:
             conn.execute(update(rate_buckets).where(B.name == name).values(tokens=left, refilled_at=now))

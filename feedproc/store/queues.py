@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 from ..core import windows as timewindows
 from ..core.errors import InvalidInput, WatcherGone
 from ..core.fanin import check_operations
-from ..core.flow import check_group_limit, encode_group_slots, parse_rate
+from ..core.flow import check_group_limit, encode_group_slots, parse_rate, parse_rate_setting
 from ..core.hooks import check_hooks
 from ..core.models import MAX_INT32, check_priority, check_queue, check_weight, shown
 from ..core.records import Lease, ProgressReport, QueueSettings
@@ -38,7 +38,6 @@ from .base import (
     I,
     P,
     Q,
-    StoreBase,
     W,
     iso,
     utcnow,
@@ -55,7 +54,7 @@ QUEUE_MODES = ("push", "pull")
 MAX_AGING = 366 * 86400.0
 
 
-class Queues(StoreBase):
+class Queues(flow.SharedRates):
     """Queue settings, slots, deferral and progress."""
 
     def set_queue(
@@ -91,7 +90,8 @@ class Queues(StoreBase):
         priority by one per `aging` seconds of its age, for leasing and dispatch (0: none);
         `group_limit` bounds the items of any one concurrency group in flight (< 1: none); `rate`
         and `group_rate` ("600/min", or items per second; 0: none) bound the items started per
-        second, the queue's and each group's. Returns the settings now stored."""
+        second, the queue's and each group's (`rate` may instead name a shared rate, `set_rate`).
+        Returns the settings now stored."""
         check_queue(name)
         if priority is not None:
             check_priority(priority, "default priority")
@@ -115,11 +115,12 @@ class Queues(StoreBase):
             raise InvalidInput(f"aging must be a number of seconds from 0 to {MAX_AGING:g}, got {shown(aging)}")
         if group_limit is not None:
             check_group_limit(group_limit)
-        rates = {
-            column: None if given in (0, "0") else parse_rate(given, what)
-            for column, what, given in (("rate", "rate", rate), ("group_rate", "group rate", group_rate))
-            if given is not None
-        }
+        rates: dict[str, Any] = {}
+        if rate is not None:
+            own = None if rate in (0, "0") else parse_rate_setting(rate)
+            rates["rate"], rates["rate_name"] = (None, own) if isinstance(own, str) else (own, None)
+        if group_rate is not None:
+            rates["group_rate"] = None if group_rate in (0, "0") else parse_rate(group_rate, "group rate")
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)
@@ -150,6 +151,8 @@ class Queues(StoreBase):
                 values["aging"] = float(aging) if aging > 0 else None
             if group_limit is not None:
                 values["group_limit"] = group_limit if group_limit >= 1 else None
+            if rates.get("rate_name") is not None:
+                self._shared_rate(conn, rates["rate_name"])  # refused unless declared
             values.update(rates)
             if parsed is not None:
                 values["windows"] = timewindows.format_windows(parsed)
@@ -214,6 +217,7 @@ class Queues(StoreBase):
             Q.aging,
             Q.group_limit,
             Q.rate,
+            Q.rate_name,
             Q.group_rate,
         ).where(Q.name == name)
         if lock:  # SQLite renders no FOR UPDATE: its write transaction holds the database's lock
@@ -237,7 +241,7 @@ class Queues(StoreBase):
             row.partition_limit,
             row.aging,
             row.group_limit,
-            row.rate,
+            row.rate_name if row.rate_name is not None else row.rate,
             row.group_rate,
         )
 

@@ -206,22 +206,27 @@ queues = Table(
     # Seconds after which a waiting partition's priority counts one higher (0016); NULL: no aging.
     Column("aging", Float64, nullable=True),
     # Flow control (0017): items of one concurrency group in flight at most (NULL: none), and rates
-    # in items per second (NULL: none) for the whole queue and for each group.
+    # in items per second (NULL: none) for the whole queue and for each group; or instead of its
+    # own rate, the name of a shared rate (`rate_name`) it draws from with every queue naming it.
     Column("group_limit", Integer, nullable=True),
     Column("rate", Float64, nullable=True),
+    Column("rate_name", String(100), nullable=True),
     Column("group_rate", Float64, nullable=True),
 )
 
 # Token buckets of rate limits (0017), one row per queue, pipeline gate or group that has a rate
-# and has been drawn from: the whole tokens it held at `refilled_at` (database clock). Taken under
-# the queue row's lock by the fetch or claim that spends them; a missing row is a full bucket.
+# and has been drawn from: the tokens it held at `refilled_at` (database clock), locked by the fetch
+# or claim that spends them; a missing row is a full bucket. A shared rate's row (`feedproc rate
+# set`) is there from its declaration and holds its rate (`per_second`; NULL for the others, whose
+# rate is their queue's or gate's setting); `queue` is NULL for it.
 rate_buckets = Table(
     "feedproc_rate_buckets",
     metadata,
     Column("name", String(400), primary_key=True),
-    Column("queue", String(100), nullable=False),
+    Column("queue", String(100), nullable=True),
     Column("tokens", Float64, nullable=False),
     Column("refilled_at", UTCDateTime(), nullable=False),
+    Column("per_second", Float64, nullable=True),
 )
 
 # Adaptive concurrency (0017): per queue and gate whose handler pushed back (429, 503, a timeout),

@@ -174,6 +174,6 @@ class Router:
         return [] if spec is None else spec.closed_gates(datetime.now(UTC))
 
 
-def _flow_of(settings: QueueSettings) -> tuple[int | float | None, ...]:
+def _flow_of(settings: QueueSettings) -> tuple[object, ...]:
     """A queue's own flow controls: set or changed, the buffered items are fetched again through them."""
     return (settings.group_limit, settings.rate, settings.group_rate)

@@ -2,9 +2,11 @@
 
 * `feedproc_partitions.concurrency_group` (NULL: none) and `feedproc_claims.concurrency_group`:
   the group a partition belongs to, and a pull claim's, counted against group limits.
-* `feedproc_queues.group_limit`, `.rate`, `.group_rate`: a queue's flow settings (NULL: none).
+* `feedproc_queues.group_limit`, `.rate`, `.rate_name`, `.group_rate`: a queue's flow settings
+  (NULL: none; `rate_name`: the shared rate it draws from instead of a rate of its own).
 * `feedproc_watchers.group_slots`: a watcher's weight in flight per group and gate (JSON).
-* `feedproc_rate_buckets`: the token buckets of rate limits, one row per limit drawn from.
+* `feedproc_rate_buckets`: the token buckets of rate limits, one row per limit drawn from, and
+  one per shared rate (`feedproc rate set NAME 600/min`) holding its rate.
 * `feedproc_gate_windows`: the adaptive concurrency window of a gate whose handler pushed back.
 
 Expand only: nullable columns and new tables, so code of the previous revision keeps working on
@@ -34,13 +36,15 @@ def upgrade() -> None:
     op.add_column("feedproc_watchers", sa.Column("group_slots", LongText, nullable=True))
     op.add_column("feedproc_queues", sa.Column("group_limit", sa.Integer, nullable=True))
     op.add_column("feedproc_queues", sa.Column("rate", Float64, nullable=True))
+    op.add_column("feedproc_queues", sa.Column("rate_name", sa.String(100), nullable=True))
     op.add_column("feedproc_queues", sa.Column("group_rate", Float64, nullable=True))
     op.create_table(
         "feedproc_rate_buckets",
         sa.Column("name", sa.String(400), primary_key=True),
-        sa.Column("queue", sa.String(100), nullable=False),
+        sa.Column("queue", sa.String(100), nullable=True),
         sa.Column("tokens", Float64, nullable=False),
         sa.Column("refilled_at", UTCDateTime(), nullable=False),
+        sa.Column("per_second", Float64, nullable=True),
     )
     op.create_table(
         "feedproc_gate_windows",
@@ -57,6 +61,7 @@ def downgrade() -> None:
     op.drop_table("feedproc_rate_buckets")
     for table, column in (
         ("feedproc_queues", "group_rate"),
+        ("feedproc_queues", "rate_name"),
         ("feedproc_queues", "rate"),
         ("feedproc_queues", "group_limit"),
         ("feedproc_watchers", "group_slots"),

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from feedproc import Feed
-from feedproc.core.errors import InvalidInput
+from feedproc.core.errors import InvalidInput, NotFound, Refused
 from feedproc.core.flow import FlowRules
 from feedproc.core.policy import RetryPolicy
 from feedproc.core.records import Fetched, ReadyItem, SlotClaim
@@ -145,7 +145,7 @@ def test_a_rate_is_stored_and_shown_as_written_and_cleared_by_0(feed: Feed) -> N
     assert "rate" not in feed.queue("ocr").to_json()
 
 
-@pytest.mark.parametrize("bad", ["fast", "10/fortnight", "-1/s", "0.00001/s", "2000000/s", True, "10 / "])
+@pytest.mark.parametrize("bad", ["10/fortnight", "-1/s", "0.00001/s", "2000000/s", True, "10 / ", "10"])
 def test_a_malformed_rate_is_refused_and_nothing_changes(feed: Feed, bad: object) -> None:
     feed.set_queue("ocr", rate="5/s")
     before = db_state(feed)
@@ -197,3 +197,51 @@ def test_each_group_has_its_own_bucket_under_a_group_rate(feed: Feed) -> None:
     lease(store, A)
     got = fetch(store, A, 20, [])
     assert sorted(i.group or "" for i in got) == ["acme", "globex"]
+
+
+# ---------------------------------------------------------------- shared rates
+
+
+def test_a_shared_rate_is_declared_listed_changed_and_removed(feed: Feed) -> None:
+    assert feed.set_rate("ocr-api", "600/min").rate == "10/s"
+    assert [(r.name, r.per_second, r.tokens) for r in feed.rates()] == [("ocr-api", 10.0, 10.0)]
+    assert feed.set_rate("ocr-api", "30/s").per_second == 30.0
+    feed.remove_rate("ocr-api")
+    assert feed.rates() == []
+    with pytest.raises(NotFound):
+        feed.remove_rate("ocr-api")
+
+
+def test_a_queue_may_name_a_shared_rate_only_once_it_is_declared(feed: Feed) -> None:
+    before = db_state(feed)
+    with pytest.raises(Refused, match="no rate named 'ocr-api'"):
+        feed.set_queue("ocr", rate="ocr-api")
+    assert db_state(feed) == before
+    feed.set_rate("ocr-api", "5/s")
+    assert feed.set_queue("ocr", rate="ocr-api").rate == "ocr-api"
+    assert feed.queue("ocr").rate == "ocr-api"
+    with pytest.raises(Refused, match="queue 'ocr'"):
+        feed.remove_rate("ocr-api")
+
+
+def test_queues_naming_one_shared_rate_draw_from_one_bucket_watchers_and_claims_alike(feed: Feed) -> None:
+    store = feed.store
+    feed.set_rate("ocr-api", "2/s")  # a burst of 2, for both queues
+    feed.set_queue("pushed", rate="ocr-api")
+    feed.set_queue("pulled", mode="pull", rate="ocr-api")
+    feed.add_partition("p", [(0, b"x")] * 10, queue="pushed")
+    feed.add_partition("q", [(0, b"x")] * 10, queue="pulled")
+    lease(store, A, queue="pushed")
+    pushed = store.fetch_ready(A, 10, slots=SlotClaim("pushed"))
+    pulled = store.claim("pulled", "w1", 10, 60, RetryPolicy())
+    assert (len(pushed), len(pulled)) == (2, 0)  # within the second: the watcher took both tokens
+
+
+def test_a_pipeline_gate_may_name_a_shared_rate(feed: Feed) -> None:
+    store = feed.store
+    feed.set_rate("ocr-api", "1/min")
+    feed.set_queue("default", limit=1000)
+    feed.add_partition("p", [(1, b"x")] * 5)
+    lease(store, A)
+    got = fetch(store, A, 20, [], FlowRules(gate_rates={1: "ocr-api"}))
+    assert len(got) == 1
