@@ -12,15 +12,15 @@ expires. Pull workers' unexpired claims count too, taken under the same lock (`p
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Row, case, delete, func, insert, literal, select, update
 from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
-from ..core.errors import InvalidInput, WatcherGone
+from ..core.errors import DatabaseRefused, InvalidInput, WatcherGone
 from ..core.fanin import check_operations
 from ..core.flow import check_group_limit, encode_group_slots, parse_rate, parse_rate_setting
 from ..core.hooks import check_hooks
@@ -48,10 +48,22 @@ from .hook_settings import stored_hooks, write_hooks
 from .schema import inflight, partitions, queues, watchers
 
 QUEUE_MODES = ("push", "pull")
+T = TypeVar("T")
 
 
 #: A queue's aging at most, in seconds (a year): past it, aging is as good as none.
 MAX_AGING = 366 * 86400.0
+
+
+def once_more_if_created(write: Callable[[], T]) -> T:
+    """Run `write` (a transaction that reads a row, then inserts it if it was missing) once more
+    when another writer inserted that row meanwhile: the second run reads and updates it."""
+    try:
+        return write()
+    except DatabaseRefused as error:
+        if not error.unique:
+            raise
+        return write()
 
 
 class Queues(flow.SharedRates):
@@ -124,51 +136,57 @@ class Queues(flow.SharedRates):
         parsed = timewindows.parse_windows(windows) if windows is not None else None
         if window_tz is not None:
             timewindows.zone(window_tz)
-        with self.write() as conn:
-            current = self._queue(conn, name, lock=True)
-            values: dict[str, Any] = {
-                "concurrency_limit": current.limit if limit is None else max(limit, 0),
-                "windows": current.windows,
-                "window_tz": current.window_tz,
-                "mode": current.mode if mode is None else mode,
-            }
-            if paused is not None and paused != current.paused:  # who paused it, and when, is kept
-                by = storable(by, 120)
-                values.update(paused=paused, paused_at=db_now() if paused else None, paused_by=by if paused else None)
-            if declared is not None:
-                values["accumulate"] = json.dumps(dict(sorted(declared.items()))) if declared else None
-            if clear_windows:
-                values.update(windows=None, window_tz=None)
-            if clear_defaults:
-                values.update(default_priority=None, default_weight=None)
-            if priority is not None:
-                values["default_priority"] = priority
-            if weight is not None:
-                values["default_weight"] = weight
-            if partition_limit is not None:
-                values["partition_limit"] = partition_limit if partition_limit >= 1 else None
-            if aging is not None:
-                values["aging"] = float(aging) if aging > 0 else None
-            if group_limit is not None:
-                values["group_limit"] = group_limit if group_limit >= 1 else None
-            if rates.get("rate_name") is not None:
-                self._shared_rate(conn, rates["rate_name"])  # refused unless declared
-            values.update(rates)
-            if parsed is not None:
-                values["windows"] = timewindows.format_windows(parsed)
-            if window_tz is not None:
-                if values["windows"] is None:
-                    raise InvalidInput("a time zone applies to windows: give --window too")
-                values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
-            exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
-            if exists_already:
-                conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
-            else:
-                conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
-            if hooks is not None and given_hooks is not None:
-                write_hooks(conn, name, given_hooks, removed=[hook for hook, target in hooks.items() if not target])
-            self.dialect.notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
-            return self._queue(conn, name)
+
+        def write() -> QueueSettings:
+            with self.write() as conn:
+                current = self._queue(conn, name, lock=True)
+                values: dict[str, Any] = {
+                    "concurrency_limit": current.limit if limit is None else max(limit, 0),
+                    "windows": current.windows,
+                    "window_tz": current.window_tz,
+                    "mode": current.mode if mode is None else mode,
+                }
+                if paused is not None and paused != current.paused:  # who paused it, and when, is kept
+                    who = storable(by, 120)
+                    values.update(
+                        paused=paused, paused_at=db_now() if paused else None, paused_by=who if paused else None
+                    )
+                if declared is not None:
+                    values["accumulate"] = json.dumps(dict(sorted(declared.items()))) if declared else None
+                if clear_windows:
+                    values.update(windows=None, window_tz=None)
+                if clear_defaults:
+                    values.update(default_priority=None, default_weight=None)
+                if priority is not None:
+                    values["default_priority"] = priority
+                if weight is not None:
+                    values["default_weight"] = weight
+                if partition_limit is not None:
+                    values["partition_limit"] = partition_limit if partition_limit >= 1 else None
+                if aging is not None:
+                    values["aging"] = float(aging) if aging > 0 else None
+                if group_limit is not None:
+                    values["group_limit"] = group_limit if group_limit >= 1 else None
+                if rates.get("rate_name") is not None:
+                    self._shared_rate(conn, rates["rate_name"])  # refused unless declared
+                values.update(rates)
+                if parsed is not None:
+                    values["windows"] = timewindows.format_windows(parsed)
+                if window_tz is not None:
+                    if values["windows"] is None:
+                        raise InvalidInput("a time zone applies to windows: give --window too")
+                    values["window_tz"] = None if window_tz.upper() in ("UTC", "Z") else window_tz
+                exists_already = conn.execute(select(Q.name).where(Q.name == name)).first() is not None
+                if exists_already:
+                    conn.execute(update(queues).where(Q.name == name).values(updated_at=db_now(), **values))
+                else:
+                    conn.execute(insert(queues).values(name=name, updated_at=db_now(), **values))
+                if hooks is not None and given_hooks is not None:
+                    write_hooks(conn, name, given_hooks, removed=[hook for hook, target in hooks.items() if not target])
+                self.dialect.notify_ready(conn, name)  # a raised limit or an opened window: watchers look again
+                return self._queue(conn, name)
+
+        return once_more_if_created(write)  # two watchers starting at once may both create the row
 
     def queue_settings(self, name: str) -> QueueSettings:
         """A queue's settings (defaults when it has no row): read by watchers once per poll interval."""
