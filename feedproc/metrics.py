@@ -86,6 +86,13 @@ class WatcherMetrics:
         )
         self._backlog = _Backlog(queue)
         r.register(self._backlog)
+        #: The adaptive concurrency windows this watcher knows (gate -> width), read at scrape time.
+        self._windows = _Windows(queue)
+        r.register(self._windows)
+
+    def follow_windows(self, widths: Callable[[], Mapping[int, float]]) -> None:
+        """Serve `feedproc_concurrency_window` per gate from `widths` (read at scrape time)."""
+        self._windows.read = widths
 
     def latency(self, gate: str) -> LatencyHistogram:
         """The processing-time histogram of `gate` (its pipeline name, else its number as text)."""
@@ -163,6 +170,28 @@ class _Backlog(Collector):
             )
             family.add_metric([self.queue], value)
             yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class _Windows(Collector):
+    """`feedproc_concurrency_window`: per gate whose handler pushed back, the fleet's window there
+    (adaptive concurrency); no sample for a gate without one (no bound but the others)."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.read: Callable[[], Mapping[int, float]] = dict
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "feedproc_concurrency_window",
+            "Adaptive concurrency: items the fleet may have in flight at a gate whose handler pushed back.",
+            labels=["queue", "gate"],
+        )
+        for gate, width in sorted(self.read().items()):
+            family.add_metric([self.queue, str(gate)], width)
+        yield family
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -115,11 +115,18 @@ class TooManyChildren(PermanentError):
 
 
 class RetryLater(Exception):
-    """Raise from a Processor for a transient failure with a minimum delay before the next attempt."""
+    """Raise from a Processor for a transient failure with a minimum delay before the next attempt.
 
-    def __init__(self, message: str = "retry later", *, after: float | None = None) -> None:
+    `pushback`: the handler pushed back ("429": too many requests, not processed; "503": unavailable;
+    "timeout": it did not answer in time): the fleet's concurrency for its gate backs off (adaptive
+    concurrency), and a "429" is a "not yet" (the item was not worked on), not a spent attempt."""
+
+    def __init__(
+        self, message: str = "retry later", *, after: float | None = None, pushback: str | None = None
+    ) -> None:
         super().__init__(message)
         self.after = after
+        self.pushback = pushback
 
 
 class Accepted(Exception):

@@ -273,3 +273,47 @@ def decode_group_slots(text: str | None) -> GroupUse:
     for group, gate, weight in json.loads(text) if text else ():
         used[(str(group), int(gate))] = used.get((str(group), int(gate)), 0) + int(weight)
     return used
+
+
+# ---------------------------------------------------------------- adaptive concurrency
+
+#: A push-back cuts a gate's window to this share of itself (multiplicative decrease).
+BACKOFF = 0.75
+#: Seconds (database clock) a cut holds before another push-back may cut again: reporters that saw
+#: the same overload at once cut once. (Each watcher also ignores push-backs of deliveries it
+#: started before it learned of the last cut: they answer to the old window.)
+CUT_INTERVAL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class GateReport:
+    """What one watcher saw at a gate since its last report: push-backs (429, 503, timeouts of
+    deliveries started under the window it knew), answers that succeeded, its calls running there
+    now, and the window it knew (`under`; None: none)."""
+
+    pushbacks: int = 0
+    successes: int = 0
+    in_flight: int = 0
+    under: float | None = None
+
+
+def adapted(
+    width: float | None, report: GateReport, *, fleet: int, ceiling: int, since_cut: float | None
+) -> float | None:
+    """A gate's concurrency window after `report` (AIMD): a push-back cuts it to BACKOFF of itself
+    (the first one to BACKOFF of `fleet`, the estimate of what the fleet runs there, at most
+    `ceiling`), at least 1. Only a push-back under the window as it is cuts it: a watcher that knew
+    a larger one, or none, saw the overload a cut answered already (it learns the window instead);
+    nor does one within CUT_INTERVAL of the last cut. Successes grow it by one per window's worth of
+    them; grown to `ceiling` (what the fleet may run at all) it is gone (None: no window)."""
+    if report.pushbacks:
+        if width is None:
+            return max(1.0, min(max(fleet, 1), ceiling) * BACKOFF)
+        stale = report.under is None or report.under > width + 1e-9
+        if stale or (since_cut is not None and since_cut < CUT_INTERVAL):
+            return width
+        return max(1.0, width * BACKOFF)
+    if width is None:
+        return None
+    grown = width + report.successes / width
+    return None if grown >= ceiling else grown

@@ -105,6 +105,7 @@ class Outcome:
     progress: float | None = None  # reported with a "not yet" answer (0..1)
     not_yet: int | None = None  # the item's "not yet" answers at its gate after this outcome (None: unchanged)
     result: bytes | None = None  # what the item produced (fan-in), kept apart from its data
+    pushback: str | None = None  # the handler pushed back: "429", "503" or "timeout" (adaptive concurrency)
     accumulate: Mapping[str, float] | None = None  # numbers for the partition's accumulator
     # How they merge: the operations its gate (over its queue) declared when the answer was read,
     # every name of `accumulate` among them (`core.fanin.refusal`); a name without one is not merged.

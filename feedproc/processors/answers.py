@@ -55,6 +55,10 @@ def parse_json(content: bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
+#: The statuses by which a handler pushes back (its gate's fleet-wide concurrency backs off).
+PUSHBACK_STATUSES = {429: "429", 503: "503"}
+
+
 def read_answer(
     status: int,
     content: bytes,
@@ -84,7 +88,7 @@ def read_answer(
         permanent = (400 <= status < 500 and status not in (408, 429)) or bool(go_error and go_error.get("no_retry"))
         if permanent:
             raise PermanentError(message)
-        raise RetryLater(message, after=retry_after)
+        raise RetryLater(message, after=retry_after, pushback=PUSHBACK_STATUSES.get(status))
     if problem is not None:
         raise InvalidAnswer(problem)
     if not isinstance(parsed, dict):

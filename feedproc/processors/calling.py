@@ -141,7 +141,7 @@ def _is_async(method: Any) -> bool:
 
 
 def _timed_out(timeout: float) -> RetryLater:
-    return RetryLater(f"item timed out after {timeout:g}s")
+    return RetryLater(f"item timed out after {timeout:g}s", pushback="timeout")
 
 
 async def _call_async(method: Any, item: Item | list[Item], timeout: float) -> Any:

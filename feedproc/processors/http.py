@@ -230,7 +230,7 @@ class HTTPProcessor(Processor):
         except TimeoutError as error:
             if deadline.expired():
                 raise RetryLater(
-                    f"handler timed out after {self.timeout:g}s (whole request, {self.shown_url})"
+                    f"handler timed out after {self.timeout:g}s (whole request, {self.shown_url})", pushback="timeout"
                 ) from error
             raise RetryLater(f"handler timed out ({type(error).__name__}, {self.shown_url})") from error
         except (aiohttp.ClientError, OSError, ValueError) as error:

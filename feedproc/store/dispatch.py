@@ -144,7 +144,7 @@ class Dispatch(Queues):
         dry bucket has a token again."""
         with self.write() as conn:
             settings = self._queue(conn, claim.queue, lock=True)
-            limits = dict(claim.gate_limits)
+            limits = flow.with_widths(dict(claim.gate_limits), flow.gate_widths(conn, claim.queue))
             rules = replace(
                 claim.flow, group_limit=settings.group_limit, rate=settings.rate, group_rate=settings.group_rate
             )
@@ -218,16 +218,15 @@ class Dispatch(Queues):
                     closed, shut_gates = sorted({*closed, *filled}), shut_gates | emptied
             held_at = dict(claim.gate_held)
             group_held = dict(claim.group_held)
-            for item in taken:
-                if item.gate in limits:
-                    held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
+            for item in taken:  # every gate's, limited or not: a window may open at any gate
+                held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
                 if item.group is not None:
                     group_held[(item.group, item.gate)] = group_held.get((item.group, item.gate), 0) + item.weight
             self._set_slots(
                 conn,
                 watcher_id,
                 claim.held + sum(item.weight for item in taken),
-                gate_slots=held_at if limits else None,
+                gate_slots=held_at,
                 group_slots=group_held if rules.grouped else None,
             )
             if room is None or not rules.rated:

@@ -10,6 +10,7 @@ database clock; a bucket without a row is full.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -20,8 +21,10 @@ from sqlalchemy.engine import Connection
 from ..core.errors import NotFound, Refused
 from ..core.flow import (
     FlowRules,
+    GateReport,
     GroupUse,
     Room,
+    adapted,
     burst,
     check_rate_name,
     decode_group_slots,
@@ -32,9 +35,86 @@ from ..core.flow import (
 )
 from .base import ACTIVE_CLAIM, IS_AVAILABLE, C, P, Q, StoreBase, W
 from .foundations import db_now
-from .schema import rate_buckets
+from .schema import gate_windows, rate_buckets
 
-B = rate_buckets.c
+B, GW = rate_buckets.c, gate_windows.c
+log = logging.getLogger("feedproc.store")
+
+
+def gate_widths(conn: Connection, queue: str) -> dict[int, float]:
+    """The adaptive concurrency windows of `queue`'s gates that have one (handlers pushed back)."""
+    return {int(gate): float(width) for gate, width in conn.execute(select(GW.gate, GW.width).where(GW.queue == queue))}
+
+
+def with_widths(limits: dict[int, int], widths: dict[int, float]) -> dict[int, int]:
+    """Gate limits with the adaptive windows: the smaller of a gate's limit and its window (whole, at least 1)."""
+    merged = dict(limits)
+    for gate, width in widths.items():
+        window = max(1, int(width))
+        merged[gate] = min(merged.get(gate, window), window)
+    return merged
+
+
+class AdaptiveWindows(StoreBase):
+    """Adaptive concurrency: each gate's fleet-wide window, shrunk when its handler pushes back and
+    grown as its answers succeed (`core.flow.adapted`), read by every fetch as a gate limit."""
+
+    def adapt(self, watcher_id: str, queue: str, reports: dict[int, GateReport]) -> dict[int, float]:
+        """Apply one watcher's `reports` (gate -> what it saw) to `queue`'s windows, in one
+        transaction; returns every window of the queue now. A first push-back at a gate opens its
+        window at a share of what the fleet is estimated to run there (this watcher's items in
+        flight there, times the queue's live watchers); a window grown to what the fleet may run at
+        all (its live watchers' concurrency) is removed."""
+        with self.write() as conn:
+            fleet = conn.execute(
+                select(func.count(), func.coalesce(func.sum(W.concurrency), 0)).where(
+                    W.queue == queue, W.expires_at > db_now()
+                )
+            ).one()
+            watchers, ceiling = max(int(fleet[0]), 1), max(int(fleet[1]), 1)
+            now: datetime = conn.execute(select(db_now())).scalar_one()
+            rows = {
+                int(row.gate): row
+                for row in conn.execute(
+                    select(GW.gate, GW.width, GW.cut_at)
+                    .where(GW.queue == queue, GW.gate.in_(sorted(reports)))
+                    .with_for_update()
+                )
+            }
+            for gate, report in sorted(reports.items()):
+                row = rows.get(gate)
+                width = None if row is None else float(row.width)
+                since_cut = None if row is None else (now - row.cut_at).total_seconds()
+                new = adapted(width, report, fleet=report.in_flight * watchers, ceiling=ceiling, since_cut=since_cut)
+                cut = new is not None and (width is None or new < width)
+                if new is None and row is not None:
+                    conn.execute(delete(gate_windows).where(GW.queue == queue, GW.gate == gate))
+                elif new is not None and row is None:
+                    conn.execute(
+                        insert(gate_windows).values(queue=queue, gate=gate, width=new, cut_at=now, updated_at=now)
+                    )
+                elif new is not None and new != width:
+                    values: dict[str, Any] = {"width": new, "updated_at": now} | ({"cut_at": now} if cut else {})
+                    conn.execute(update(gate_windows).where(GW.queue == queue, GW.gate == gate).values(**values))
+                if cut:
+                    self._log_cut(queue, gate, width, new, watcher_id)
+            return gate_widths(conn, queue)
+
+    def gate_windows(self, queue: str) -> dict[int, float]:
+        """`queue`'s adaptive concurrency windows: gate -> width (read by watchers once a poll interval)."""
+        with self.single() as conn:
+            return gate_widths(conn, queue)
+
+    def _log_cut(self, queue: str, gate: int, width: float | None, new: float | None, watcher: str) -> None:
+        """A cut, logged (not in a partition's history: the window is the gate's, fleet-wide)."""
+        log.info(
+            "queue %s gate %s: handler pushed back, concurrency window %s -> %.1f",
+            queue,
+            gate,
+            "none" if width is None else f"{width:.1f}",
+            new or 0.0,
+            extra={"event": "window_cut", "queue": queue, "gate": gate, "width": new, "watcher": watcher},
+        )
 
 
 class SharedRates(StoreBase):

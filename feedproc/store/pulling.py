@@ -92,7 +92,7 @@ class Pulling(Answers, Queues, Pipelines):
         with self.write() as conn:
             settings = self._queue(conn, queue)
             spec = self._claims_pipeline(conn, queue)
-            gate_limits = spec.limits if spec is not None else {}
+            gate_limits = flow.with_widths(spec.limits if spec is not None else {}, flow.gate_widths(conn, queue))
             rules = replace(
                 spec.flow if spec is not None else FlowRules(),
                 group_limit=settings.group_limit,

@@ -66,7 +66,7 @@ def once_more_if_created(write: Callable[[], T]) -> T:
         return write()
 
 
-class Queues(flow.SharedRates):
+class Queues(flow.SharedRates, flow.AdaptiveWindows):
     """Queue settings, slots, deferral and progress."""
 
     def set_queue(

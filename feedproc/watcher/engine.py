@@ -55,6 +55,7 @@ from ..processors.pipeline import GateRouter, HookFunction, Pipeline
 from ..processors.transactional import AnyProcessor, check_transactional, is_transactional
 from ..store import Store
 from ..store.notify import Listener
+from .adaptive import AdaptiveConcurrency
 from .calls import DatabaseCalls, Lifecycle, PollSignals
 from .config import WatcherConfig
 from .delivery import DeliveryPool
@@ -133,8 +134,22 @@ class Watcher:
             self.metrics,
         )
         self._maintenance = maintenance = Maintenance(calls, config, self.id, life, router, leases, flight, completer)
+        adaptive = AdaptiveConcurrency(calls, config.queue, self.id, flight, config.poll_interval, buffer.drop_all)
+        completer.written = adaptive.note
+        self.metrics.follow_windows(lambda: adaptive.widths)
         self._fetcher = Fetcher(
-            calls, config, self.id, life, signals, router, leases, flight, buffer, isolation, maintenance.maintain
+            calls,
+            config,
+            self.id,
+            life,
+            signals,
+            router,
+            leases,
+            flight,
+            buffer,
+            isolation,
+            adaptive,
+            maintenance.maintain,
         )
         functions = {**(processor.hook_functions if isinstance(processor, Pipeline) else {}), **(hooks or {})}
         secret = hook_secret if hook_secret is not None else os.environ.get("FEEDPROC_HOOK_SECRET") or None

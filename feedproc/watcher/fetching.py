@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from ..core.errors import DatabaseUnavailable
 from ..core.records import Fetched, Lease, ReadyItem, SlotClaim
+from .adaptive import AdaptiveConcurrency
 from .calls import DatabaseCalls, Lifecycle, PollSignals
 from .config import FAILED_POLLS_FATAL, WatcherConfig
 from .flight import InFlight, ReadyBuffer
@@ -38,6 +39,7 @@ class Fetcher:
         flight: InFlight,
         buffer: ReadyBuffer,
         isolation: Isolation,
+        adaptive: AdaptiveConcurrency,
         maintain: Callable[[], Awaitable[None]],
     ) -> None:
         self._calls, self._store = calls, calls.store
@@ -50,6 +52,7 @@ class Fetcher:
         self._flight = flight
         self._buffer = buffer
         self._isolation = isolation
+        self._adaptive = adaptive
         self._maintain = maintain
         self._failed_polls = 0
         self._after = 0  # the last partition the previous fetch served: the next goes on after it
@@ -99,6 +102,7 @@ class Fetcher:
                 await asyncio.wait_for(signals.event.wait(), timeout=delay)
 
     async def _fill_buffer(self) -> None:
+        await self._adaptive.send()  # push-backs seen since the last poll; the windows, once a poll interval
         fresh = self._leases.take_fresh()
         if fresh:  # the next fetch starts with the partitions just leased
             self._after = min(fresh) - 1
@@ -110,7 +114,7 @@ class Fetcher:
         if settings.paused or (settings.windows is not None and not settings.is_open(datetime.now(UTC))):
             return  # in-flight items finish; nothing new is fetched
         self._token_at = None
-        if settings.limited or self._router.current.limits or self._flow_controlled:
+        if settings.limited or self._router.current.limits or self._flow_controlled or self._adaptive.widths:
             return await self._fill_within_limit()
         target = self._config.effective_prefetch
         buffered = self._buffer.servable()
@@ -174,15 +178,14 @@ class Fetcher:
         stopped = self._life.stopping or self._isolation.active
         want = 0 if stopped else self._config.concurrency - len(flight.busy) - self._buffer.servable()
         held, limits = flight.held_weight(), self._router.current.limits
-        held_at, by_group = flight.held_at_gates(limits), flight.held_by_group()
+        held_at, by_group = flight.held_at_gates(), flight.held_by_group()
         if (want <= 0 or not owned) and (held, held_at, by_group) == flight.slots_reported:
             return
         claim = SlotClaim(self._config.queue, held, limits, held_at, self._router.current.flow, by_group)
         want = max(want, 0) if owned else 0
         ready = await self._fetch(want, slots=claim)
         for item in ready:
-            if item.gate in limits:
-                held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
+            held_at[item.gate] = held_at.get(item.gate, 0) + item.weight
             if item.group is not None:
                 by_group[(item.group, item.gate)] = by_group.get((item.group, item.gate), 0) + item.weight
         flight.slots_reported = (held + sum(item.weight for item in ready), held_at, by_group)

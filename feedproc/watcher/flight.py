@@ -80,13 +80,12 @@ class InFlight:
         the slots this watcher holds. An answered item's slot is free even before its answer is written."""
         return sum(item.weight for item_id, item in self.items.items() if item_id not in self._answered)
 
-    def held_at_gates(self, limits: dict[int, int]) -> dict[int, int]:
-        """`held_weight` per limited gate."""
+    def held_at_gates(self) -> dict[int, int]:
+        """`held_weight` per gate (every gate: a gate's window may open at any time)."""
         held: dict[int, int] = {}
-        if limits:
-            for item_id, item in self.items.items():
-                if item.gate in limits and item_id not in self._answered:
-                    held[item.gate] = held.get(item.gate, 0) + item.weight
+        for item_id, item in self.items.items():
+            if item_id not in self._answered:
+                held[item.gate] = held.get(item.gate, 0) + item.weight
         return held
 
     def held_by_group(self) -> dict[tuple[str, int], int]:

@@ -65,6 +65,8 @@ class Completer:
         self.results: list[Outcome] = []  # answered, not yet written, in the order they came
         #: Called when a group commit finished a partition (its completion hook may be due).
         self.partitions_finished: Callable[[], None] = lambda: None
+        #: Called with each group commit's outcomes once written (adaptive concurrency counts them).
+        self.written: Callable[[list[Outcome]], None] = lambda batch: None
         self.processed = 0  # outcomes written
         self._ready = asyncio.Event()
         self._closing = False  # stop() was called and the workers are done: flush what is left
@@ -148,6 +150,7 @@ class Completer:
         self._calls.health.ok()
         self._settled(batch)
         self._account(batch, applied)
+        self.written(batch)
 
     async def complete_within(self, transaction: Connection, outcome: Outcome) -> None:
         """Write a transactional processor's answer in the processor's own transaction, not in a
