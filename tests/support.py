@@ -447,10 +447,22 @@ A, B = "watcher-a", "watcher-b"
 
 
 def register(
-    store: Store, watcher: str, *, lease_seconds: float = 30.0, queue: str = "default", capacity: int = 8
+    store: Store,
+    watcher: str,
+    *,
+    lease_seconds: float = 30.0,
+    queue: str = "default",
+    capacity: int = 8,
+    concurrency: int = 2,
 ) -> None:
     store.register_watcher(
-        watcher, host="test", pid=1, queue=queue, concurrency=2, capacity=capacity, lease_seconds=lease_seconds
+        watcher,
+        host="test",
+        pid=1,
+        queue=queue,
+        concurrency=concurrency,
+        capacity=capacity,
+        lease_seconds=lease_seconds,
     )
 
 

@@ -71,7 +71,7 @@ class AdaptiveWindows(StoreBase):
                     W.queue == queue, W.expires_at > db_now()
                 )
             ).one()
-            watchers, ceiling = max(int(fleet[0]), 1), max(int(fleet[1]), 1)
+            watchers, ceiling = max(int(fleet[0]), 1), int(fleet[1])
             now: datetime = conn.execute(select(db_now())).scalar_one()
             rows = {
                 int(row.gate): row
@@ -85,7 +85,8 @@ class AdaptiveWindows(StoreBase):
                 row = rows.get(gate)
                 width = None if row is None else float(row.width)
                 since_cut = None if row is None else (now - row.cut_at).total_seconds()
-                new = adapted(width, report, fleet=report.in_flight * watchers, ceiling=ceiling, since_cut=since_cut)
+                fleet_runs = report.in_flight * watchers  # (a pull queue has no watcher: what is reported)
+                new = adapted(width, report, fleet=fleet_runs, ceiling=max(ceiling, fleet_runs), since_cut=since_cut)
                 cut = new is not None and (width is None or new < width)
                 if new is None and row is not None:
                     conn.execute(delete(gate_windows).where(GW.queue == queue, GW.gate == gate))
