@@ -43,8 +43,9 @@ def print_partition(status: dict[str, Any]) -> None:
     if status.get("tolerate"):
         flags.append(f"tolerate {status['tolerate']}")
     current = label(status["gate"], status.get("gate_name"))
+    group = f"  group {status['group']}" if status.get("group") is not None else ""  # its concurrency group
     typer.echo(
-        f"partition {status['key']}  queue {status['queue']}  status {status['status']}  "
+        f"partition {status['key']}  queue {status['queue']}{group}  status {status['status']}  "
         f"gate {current}  priority {status['priority']}  {' '.join(flags)}".rstrip()
     )
     if status.get("not_before"):

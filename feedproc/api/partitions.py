@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..core.flow import MAX_GROUP
 from ..core.models import KEY_PATTERN, MAX_PAGE, MAX_PRIORITY, MIN_PRIORITY, QUEUE_PATTERN, item_from_row
 from ..core.views import listed_json
 from ..gate_labels import GateNames, gate_filter, with_name
@@ -37,6 +38,13 @@ AddingItems = [*Operating, Depends(within_max_items)]
 StatusName = Literal["available", "complete", "failed", "cancelled"]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"page size, at most {MAX_PAGE}")]
 
+
+#: A concurrency group: a non-empty name (not only spaces, no NUL), as `Feed` checks it, so that a
+#: malformed one is a 422 naming the field rather than the store's 400.
+Group = Annotated[
+    Annotated[str, Field(min_length=1, max_length=MAX_GROUP, pattern=r"^[^\x00]*[^\s\x00][^\x00]*$", strict=True)],
+    said(lambda value: f"must be a non-empty name of at most {MAX_GROUP} characters, got {got(value)}"),
+]
 
 #: Failed items a gate lets pass: a count, or a percentage ("5%"); checked by `Feed` (400).
 Tolerance = Annotated[
@@ -101,6 +109,12 @@ class NewPartition(BaseModel):
         strict=True,
         description="its items in flight at once at most, fleet-wide (its queue's and gates' limits hold too)",
     )
+    group: Group | None = Field(
+        None,
+        description="its concurrency group (a tenant): its queue's and gates' group_limit and the queue's"
+        " group_rate count all of a group's partitions together",
+        examples=["acme"],
+    )
 
 
 class NewItems(BaseModel):
@@ -163,6 +177,7 @@ def create_partition(body: NewPartition, request: Request) -> dict[str, Any]:
         "tolerate": body.tolerate,
         "deadline": _deadline(body.deadline),
         "partition_limit": body.partition_limit,
+        "group": body.group,
     }
     if body.key is not None:
         key, count = body.key, feed.add_partition(body.key, items, **options)

@@ -4,18 +4,56 @@ here (credentials shown as `***`: no read reveals them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic_core import PydanticCustomError
 
+from ..core.errors import InvalidInput
+from ..core.flow import parse_rate, parse_rate_setting
 from ..core.models import MAX_PRIORITY, MIN_PRIORITY, QUEUE_PATTERN
 from ..core.views import listed_json
 from .common import INT32, _feed
-from .errors import ApiError
+from .errors import SAID, ApiError, got, said
 from .gate import Administering, Operating, Reading
 
 router = APIRouter()
+
+
+def _rate_must_be(value: Any) -> str:
+    return f"must be a rate like 600/min, 10/s or 100/hour, or a number per second, got {got(value)}"
+
+
+def _queue_rate_must_be(value: Any) -> str:
+    words = "must be a rate like 600/min, 10/s or 100/hour, a number per second or a shared rate's name"
+    return f"{words}, got {got(value)}"
+
+
+def _checked(parse: Callable[[Any], object], must_be: Callable[[Any], str]) -> AfterValidator:
+    """A rate checked by `parse` as `Feed.set_queue` checks it, so that a malformed one is a 422
+    naming its field (the store's refusal would be a 400) before anything is written; 0 (no rate)
+    as it is."""
+
+    def check(value: str | float) -> str | float:
+        if value in (0, "0"):
+            return value
+        try:
+            parse(value)
+        except InvalidInput:
+            raise PydanticCustomError(SAID, "{message}", {"message": must_be(value)}) from None
+        return value
+
+    return AfterValidator(check)
+
+
+_RateIn = Annotated[StrictStr, Field(max_length=100)] | StrictInt | StrictFloat
+#: A queue's rate: "600/min", "10/s", "100/hour", "2/day", a number per second (1/day to 1e6/s),
+#: or the name of a shared rate (`Feed.set_rate`; 409 unless declared); 0: none.
+QueueRate = Annotated[_RateIn, said(_queue_rate_must_be), _checked(parse_rate_setting, _queue_rate_must_be)]
+#: Each concurrency group's rate: a rate as above, never a shared one (every group has its own bucket).
+GroupRate = Annotated[_RateIn, said(_rate_must_be), _checked(parse_rate, _rate_must_be)]
 
 
 class QueueChange(BaseModel):
@@ -55,6 +93,17 @@ class QueueChange(BaseModel):
         allow_inf_nan=False,
         description="seconds after which a waiting partition's priority counts one higher; 0: none",
     )
+    group_limit: int | None = Field(
+        None, ge=0, le=INT32, strict=True, description="items of any one concurrency group in flight at once; 0: none"
+    )
+    rate: QueueRate | None = Field(
+        None,
+        description='items started at most, fleet-wide: "600/min", "10/s", "100/hour", a number per second or the'
+        " name of a shared rate; 0: none",
+    )
+    group_rate: GroupRate | None = Field(
+        None, description="items of any one concurrency group started at most (each its own); 0: none"
+    )
 
 
 @router.get("/queues", dependencies=Reading, tags=["queues"])
@@ -74,8 +123,9 @@ def change_queue(
     name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], body: QueueChange, request: Request
 ) -> dict[str, Any]:
     """Change a queue's limit, windows, time zone, mode, pause, accumulate declaration, completion
-    hooks or default priority and weight (`feedproc queue set|pause|resume`); an admin token (pause
-    and resume alone: operate). 400 naming a bad declaration or hook: nothing is changed then."""
+    hooks, default priority and weight, partition limit, aging, group limit or rates (`feedproc
+    queue set|pause|resume`); an admin token (pause and resume alone: operate). 400 naming a bad
+    declaration or hook, 422 a malformed value: nothing is changed then."""
     feed = _feed(request)
     feed.set_queue(
         name,
@@ -92,6 +142,9 @@ def change_queue(
         clear_defaults=body.clear_defaults,
         partition_limit=body.partition_limit,
         aging=body.aging,
+        group_limit=body.group_limit,
+        rate=body.rate,
+        group_rate=body.group_rate,
         by="api",
     )
     return feed.queue(name).to_json()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Annotated
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
 import typer
 
 from ..core.errors import InvalidInput
 from ..core.fanin import parse_operations
+from ..core.flow import parse_rate, parse_rate_setting
 from ..core.hooks import check_target
-from ..core.models import check_key
+from ..core.models import MAX_INT32, check_key
 from ..core.views import listed_json
 from .app import (
     ITEMS_PAGE,
@@ -220,11 +224,31 @@ def queue_set(
         ),
     ] = None,
     no_aging: Annotated[bool, typer.Option("--no-aging", help="Remove the queue's aging.")] = False,
+    group_limit: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            max=MAX_INT32,
+            help="Items of any one concurrency group in flight at once, fleet-wide (< 1: no limit).",
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            metavar="RATE",
+            help="Items started at most, fleet-wide: 600/min, 10/s, 100/hour, 2/day, a number per second,"
+            " or the name of a shared rate (0: no rate).",
+        ),
+    ] = None,
+    group_rate: Annotated[
+        str | None,
+        typer.Option(metavar="RATE", help="Items of any one concurrency group started at most (0: no rate)."),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Store queue NAME's concurrency limit, windows, mode, accumulate declaration, completion hooks,
-    the priority and weight its partitions get when added without theirs and/or its partition limit
-    (options not given keep their value).
+    the priority and weight its partitions get when added without theirs, its partition limit, aging,
+    group limit and/or rates (options not given keep their value).
 
     A hook is an http(s) URL, POSTed the partition's summary (signed with $FEEDPROC_HOOK_SECRET), or
     `python`: a function its watchers were given."""
@@ -233,6 +257,10 @@ def queue_set(
     if aging is not None and no_aging:
         raise InvalidInput("--aging and --no-aging: give one")
     aging_seconds = 0.0 if no_aging else _aging(aging) if aging is not None else None
+    rates = {  # a group's rate is its own bucket: it cannot name a shared rate
+        "rate": _rate(rate, "--rate", parse_rate_setting),
+        "group_rate": _rate(group_rate, "--group-rate", parse_rate),
+    }
     if accumulate and no_accumulate:
         raise InvalidInput("--accumulate and --no-accumulate: give one")
     declared = None
@@ -263,30 +291,29 @@ def queue_set(
             clear_defaults=no_defaults,
             partition_limit=partition_limit,
             aging=aging_seconds,
+            group_limit=group_limit,
+            **rates,
         )
     limit_text = f"limit {settings.limit}" if settings.limited else "no limit"
     windows_text = f"windows {settings.windows} {settings.window_tz or 'UTC'}" if settings.windows else "no windows"
     said = ", ".join(f"{n}={op}" for n, op in settings.accumulate)
     accumulate_text = f", accumulate {said}" if said else ""
     hooks_text = _hooks_text(dict(settings.hooks))
-    defaults = _defaults_text(
-        settings.default_priority, settings.default_weight, settings.partition_limit, settings.aging
-    )
+    defaults = _defaults_text(settings.describe(datetime.now(UTC)))  # what `queue show` prints them from
     typer.echo(f"queue {name}: {settings.mode}, {limit_text}, {windows_text}{accumulate_text}{hooks_text}{defaults}")
 
 
-def _defaults_text(
-    priority: int | None, weight: int | None, partition_limit: int | None = None, aging: float | None = None
-) -> str:
-    """A queue's default priority and weight, its partition limit and aging, as `queue set` and
-    `queue show` print them (if set)."""
-    parts = [
-        f"default {what} {value}" for what, value in (("priority", priority), ("weight", weight)) if value is not None
-    ]
-    if partition_limit is not None:
-        parts.append(f"partition limit {partition_limit}")
-    if aging is not None:
-        parts.append(f"aging 1 per {aging:g}s")
+def _defaults_text(q: Mapping[str, Any]) -> str:
+    """A queue's default priority and weight, its partition limit, aging, group limit and rates, as
+    `queue set` and `queue show` print them (those set), from its JSON (rates as "10/s")."""
+    parts = [f"default {what} {q[what]}" for what in ("priority", "weight") if q.get(what) is not None]
+    if q.get("partition_limit") is not None:
+        parts.append(f"partition limit {q['partition_limit']}")
+    if q.get("aging") is not None:
+        parts.append(f"aging 1 per {q['aging']:g}s")
+    for key, what in (("group_limit", "group limit"), ("rate", "rate"), ("group_rate", "group rate")):
+        if q.get(key) is not None:
+            parts.append(f"{what} {q[key]}")
     return ", " + ", ".join(parts) if parts else ""
 
 
@@ -298,6 +325,23 @@ def _aging(value: str) -> float:
     if not steps.strip().isdigit() or int(steps) < 1:
         raise InvalidInput(f"--aging {value!r}: expected a duration like 10s, or 'N per DURATION' like '1 per 10s'")
     return parse_duration(duration, "--aging") / int(steps)
+
+
+#: `--rate 2.5`: a bare decimal number is a rate per second.
+_NUMBER = re.compile(r"^(\d+\.?\d*|\.\d+)$")
+
+
+def _rate(value: str | None, option: str, parse: Callable[[Any, str], object]) -> str | float | None:
+    """`--rate` / `--group-rate` checked (by `parse`) before anything is written, so that a refusal
+    names the option (the store's names the setting): a number is a rate per second; 0 clears."""
+    if value is None:
+        return None
+    text = value.strip()
+    given: str | float = float(text) if _NUMBER.match(text) else text  # not float(): a rate may be named "inf"
+    if given == 0:
+        return 0.0  # the store's "no rate"
+    parse(given, option)
+    return given
 
 
 def _hooks_text(hooks: dict[str, str]) -> str:
@@ -330,7 +374,8 @@ def queue_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Show queues' limits, slots in use, windows (with when the next one opens) and hooks."""
+    """Show queues' limits, slots in use, windows (with when the next one opens), hooks and the
+    weight each concurrency group has in flight."""
     with _feed(db) as feed:
         rows = [q.to_json() for q in feed.queues() if name is None or q.name == name]
         if name is not None and not rows:
@@ -349,8 +394,12 @@ def queue_show(
         declared = ", ".join(f"{n}={op}" for n, op in (q.get("accumulate") or {}).items())
         accumulate = f", accumulate {declared}" if declared else ""
         hooks = _hooks_text(q.get("hooks") or {})
-        defaults = _defaults_text(q.get("priority"), q.get("weight"), q.get("partition_limit"), q.get("aging"))
-        typer.echo(f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{paused}")
+        defaults = _defaults_text(q)
+        in_flight = ", ".join(f"{group} {weight}" for group, weight in (q.get("groups") or {}).items())
+        groups = f", groups in flight {in_flight}" if in_flight else ""
+        typer.echo(
+            f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{groups}{paused}"
+        )
 
 
 @app.command()

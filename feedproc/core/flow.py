@@ -79,10 +79,11 @@ def refill(tokens: float, elapsed: float, per_second: float) -> float:
 
 
 def check_group(value: Any) -> str | None:
-    """`value` if it is a group name (a non-empty string of at most MAX_GROUP characters) or None."""
+    """`value` if it is a group name (a non-empty printable string of at most MAX_GROUP characters:
+    no newline to break a one-line listing) or None."""
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_GROUP or "\x00" in value:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_GROUP or not value.isprintable():
         raise InvalidInput(f"group must be a non-empty name of at most {MAX_GROUP} characters, got {shown(value)}")
     return value
 

@@ -114,10 +114,12 @@ class Operating(Reading):
         fleet-wide (an API that allows 600 calls a minute, called from several queues)."""
         return RateView.from_json(self.store.set_rate(name, rate))
 
+    @retried
     def remove_rate(self, name: str) -> None:
         """Remove shared rate `name`: Refused while a queue's rate names it, NotFound without it."""
         self.store.remove_rate(name)
 
+    @retried
     def set_queue(
         self,
         name: str,
