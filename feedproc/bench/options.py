@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import FeedprocError, InvalidInput
 
@@ -66,6 +67,8 @@ class BenchOptions:
     procrastinate_concurrency: int = 10
     finished: int = 0  # finished items put in the tables before each feedproc run
     sizes: list[int] = field(default_factory=lambda: list(COLLECT_SIZES))  # the collect workload's N
+    queue: dict[str, Any] = field(default_factory=dict)  # `set_queue` arguments before each run
+    groups: int = 0  # concurrency groups the partitions are put in, in turn (0: none)
     timeout: float = 900.0
     keep: bool = False
     json_path: Path | None = None
@@ -99,6 +102,8 @@ def parse_options(
     keep: bool,
     finished: int = 0,
     sizes: str | None = None,
+    queue_settings: Sequence[str] = (),
+    groups: int = 0,
     json_path: Path | None,
     markdown_path: Path | None,
     command: str,
@@ -148,12 +153,38 @@ def parse_options(
             _positive_int(v, "--sizes")
             for v in _csv(sizes or ",".join(map(str, QUICK_COLLECT_SIZES if quick else COLLECT_SIZES)), "--sizes")
         ],
+        queue=_queue_settings(queue_settings),
+        groups=groups,
         timeout=timeout,
         keep=keep,
         json_path=json_path,
         markdown_path=markdown_path,
         command=command,
     )
+
+
+#: The queue settings `--queue-setting` may give, and how each is read.
+QUEUE_SETTINGS: dict[str, Callable[[str], Any]] = {
+    "limit": int,
+    "partition_limit": int,
+    "group_limit": int,
+    "rate": str,
+    "group_rate": str,
+    "aging": float,
+}
+
+
+def _queue_settings(given: Sequence[str]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for text in given:
+        key, _, value = text.partition("=")
+        if key not in QUEUE_SETTINGS or not value:
+            raise InvalidInput(f"--queue-setting {text!r}: expected KEY=VALUE, KEY one of {', '.join(QUEUE_SETTINGS)}")
+        try:
+            settings[key] = QUEUE_SETTINGS[key](value)
+        except ValueError:
+            raise InvalidInput(f"--queue-setting {text!r}: {value!r} is not a {key}") from None
+    return settings
 
 
 def _positive_int(value: str, option: str) -> int:

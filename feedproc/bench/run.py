@@ -172,10 +172,14 @@ class Bench:
                     feed.set_queue("default", mode="pull")
                 if workload in ACCUMULATE_WORKLOADS:
                     feed.set_queue("default", accumulate=ACCUMULATE_WORKLOADS[workload])
+                if opts.queue:  # the cost of a setting: e.g. a rate far above the drain rate
+                    feed.set_queue("default", **opts.queue)
+                    result["queue_settings"] = opts.queue
                 shapes = partition_shapes(workload, opts.partitions, opts.items)
                 started = time.perf_counter()
                 for n, shape in enumerate(shapes):
-                    feed.add_partition(f"{workload}-{n}", shape)
+                    group = f"group-{n % opts.groups}" if opts.groups else None
+                    feed.add_partition(f"{workload}-{n}", shape, group=group)
                 seconds = time.perf_counter() - started
             total = sum(len(shape) for shape in shapes)
             result.update(partitions=len(shapes), items=total)

@@ -91,6 +91,17 @@ def bench(
             "(default 1000,100000,1000000; --quick 10).",
         ),
     ] = None,
+    queue_setting: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="A setting of the benchmark's queue before each run (repeatable): limit, partition_limit, "
+            "group_limit, rate, group_rate, aging; e.g. rate=100000/s (the cost of a setting).",
+        ),
+    ] = None,
+    groups: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Put the partitions in N concurrency groups, in turn (0: none).")
+    ] = 0,
 ) -> None:
     """Measure throughput and latency on SQLite, PostgreSQL or MariaDB/MySQL (and of PgQueuer, Procrastinate)."""
     from ..bench import parse_options, run_bench
@@ -113,6 +124,8 @@ def bench(
         keep=keep,
         finished=finished,
         sizes=sizes,
+        queue_settings=queue_setting or [],
+        groups=groups,
         json_path=json_file,
         markdown_path=markdown,
         command=" ".join(["feedproc", *sys.argv[1:]]),
