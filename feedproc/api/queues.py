@@ -166,6 +166,40 @@ def resume_queue(name: Annotated[str, Path(pattern=QUEUE_PATTERN.pattern)], requ
     return feed.queue(name).to_json()
 
 
+RATE_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$"
+
+
+class RateChange(BaseModel):
+    """`feedproc rate set NAME RATE` as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: GroupRate = Field(description='"600/min", "10/s", "100/hour", "2/day", or a number per second')
+
+
+@router.get("/rates", dependencies=Reading, tags=["queues"])
+def list_rates(request: Request) -> dict[str, Any]:
+    """Every shared rate (`feedproc rate list --json`): name, rate, per second and the tokens its
+    bucket holds now."""
+    return {"rates": [rate.to_json() for rate in _feed(request).rates()]}
+
+
+@router.put("/rates/{name}", dependencies=Administering, tags=["queues"])
+def set_rate(name: Annotated[str, Path(pattern=RATE_NAME)], body: RateChange, request: Request) -> dict[str, Any]:
+    """Declare shared rate NAME, or change its rate (`feedproc rate set`); an admin token. Every queue
+    and pipeline gate whose `rate` names it draws from its one bucket, fleet-wide."""
+    if body.rate in (0, "0"):
+        raise ApiError(422, "rate: a shared rate must be above 0 (remove it instead)")
+    return _feed(request).set_rate(name, body.rate).to_json()
+
+
+@router.delete("/rates/{name}", dependencies=Administering, tags=["queues"])
+def remove_rate(name: Annotated[str, Path(pattern=RATE_NAME)], request: Request) -> dict[str, Any]:
+    """Remove shared rate NAME (`feedproc rate remove`): 409 while a queue's rate names it, 404 without it."""
+    _feed(request).remove_rate(name)
+    return {"removed": name}
+
+
 @router.get("/pipelines", dependencies=Reading, tags=["queues"])
 def list_pipelines(request: Request) -> dict[str, Any]:
     """Every stored pipeline (`feedproc pipeline show --json`): its version, queue, gates (names,

@@ -15,7 +15,7 @@ from ..core.errors import FeedprocError
 
 # isort: off
 # Importing them registers their commands, in the order `feedproc --help` lists them.
-from . import produce, operate, hooks, pipelines, schedules, run, serve, tools  # noqa: F401
+from . import produce, operate, rates, hooks, pipelines, schedules, run, serve, tools  # noqa: F401
 
 # isort: on
 from .app import _fail, app, database_url, parse_duration, parse_headers, parse_time, read_items

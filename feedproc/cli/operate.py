@@ -397,6 +397,8 @@ def queue_show(
         defaults = _defaults_text(q)
         in_flight = ", ".join(f"{group} {weight}" for group, weight in (q.get("groups") or {}).items())
         groups = f", groups in flight {in_flight}" if in_flight else ""
+        windows = ", ".join(f"gate {gate} {width:g}" for gate, width in (q.get("adaptive") or {}).items())
+        groups += f", adaptive window {windows}" if windows else ""
         typer.echo(
             f"{q['name']}: {q['mode']}, {limit_text}, {windows_text}{accumulate}{hooks}{defaults}{groups}{paused}"
         )

@@ -213,8 +213,9 @@ class QueueView(View):
     how its answers' accumulate numbers merge, its completion hooks (URLs redacted), and the
     `priority` and `weight` a partition added without its own gets (None: 0 and 1), and the
     `partition_limit` on each of its partitions' items in flight (None: none) and its `aging`;
-    its flow controls (`group_limit`, `rate` and `group_rate` as "600/min"; None: none) and the
-    weight each concurrency group has in flight (`groups`, when any has)."""
+    its flow controls (`group_limit`, `rate` and `group_rate` as "600/min"; None: none), the
+    weight each concurrency group has in flight (`groups`, when any has) and the adaptive
+    concurrency window of each gate whose handler pushed back (`adaptive`, when any did)."""
 
     _omitted: ClassVar[Mapping[str, object]] = {
         "partition_limit": None,
@@ -223,6 +224,7 @@ class QueueView(View):
         "rate": None,
         "group_rate": None,
         "groups": None,
+        "adaptive": None,
     }
 
     name: str
@@ -246,6 +248,8 @@ class QueueView(View):
     rate: str | None = None  # items started at most, as "600/min"
     group_rate: str | None = None  # the same for each concurrency group
     groups: Mapping[str, int] | None = None  # concurrency group -> weight in flight, fleet-wide
+    #: Adaptive concurrency: gate (as text) -> the fleet's window there, for gates whose handler pushed back.
+    adaptive: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

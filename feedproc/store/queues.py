@@ -209,13 +209,16 @@ class Queues(flow.SharedRates, flow.AdaptiveWindows):
             return self._described(conn, name, utcnow())
 
     def _described(self, conn: Connection, name: str, now: datetime) -> dict[str, Any]:
-        """A queue's settings and state, with the weight each concurrency group has in flight."""
+        """A queue's settings and state, with the weight each concurrency group has in flight and the
+        adaptive concurrency window of each gate that has one."""
         described = self._queue(conn, name).describe(now, self._slots_in_use(conn, name))
         per_group: dict[str, int] = {}
         for (group, _), weight in flow.group_use(conn, name).items():
             per_group[group] = per_group.get(group, 0) + weight
         if per_group:
             described["groups"] = dict(sorted(per_group.items()))
+        if widths := flow.gate_widths(conn, name):  # gates whose handler pushed back
+            described["adaptive"] = {str(gate): round(width, 2) for gate, width in sorted(widths.items())}
         return described
 
     def _queue(self, conn: Connection, name: str, *, lock: bool = False) -> QueueSettings:

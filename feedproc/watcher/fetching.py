@@ -125,7 +125,18 @@ class Fetcher:
             want = max(want, target // 4)
         if want <= 0 or not self._leases.owned or self._life.stopping:
             return
-        self._take(await self._fetch(want))
+        if settings.rate is None:
+            self._take(await self._fetch(want))
+            return
+        # A queue with nothing but a rate: its tokens are taken for the fetch, what it leaves given back.
+        calls, queue = self._calls, self._config.queue
+        granted, retry_in = await calls.call(calls.poll, self._store.take_tokens, queue, settings.rate, want)
+        if retry_in is not None:
+            self._token_at = time.monotonic() + retry_in
+        ready = await self._fetch(granted) if granted else []
+        if len(ready) < granted:
+            await calls.call(calls.poll, self._store.give_back_tokens, queue, settings.rate, granted - len(ready))
+        self._take(ready)
 
     async def _fetch(self, want: int, slots: SlotClaim | None = None) -> list[ReadyItem]:
         """Up to `want` ready items of the partitions held (not those in flight here, nor of closed
@@ -151,9 +162,11 @@ class Fetcher:
 
     @property
     def _flow_controlled(self) -> bool:
-        """Group limits or rates apply to the queue (its own, or its pipeline gates')."""
+        """Group limits or rates apply that the slot claim's fetch decides, item by item: the queue's
+        group limit and group rate, its pipeline gates' group limits and rates. (A queue's own rate
+        alone is taken ahead of an ordinary fetch; with any of these, the claim takes it too.)"""
         settings = self._router.settings
-        return bool(settings.group_limit or settings.rate or settings.group_rate or self._router.current.flow.any)
+        return bool(settings.group_limit or settings.group_rate or self._router.current.flow.any)
 
     def _at_partition_limit(self) -> set[int]:
         """Partitions with as many items in flight here (buffered or running) as their partition

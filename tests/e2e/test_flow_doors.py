@@ -202,3 +202,63 @@ def test_the_queue_page_shows_each_groups_slots_in_flight_beside_its_limit(api: 
 def test_the_queue_page_has_no_groups_table_while_no_group_is_in_flight(api: ApiServer, feed: Feed) -> None:
     feed.set_queue("ocr", group_limit=3)
     assert '<table class="groups">' not in api.get("/queues/ocr").text
+
+
+# ---------------------------------------------------------------- shared rates
+
+
+def test_rate_set_list_and_remove_a_shared_rate(cli: Cli, feed: Feed) -> None:
+    assert cli("rate", "set", "ocr-api", "600/min")[1].strip() == "rate ocr-api: 10/s"
+    code, out, _ = cli("rate", "list", "--json")
+    assert code == 0 and [(r["name"], r["rate"]) for r in json.loads(out)] == [("ocr-api", "10/s")]
+    assert "ocr-api: 10/s, 10 tokens now" in cli("rate", "list")[1]
+    assert cli("rate", "remove", "ocr-api")[0] == 0
+    assert feed.rates() == []
+
+
+@pytest.mark.parametrize(("args", "named"), [(("9lives", "5/s"), "name"), (("api", "5/fortnight"), "rate")])
+def test_a_malformed_shared_rate_is_exit_2_in_one_line_and_writes_nothing(
+    cli: Cli, feed: Feed, args: tuple[str, str], named: str
+) -> None:
+    before = db_state(feed)
+    code, _, err = cli("rate", "set", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and named in err
+    assert db_state(feed) == before
+
+
+def test_a_shared_rate_a_queue_names_is_not_removed(cli: Cli, feed: Feed) -> None:
+    feed.set_rate("ocr-api", "5/s")
+    feed.set_queue("ocr", rate="ocr-api")
+    code, _, err = cli("rate", "remove", "ocr-api")
+    assert code == 1 and "queue 'ocr'" in err
+    assert [r.name for r in feed.rates()] == ["ocr-api"]
+
+
+def test_the_api_declares_lists_and_removes_a_shared_rate(api: ApiServer, feed: Feed) -> None:
+    put = api.client.put("/api/v1/rates/ocr-api", json={"rate": "600/min"}, headers=AUTH)
+    assert put.status_code == 200 and put.json()["per_second"] == 10.0, put.text
+    listed = api.client.get("/api/v1/rates", headers=AUTH)
+    assert [r["name"] for r in listed.json()["rates"]] == ["ocr-api"]
+    assert api.client.delete("/api/v1/rates/ocr-api", headers=AUTH).status_code == 200
+    assert api.client.delete("/api/v1/rates/ocr-api", headers=AUTH).status_code == 404
+
+
+@pytest.mark.parametrize("body", [{"rate": "fast/s"}, {"rate": 0}, {}, {"rate": "5/s", "burst": 3}])
+def test_a_malformed_shared_rate_over_the_api_is_a_422_and_writes_nothing(
+    api: ApiServer, feed: Feed, body: dict[str, object]
+) -> None:
+    before = db_state(feed)
+    answer = api.client.put("/api/v1/rates/ocr-api", json=body, headers=AUTH)
+    assert answer.status_code == 422 and "error" in answer.json(), answer.text
+    assert db_state(feed) == before
+
+
+def test_queue_show_and_the_queue_page_show_a_gates_adaptive_window(cli: Cli, api: ApiServer, feed: Feed) -> None:
+    from feedproc.core.flow import GateReport
+
+    feed.store.register_watcher("w", host="h", pid=1, queue="ocr", concurrency=40, capacity=8, lease_seconds=30)
+    feed.store.adapt("w", "ocr", {1: GateReport(pushbacks=1, in_flight=20)})  # 20 x 3/4
+    assert feed.queue("ocr").adaptive == {"1": 15.0}
+    assert "adaptive window gate 1 15" in cli("queue", "show", "ocr")[1]
+    page = api.client.get("/queues/ocr", headers=AUTH)
+    assert page.status_code == 200 and "gate 1: 15.0" in page.text

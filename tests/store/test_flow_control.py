@@ -245,3 +245,14 @@ def test_a_pipeline_gate_may_name_a_shared_rate(feed: Feed) -> None:
     lease(store, A)
     got = fetch(store, A, 20, [], FlowRules(gate_rates={1: "ocr-api"}))
     assert len(got) == 1
+
+
+def test_a_fetch_ahead_takes_tokens_and_gives_back_what_it_did_not_use(feed: Feed) -> None:
+    store = feed.store
+    feed.set_rate("api", "5/s")  # a burst of 5
+    assert store.take_tokens("default", "api", 3) == (3, None)
+    granted, retry_in = store.take_tokens("default", "api", 9)
+    assert granted == 2 and retry_in is not None and 0 < retry_in <= 0.2 + 1e-6
+    store.give_back_tokens("default", "api", 2)
+    assert store.take_tokens("default", "api", 9)[0] == 2
+    assert store.take_tokens("default", 10 / 60, 4)[0] == 1  # the queue's own bucket
