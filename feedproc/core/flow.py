@@ -195,6 +195,7 @@ class Room:
     rates: Mapping[str, float] = field(default_factory=dict)
     fractions: Mapping[str, float] = field(default_factory=dict)
     read_at: datetime | None = None  # the database's clock when the buckets were read
+    stored: frozenset[str] = frozenset()  # the buckets that have a row (the others are written new)
     spent: dict[str, int] = field(default_factory=dict)
 
     def _buckets_of(self, gate: int, group: str | None) -> list[str]:

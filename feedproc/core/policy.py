@@ -148,21 +148,6 @@ def outcome_of(
         return Outcome(*base, kind=Kind.MOVE, new_gate=cast(int, response.gate), children=children, **produced)
     message = describe(error)
     pushback = error.pushback if isinstance(error, RetryLater) else None
-    if pushback == "429":  # "too many requests": not worked on, so a "not yet", not a spent attempt
-        not_yet = item.not_yet + 1
-        if not_yet >= policy.max_not_yet:
-            why = f"{message} ({not_yet} times: max_not_yet {policy.max_not_yet})"
-            return Outcome(*base, kind=Kind.FAIL, attempts=item.attempts, error=why, not_yet=not_yet, pushback=pushback)
-        delay = policy.delay_for(1, cast(RetryLater, error).after)  # the handler's Retry-After, else the first backoff
-        return Outcome(
-            *base,
-            kind=Kind.LATER,
-            delay=delay,
-            attempts=item.attempts,
-            error=message,
-            not_yet=not_yet,
-            pushback=pushback,
-        )
     attempts = item.attempts + 1
     if isinstance(error, PermanentError) or attempts >= policy.max_attempts:
         return Outcome(*base, kind=Kind.FAIL, attempts=attempts, error=message, pushback=pushback)

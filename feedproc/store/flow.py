@@ -11,7 +11,7 @@ database clock; a bucket without a row is full.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -124,21 +124,24 @@ class SharedRates(StoreBase):
     may name, so that every queue and gate calling one API draws from one bucket, fleet-wide; and a
     queue's own rate taken ahead of a fetch (`take_tokens`)."""
 
-    def take_tokens(self, queue: str, rate: Rate, want: int) -> tuple[int, float | None]:
+    def take_tokens(self, queue: str, rate: Rate, want: int, *, ahead: int = 0) -> tuple[int, float | None]:
         """Take up to `want` tokens of `queue`'s rate (its own bucket, or the shared rate it names),
-        for a fetch of that many items: (tokens taken, seconds until the next one when it ran dry).
-        A queue with nothing but a rate fetches this way, with its prefetch, and gives back what
-        its fetch did not use (`give_back_tokens`): one short transaction per fetch of up to a few
-        hundred items, where the slot claim's fetch locks the queue row and takes no more than the
-        idle workers (a third of the flat drain, measured)."""
+        for a fetch of that many items, and up to `ahead` more for the next fetches while the bucket
+        is more than half full (so that, short of tokens, no taker holds any back): (tokens taken,
+        seconds until the next one when it ran dry). A queue with nothing but a rate fetches this way,
+        with its prefetch, and gives back what it did not use (`give_back_tokens`): one short
+        transaction per few fetches, where the slot claim's fetch locks the queue row and takes no
+        more than the idle workers (a third of the flat drain, measured)."""
         if want <= 0:
             return 0, None
         with self.write() as conn:
             taken = room(conn, queue, FlowRules(rate=rate), (), {})
             (name,) = taken.rates or (None,)
             if name is None:  # a shared rate removed meanwhile: no limit
-                return want, None
-            granted = min(want, taken.tokens[name])
+                return want + ahead, None
+            have = taken.tokens[name]
+            granted = min(want, have)
+            granted += max(0, min(ahead, have - granted - int(burst(taken.rates[name]) / 2)))
             taken.tokens[name] -= granted
             taken.spent[name] = granted
             spend(conn, taken)
@@ -260,11 +263,14 @@ def room(conn: Connection, queue: str, rules: FlowRules, groups: Iterable[str], 
     tokens: dict[str, int] = {}
     fractions: dict[str, float] = {}
     now: datetime | None = None
-    if wanted:
-        now = conn.execute(select(db_now())).scalar_one()
+    stored: Sequence[Any] = ()
+    if wanted:  # the buckets with the database's clock, in one statement (the clock alone if none is stored yet)
         stored = conn.execute(
-            select(B.name, B.tokens, B.refilled_at, B.per_second).where(B.name.in_(sorted(wanted))).with_for_update()
+            select(B.name, B.tokens, B.refilled_at, B.per_second, db_now().label("now"))
+            .where(B.name.in_(sorted(wanted)))
+            .with_for_update()
         ).all()
+        now = stored[0].now if stored else conn.execute(select(db_now())).scalar_one()
         held: dict[str, float] = {}
         for row in stored:
             rate = wanted[row.name] if wanted[row.name] is not None else row.per_second
@@ -281,15 +287,14 @@ def room(conn: Connection, queue: str, rules: FlowRules, groups: Iterable[str], 
             have = held.get(name, burst(rates[name]))
             tokens[name] = int(have)
             fractions[name] = have - int(have)
-    return Room(queue, rules, dict(used), tokens, rates, fractions, now)
+    return Room(queue, rules, dict(used), tokens, rates, fractions, now, frozenset(row.name for row in stored))
 
 
 def spend(conn: Connection, taken: Room) -> None:
     """Write back the buckets `taken` drew from (or gave back to): their tokens left, refilled as of now."""
     if not taken.spent:
         return
-    now = taken.read_at
-    existing = set(conn.execute(select(B.name).where(B.name.in_(sorted(taken.spent)))).scalars())
+    now, existing = taken.read_at, taken.stored
     for name in sorted(taken.spent):
         if name not in taken.rates:
             continue  # a shared rate removed meanwhile

@@ -57,6 +57,7 @@ class Fetcher:
         self._failed_polls = 0
         self._after = 0  # the last partition the previous fetch served: the next goes on after it
         self._token_at: float | None = None  # (monotonic) when a dry rate bucket has a token again
+        self._tokens = TokensAhead()  # a queue's rate, taken ahead of its fetches
 
     async def poll_loop(self) -> None:
         """Fetch whenever woken (a flush landed, the buffer ran low); do the lease bookkeeping
@@ -103,6 +104,7 @@ class Fetcher:
 
     async def _fill_buffer(self) -> None:
         await self._adaptive.send()  # push-backs seen since the last poll; the windows, once a poll interval
+        await self._give_back_tokens()
         fresh = self._leases.take_fresh()
         if fresh:  # the next fetch starts with the partitions just leased
             self._after = min(fresh) - 1
@@ -128,14 +130,18 @@ class Fetcher:
         if settings.rate is None:
             self._take(await self._fetch(want))
             return
-        # A queue with nothing but a rate: its tokens are taken for the fetch, what it leaves given back.
-        calls, queue = self._calls, self._config.queue
-        granted, retry_in = await calls.call(calls.poll, self._store.take_tokens, queue, settings.rate, want)
-        if retry_in is not None:
-            self._token_at = time.monotonic() + retry_in
-        ready = await self._fetch(granted) if granted else []
-        if len(ready) < granted:
-            await calls.call(calls.poll, self._store.give_back_tokens, queue, settings.rate, granted - len(ready))
+        # A queue with nothing but a rate: tokens taken for the fetch (and a few fetches ahead while
+        # they are plenty), what it leaves kept for the next one, given back once a second.
+        calls, queue, tokens = self._calls, self._config.queue, self._tokens
+        if tokens.held < want:
+            granted, retry_in = await calls.call(
+                calls.poll, self._store.take_tokens, queue, settings.rate, want - tokens.held, ahead=3 * want
+            )
+            tokens.add(granted)
+            if retry_in is not None:
+                self._token_at = time.monotonic() + retry_in
+        ready = await self._fetch(min(want, tokens.held)) if tokens.held else []
+        tokens.use(len(ready))
         self._take(ready)
 
     async def _fetch(self, want: int, slots: SlotClaim | None = None) -> list[ReadyItem]:
@@ -159,6 +165,15 @@ class Fetcher:
             self._after = ready[-1].partition_id
         self._flight.note_fetch(ready, kept)
         return ready
+
+    async def _give_back_tokens(self) -> None:
+        """Tokens taken ahead and not used within a second (or of a rate since changed) go back."""
+        tokens, rate = self._tokens, self._router.settings.rate
+        if tokens.held and tokens.rate is not None and (tokens.stale or rate != tokens.rate):
+            count, tokens.held = tokens.held, 0
+            calls = self._calls
+            await calls.call(calls.poll, self._store.give_back_tokens, self._config.queue, tokens.rate, count)
+        tokens.rate = rate
 
     @property
     def _flow_controlled(self) -> bool:
@@ -232,3 +247,27 @@ class Fetcher:
         """An item to deliver alone: its last deliveries were lost with their watcher twice in a row, or
         once when one more loss would use up its attempts. Alone, a loss is surely its own doing."""
         return item.lost >= 2 or (item.lost >= 1 and item.attempts + 1 >= self._router.policy_of(item).max_attempts)
+
+
+class TokensAhead:
+    """Tokens of a queue's rate taken ahead of its fetches and not used yet (spent already: any
+    window of T seconds still starts at most rate x T + burst items), kept a second at most."""
+
+    KEPT = 1.0  # seconds
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.rate: float | str | None = None  # the rate they were taken of
+        self._since = 0.0
+
+    def add(self, count: int) -> None:
+        if count and not self.held:
+            self._since = time.monotonic()
+        self.held += count
+
+    def use(self, count: int) -> None:
+        self.held = max(0, self.held - count)
+
+    @property
+    def stale(self) -> bool:
+        return time.monotonic() - self._since > self.KEPT

