@@ -6,6 +6,7 @@ which the fetcher treats as gate limits.
 A push-back of a delivery that started before this watcher learned of the gate's last cut is not
 reported: it answers to the old, larger window (as TCP cuts once per round trip, not once per loss).
 Successes are reported only at gates that have a window; with none, nothing is written at all.
+Gates delivered in batches are left alone: their handler's load is bounded by the batch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from .flight import InFlight
 
 log = logging.getLogger("feedproc.watcher")
 
+#: Seconds between two reads of the windows, at least (a bench's poll interval of 0.1 s read them
+#: ten times a second per watcher, for nothing while no handler pushes back).
+READ_EVERY = 1.0
+
 
 class AdaptiveConcurrency:
     """Per gate: the fleet's window (`widths`), and what to report of it (`note`, then `send`)."""
@@ -33,10 +38,16 @@ class AdaptiveConcurrency:
         flight: InFlight,
         poll_interval: float,
         window_opened: Callable[[], None] = lambda: None,
+        batched: Callable[[int], bool] = lambda gate: False,
     ) -> None:
         self._calls, self._queue, self._id, self._flight = calls, queue, watcher_id, flight
         self._window_opened = window_opened  # the buffer's items are given back: fetched again within it
-        self._poll_interval = poll_interval
+        # A gate delivered in batches is not windowed: a window counts items, and would split the
+        # batch a handler pushed back on into smaller calls, not fewer.
+        self._batched = batched
+        # Windows opened by other watchers are learned within a second (at most once a poll interval):
+        # a watcher that meets push-backs itself learns at once, from its report's answer.
+        self._read_every = max(poll_interval, READ_EVERY)
         self.widths: dict[int, float] = {}
         self._cut_seen: dict[int, int] = {}  # gate -> epoch microseconds when its last cut became known here
         self._pushbacks: dict[int, int] = {}
@@ -53,7 +64,7 @@ class AdaptiveConcurrency:
         window, and successes at gates with a window."""
         for outcome in outcomes:
             gate = outcome.gate
-            if outcome.pushback is not None:
+            if outcome.pushback is not None and not self._batched(gate):
                 if (outcome.started_us or 0) >= self._cut_seen.get(gate, 0):
                     self._pushbacks[gate] = self._pushbacks.get(gate, 0) + 1
             elif gate in self.widths and outcome.kind in (Kind.DONE, Kind.MOVE, Kind.LATER):
@@ -81,7 +92,7 @@ class AdaptiveConcurrency:
             self._learn(await calls.call(calls.poll, calls.store.gate_windows, self._queue))
         else:
             return
-        self._read_due = time.monotonic() + self._poll_interval
+        self._read_due = time.monotonic() + self._read_every
 
     def _running_at_gates(self) -> dict[int, int]:
         """Calls running now per gate (not what is buffered: a first window starts from what runs)."""

@@ -134,7 +134,15 @@ class Watcher:
             self.metrics,
         )
         self._maintenance = maintenance = Maintenance(calls, config, self.id, life, router, leases, flight, completer)
-        adaptive = AdaptiveConcurrency(calls, config.queue, self.id, flight, config.poll_interval, buffer.drop_all)
+        adaptive = AdaptiveConcurrency(
+            calls,
+            config.queue,
+            self.id,
+            flight,
+            config.poll_interval,
+            window_opened=buffer.drop_all,
+            batched=lambda gate: router.batch_of(gate) > 1,
+        )
         completer.written = adaptive.note
         self.metrics.follow_windows(lambda: adaptive.widths)
         self._fetcher = Fetcher(

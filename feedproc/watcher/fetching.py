@@ -204,7 +204,9 @@ class Fetcher:
         on every answer, so a freed slot is reused or returned at once)."""
         flight, owned = self._flight, self._leases.owned
         stopped = self._life.stopping or self._isolation.active
-        want = 0 if stopped else self._config.concurrency - len(flight.busy) - self._buffer.servable()
+        # Idle workers' worth of items: each call carries up to a batch (a batch of one would go alone).
+        capacity = self._config.concurrency * self._router.largest_batch
+        want = 0 if stopped else capacity - len(flight.busy) - self._buffer.servable()
         held, limits = flight.held_weight(), self._router.current.limits
         held_at, by_group = flight.held_at_gates(), flight.held_by_group()
         if (want <= 0 or not owned) and (held, held_at, by_group) == flight.slots_reported:

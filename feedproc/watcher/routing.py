@@ -148,6 +148,12 @@ class Router:
         spec = route.gate
         return spec.batch if spec is not None and spec.batch is not None else self._config.batch
 
+    @property
+    def largest_batch(self) -> int:
+        """The most items one call may carry at any gate: `--batch`, or a pipeline gate's `batch`."""
+        spec = self.current.spec
+        return max([self._config.batch, *(g.batch for g in (spec.gates if spec else ()) if g.batch)])
+
     def partition_limit(self, lease: Lease | None, gate: int) -> int | None:
         """Items of the partition of `lease` at `gate` in flight at once at most: the smallest of
         its own, its queue's and its pipeline gate's `partition_limit` (None: none applies)."""
