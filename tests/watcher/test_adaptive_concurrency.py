@@ -69,7 +69,7 @@ def test_the_fleet_converges_near_what_the_handler_allows_and_no_item_runs_out_o
     for n in range(6):
         assert feed.status(f"upload-{n}").items.get("failed", 0) == 0
         retried += [item.attempts for item in feed.items(f"upload-{n}", limit=500) if item.attempts]
-    measured = {"retried": len(retried), "most": max(retried, default=0)}
+    measured: dict[str, float] = {"retried": len(retried), "most": max(retried, default=0)}
     with crowded.lock:
         seen = list(crowded.seen)
     start, end = seen[0][0], seen[-1][0]
