@@ -103,7 +103,7 @@ class AdaptiveWindows(StoreBase):
             return gate_widths(conn, queue)
 
     def gate_windows(self, queue: str) -> dict[int, float]:
-        """`queue`'s adaptive concurrency windows: gate -> width (read by watchers once a poll interval)."""
+        """`queue`'s adaptive concurrency windows: gate -> width (read by each watcher once a second at most)."""
         with self.single() as conn:
             return gate_widths(conn, queue)
 
@@ -131,7 +131,7 @@ class SharedRates(StoreBase):
         seconds until the next one when it ran dry). A queue with nothing but a rate fetches this way,
         with its prefetch, and gives back what it did not use (`give_back_tokens`): one short
         transaction per few fetches, where the slot claim's fetch locks the queue row and takes no
-        more than the idle workers (a third of the flat drain, measured)."""
+        more than the idle workers (that cost a fifth to a third of the flat drain, measured)."""
         if want <= 0:
             return 0, None
         with self.write() as conn:
