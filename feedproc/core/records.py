@@ -5,7 +5,7 @@ nothing here touches a database."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from operator import itemgetter
@@ -223,6 +223,10 @@ class QueueSettings:
     @property
     def limited(self) -> bool:
         return self.limit >= 1
+
+    def flow(self, gates: FlowRules | None = None) -> FlowRules:
+        """Its flow controls with its pipeline gates' (`gates`): what a fetch or a claim goes by."""
+        return replace(gates or FlowRules(), group_limit=self.group_limit, rate=self.rate, group_rate=self.group_rate)
 
     @property
     def parsed(self) -> tuple[timewindows.Window, ...]:

@@ -145,9 +145,7 @@ class Dispatch(Queues):
         with self.write() as conn:
             settings = self._queue(conn, claim.queue, lock=True)
             limits = flow.with_widths(dict(claim.gate_limits), flow.gate_widths(conn, claim.queue))
-            rules = replace(
-                claim.flow, group_limit=settings.group_limit, rate=settings.rate, group_rate=settings.group_rate
-            )
+            rules = settings.flow(claim.flow)
             if not settings.limited and not limits and not rules.any:  # the limits were lifted meanwhile
                 self._set_slots(conn, watcher_id, 0)
                 if want <= 0:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +27,7 @@ from sqlalchemy.engine import Connection
 
 from ..core import windows as timewindows
 from ..core.errors import InvalidAnswer, NotFound, PermanentError, Refused, RetryLater, StaleClaim
-from ..core.flow import FlowRules, Room
+from ..core.flow import Room
 from ..core.models import Response
 from ..core.pipelines import collects
 from ..core.policy import RetryPolicy, outcome_of, validate
@@ -93,12 +92,7 @@ class Pulling(Answers, Queues, Pipelines):
             settings = self._queue(conn, queue)
             spec = self._claims_pipeline(conn, queue)
             gate_limits = flow.with_widths(spec.limits if spec is not None else {}, flow.gate_widths(conn, queue))
-            rules = replace(
-                spec.flow if spec is not None else FlowRules(),
-                group_limit=settings.group_limit,
-                rate=settings.rate,
-                group_rate=settings.group_rate,
-            )
+            rules = settings.flow(spec.flow if spec is not None else None)
             # Claims count against the limits: one claimer at a time decides, under the queue row's lock.
             if settings.limited or gate_limits or rules.any:
                 settings = self._queue(conn, queue, lock=True)
