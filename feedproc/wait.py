@@ -58,12 +58,13 @@ def wait_final(store: Store, key: str, timeout: float | None = None, *, poll_int
 
 
 def _listen(store: Store) -> Any:
-    """A FinishedListener on PostgreSQL, or None (SQLite, MariaDB/MySQL, or notifications unavailable)."""
-    if not store.dialect.notifies:
+    """A FinishedListener on PostgreSQL, or None (SQLite, MariaDB/MySQL, a transaction pooler with no
+    direct listen URL, or notifications unavailable)."""
+    if store.listen_dsn is None:
         return None
     from .store.notify import FinishedListener
 
     with contextlib.suppress(Exception):
-        return FinishedListener(store.engine)
+        return FinishedListener(store.listen_dsn, store.table_prefix)
     log.warning("could not LISTEN for notifications; polling")
     return None

@@ -36,6 +36,7 @@ from sqlalchemy import NullPool, create_engine, make_url, text
 from feedproc import Feed
 from feedproc.store import Store
 
+from .pgbouncer_support import PgBouncer, require_pgbouncer
 from .support import ROOT, HandlerService, WatcherProcesses, die_with_parent
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -193,6 +194,20 @@ def pg_template(pg_admin_url: str | None) -> Iterator[str | None]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(pg_admin_url: str | None) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test PostgreSQL, for this test process."""
+    binary = require_pgbouncer()
+    if pg_admin_url is None:
+        skip_without_postgres()
+        return
+    bouncer = PgBouncer(binary, pg_admin_url).start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 def _database_url(admin_url: str, database: str) -> str:
     return make_url(admin_url).set(database=database).render_as_string(hide_password=False)
 
@@ -287,7 +302,8 @@ def mariadb_admin_url() -> str:
 
 @pytest.fixture(scope="session")
 def mariadb_template(mariadb_admin_url: str) -> list[str]:
-    """The statements that recreate a migrated feedproc schema (tables, trigger, revision)."""
+    """The statements that recreate a migrated feedproc schema (tables, trigger, revision and the
+    feedproc it is compatible with)."""
     with fresh_mariadb_database(mariadb_admin_url, []) as url:
         store = Store(url)
         store.migrate()
@@ -298,8 +314,10 @@ def mariadb_template(mariadb_admin_url: str) -> list[str]:
             for trigger in conn.execute(text("SHOW TRIGGERS")).all():
                 ddl.append(conn.execute(text(f'SHOW CREATE TRIGGER "{trigger[0]}"')).one()[2])
             revision = conn.execute(text("SELECT version_num FROM feedproc_version")).scalar_one()
+            since = conn.execute(text("SELECT compatible_since FROM feedproc_schema")).scalar_one()
         store.close()
-    return [*ddl, f"INSERT INTO feedproc_version VALUES ('{revision}')", "SET FOREIGN_KEY_CHECKS = 1"]
+    rows = [f"INSERT INTO feedproc_version VALUES ('{revision}')", f"INSERT INTO feedproc_schema VALUES (1, '{since}')"]
+    return [*ddl, *rows, "SET FOREIGN_KEY_CHECKS = 1"]
 
 
 @contextlib.contextmanager

@@ -206,6 +206,14 @@ def is_pg(url: str) -> bool:
     return _scheme(url) in ("postgresql", "postgres")
 
 
+def listens(url: str) -> bool:
+    """Whether watchers of `url` LISTEN for work: PostgreSQL, unless through a transaction pooler."""
+    from ..store.pooling import split_pooler
+    from .places import engine_url
+
+    return is_pg(url) and split_pooler(engine_url(url))[1] is None
+
+
 def is_mysql(url: str) -> bool:
     """MariaDB or MySQL (`mysql://`, `mariadb://`, with or without a driver)."""
     return _scheme(url) in ("mysql", "mariadb")

@@ -25,7 +25,11 @@ def engine(url: str, **options: Any) -> Engine:
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    parsed = engine_url(url)
+    from ..store.pooling import split_pooler
+
+    parsed, pooler = split_pooler(engine_url(url))
+    if pooler == "transaction":  # behind PgBouncer: nothing prepared (store/pooling.py)
+        options.setdefault("connect_args", {"prepare_threshold": None})
     if parsed.get_backend_name() in ("mysql", "mariadb"):
         from ..store.foundations import MYSQL_SESSION
 

@@ -44,7 +44,7 @@ from .options import (
     WARMUP,
     BenchFailed,
     BenchOptions,
-    is_pg,
+    listens,
 )
 from .places import Place, Poller, pg_delta, pg_stats
 from .processes import Processes, helper
@@ -429,7 +429,7 @@ class Bench:
             # Warm up: every watcher registered (and LISTENing, on PostgreSQL), then one small
             # partition per watcher worked off; the latencies count only what the producer adds next.
             ready_sql = "SELECT count(*) FROM feedproc_watchers"
-            if is_pg(url):
+            if listens(url):
                 ready_sql = (
                     "SELECT least((SELECT count(*) FROM feedproc_watchers), (SELECT count(*) FROM pg_stat_activity"
                     f" WHERE datname = current_database() AND query = '{_LISTENING}'))"

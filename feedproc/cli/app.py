@@ -65,6 +65,16 @@ DbOption = Annotated[
         "--db", metavar="URL", help="Database URL (env FEEDPROC_DATABASE_URL; default sqlite:///feedproc.db)."
     ),
 ]
+ListenDbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--listen-db",
+        metavar="URL",
+        envvar="FEEDPROC_LISTEN_DATABASE_URL",
+        help="A direct PostgreSQL URL for notifications when --db goes through PgBouncer in transaction mode "
+        "(?feedproc_pooler=transaction); without one, new work is found by polling, as on SQLite and MariaDB.",
+    ),
+]
 LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
 # Completion hooks' delivery, the same options for `watch` and `serve` (both deliver hooks).
 HookAttemptsOption = Annotated[
@@ -118,6 +128,16 @@ def database_url(db: str | None) -> str:
     if os.environ.get("FEEDPROC_REQUIRE_DATABASE_URL"):
         raise Refused("no database: set FEEDPROC_DATABASE_URL (or give --db)")
     return DEFAULT_DB
+
+
+def listen_database_url(listen_db: str | None) -> str | None:
+    """--listen-db (or $FEEDPROC_LISTEN_DATABASE_URL), checked: exit 2 in one line when malformed."""
+    from ..feed import Feed
+
+    if listen_db:
+        Feed.check_url(listen_db)
+        logs.add_url_secrets(listen_db)
+    return listen_db or None
 
 
 def _feed(db: str | None, *, create: bool = False) -> Any:

@@ -21,12 +21,14 @@ from .app import (
     HookAttemptsOption,
     HookMaxDelayOption,
     HookTimeoutOption,
+    ListenDbOption,
     LogFormatOption,
     LogLevelOption,
     app,
     check_http_url,
     database_url,
     global_options,
+    listen_database_url,
     parse_duration,
     parse_headers,
 )
@@ -211,6 +213,7 @@ def watch(
         ),
     ] = "127.0.0.1",
     db: DbOption = None,
+    listen_db: ListenDbOption = None,
 ) -> None:
     """Run a watcher until SIGINT/SIGTERM; then release its leases and exit 0."""
     from ..processors import HTTPOptions, load_processor
@@ -277,7 +280,12 @@ def watch(
     if hook_secret := os.environ.get("FEEDPROC_HOOK_SECRET"):  # signs hooks; never logged
         logs.add_secret(hook_secret)
     watcher = Watcher.connect(
-        database_url(db), target, config, table_prefix=global_options(ctx).table_prefix, http_options=http_options
+        database_url(db),
+        target,
+        config,
+        table_prefix=global_options(ctx).table_prefix,
+        http_options=http_options,
+        listen_url=listen_database_url(listen_db),
     )
     try:
         if target is None and watcher.store.pipeline_version(queue) == 0:

@@ -18,11 +18,13 @@ from .app import (
     HookAttemptsOption,
     HookMaxDelayOption,
     HookTimeoutOption,
+    ListenDbOption,
     LogFormatOption,
     LogLevelOption,
     app,
     database_url,
     global_options,
+    listen_database_url,
 )
 from .run import _check_log_options
 
@@ -91,6 +93,7 @@ def serve(
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
     db: DbOption = None,
+    listen_db: ListenDbOption = None,
 ) -> None:
     """Serve the HTTP API (/api/v1), the dashboard (/), /healthz and /metrics.
 
@@ -123,7 +126,12 @@ def serve(
     policy = RetryPolicy(
         max_attempts=max_attempts, retry_delay=retry_delay, max_retry_delay=max_retry_delay, max_not_yet=max_not_yet
     )
-    feed = Feed(database_url(db), policy=policy, table_prefix=global_options(ctx).table_prefix)
+    feed = Feed(
+        database_url(db),
+        policy=policy,
+        table_prefix=global_options(ctx).table_prefix,
+        listen_url=listen_database_url(listen_db),
+    )
     try:
         feed.check_schema()
         try:

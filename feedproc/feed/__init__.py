@@ -31,10 +31,14 @@ class Feed(Producing, Operating, Workers, FeedBase):
         pool_size: int = 5,
         policy: RetryPolicy | None = None,
         table_prefix: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         url = url or os.environ.get("FEEDPROC_DATABASE_URL") or "sqlite:///feedproc.db"
-        # table_prefix: whose tables in that database (else $FEEDPROC_TABLE_PREFIX, else feedproc_)
-        self.store = Store(url, pool_size=pool_size, table_prefix=table_prefix)
+        # table_prefix: whose tables in that database (else $FEEDPROC_TABLE_PREFIX, else feedproc_);
+        # listen_url: a direct PostgreSQL connection for notifications beside a transaction pooler
+        # (`?feedproc_pooler=transaction`; else $FEEDPROC_LISTEN_DATABASE_URL)
+        listen_url = listen_url or os.environ.get("FEEDPROC_LISTEN_DATABASE_URL") or None
+        self.store = Store(url, pool_size=pool_size, table_prefix=table_prefix, listen_url=listen_url)
         self.policy = policy or RetryPolicy()  # pull workers' retries: attempts and backoff
         self._twins: list[Feed] = []
 
@@ -63,7 +67,13 @@ class Feed(Producing, Operating, Workers, FeedBase):
     def twin(self, *, pool_size: int = 1) -> Feed:
         """Another handle on the same database and tables, with a pool of its own (a health check
         must not queue for a connection behind busy reads); closed with this one."""
-        twin = Feed(self.store.url, pool_size=pool_size, policy=self.policy, table_prefix=self.store.table_prefix)
+        twin = Feed(
+            self.store.url,
+            pool_size=pool_size,
+            policy=self.policy,
+            table_prefix=self.store.table_prefix,
+            listen_url=self.store.listen_url,
+        )
         self._twins.append(twin)
         return twin
 

@@ -166,12 +166,13 @@ class Workers(FeedBase):
 
     def listen_ready(self, on_ready: Callable[[], Any]) -> Callable[[], None] | None:
         """Call `on_ready()` (on a thread of its own) whenever a queue may have new work, until the
-        returned stop function is called; None where the database cannot notify (SQLite, MariaDB/MySQL)."""
-        if not self.store.dialect.notifies:
+        returned stop function is called; None where the database cannot notify (SQLite, MariaDB/MySQL,
+        PostgreSQL behind a transaction pooler with no direct listen URL)."""
+        if self.store.listen_dsn is None:
             return None
         from ..store.notify import Listener
 
-        listener = Listener(self.store.engine, None, on_ready)
+        listener = Listener(self.store.listen_dsn, self.store.table_prefix, None, on_ready)
         listener.start()
         return listener.stop
 

@@ -11,13 +11,15 @@ concerns call its named operations and never ask which database they run on.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Row, literal_column, select, text, update
+from sqlalchemy import ColumnElement, Row, delete, insert, literal_column, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -34,14 +36,17 @@ from ..core.errors import (
 from ..core.models import Status
 from ..core.timestamps import iso  # noqa: F401 - the store's modules import it from here
 from .dialect import Dialect, dialect_for
-from .foundations import WRITE_OPTION, db_now, make_engine
+from .foundations import WRITE_OPTION, db_now, make_engine, normalize_url
+from .pooling import listen_dsn, split_pooler
 from .prefixes import DEFAULT_PREFIX, PREFIX_OPTION, prefix_from
-from .schema import attempts, claims, events, inflight, items, partitions, queues, watchers
+from .schema import attempts, claims, events, inflight, items, partitions, queues, schema_info, watchers
+from .upgrades import LOCK_ATTEMPTS, LOCK_WAIT, declared_compatible_since, schema_fit
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
+log = logging.getLogger("feedproc.store")
 P, I, W, E, Q = partitions.c, items.c, watchers.c, events.c, queues.c  # noqa: E741 - column namespaces, read as table initials
 A, F, C = attempts.c, inflight.c, claims.c
 # `Status` values as plain strings: they are bound and compared on the watcher's paths, where looking
@@ -64,13 +69,30 @@ NO_LEASE: Mapping[str, None] = {"lease_owner": None, "lease_expires_at": None, "
 class StoreBase:
     """The engine and its transactions. Thread-safe: each call takes its own pooled connection."""
 
-    def __init__(self, url: str, *, pool_size: int = 5, pre_ping: bool = True, table_prefix: str | None = None) -> None:
-        self.url = url
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        pre_ping: bool = True,
+        table_prefix: str | None = None,
+        listen_url: str | None = None,
+    ) -> None:
+        self.url, self.listen_url = url, listen_url
         #: Whose tables these are (`prefixes.py`): given, else $FEEDPROC_TABLE_PREFIX, else `feedproc_`.
         self.table_prefix = prefix_from(table_prefix)
         self.engine = make_engine(url, pool_size=pool_size, pre_ping=pre_ping, table_prefix=self.table_prefix)
         #: Every statement and decision that differs between the databases, as named operations.
         self.dialect: Dialect = dialect_for(self.engine)
+        #: Where notifications are listened for (a libpq string), or None: poll (SQLite, MariaDB/MySQL,
+        #: PostgreSQL behind a transaction pooler with no direct `listen_url`; `pooling.py`).
+        self.listen_dsn: str | None = None
+        if self.dialect.notifies:
+            _, pooler = split_pooler(normalize_url(url))
+            listening = normalize_url(listen_url) if listen_url else None
+            self.listen_dsn = listen_dsn(self.engine.url, pooler, listening)
+        elif listen_url:
+            raise InvalidInput("a listen database is for PostgreSQL's notifications; this database has none")
         #: queue -> (when read, its pipeline or None), for pull claims and settles (`pipelines.cached_pipeline`)
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
         #: queue -> (when read, its accumulate declaration), for pull answers (`accumulating.py`)
@@ -173,16 +195,38 @@ class StoreBase:
 
     def migrate(self) -> tuple[str | None, str | None]:
         """Create or upgrade the schema to the newest revision (idempotent); the revisions before
-        (None: no schema) and after."""
+        (None: no schema) and after. Safe while watchers work: each lock is waited for briefly, the
+        whole upgrade tried again when one is not had (`upgrades.py`), and the schema then declares
+        which older feedproc may still run on it."""
         from alembic import command
         from alembic.script import ScriptDirectory
 
         before = self.schema_revision()
         config = alembic_config(self.url, self.table_prefix)
-        _refuse_ahead(ScriptDirectory.from_config(config), before)  # alembic would fail half-way, with a traceback
-        with translated_errors(), self.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, "head")
+        script = ScriptDirectory.from_config(config)
+        _refuse_ahead(script, before)  # alembic would fail half-way, with a traceback
+        for attempt in range(1, LOCK_ATTEMPTS + 1):
+            try:
+                with self.engine.connect() as conn:
+                    try:
+                        with conn.begin():
+                            self.dialect.limit_lock_waits(conn, LOCK_WAIT)
+                            config.attributes["connection"] = conn
+                            command.upgrade(config, "head")
+                    finally:
+                        conn.invalidate()  # its session settings go with it, not to the next user
+                break
+            except DBAPIError as error:
+                if _error_code(error.orig) not in _LOCK_NOT_AVAILABLE or attempt == LOCK_ATTEMPTS:
+                    raise _translate(error).with_traceback(error.__traceback__) from None
+                log.warning("migrate: a lock was not had within %gs (attempt %d); trying again", LOCK_WAIT, attempt)
+                time.sleep(min(0.2 * attempt, 2.0))
+        head = script.get_current_head()
+        assert head is not None
+        since = declared_compatible_since(script.get_revision(head).module, head)
+        with self.write() as conn:
+            conn.execute(delete(schema_info))
+            conn.execute(insert(schema_info).values(id=1, compatible_since=since))
         return before, self.schema_revision()
 
     def schema_revision(self) -> str | None:
@@ -193,18 +237,29 @@ class StoreBase:
         except SchemaMissing:
             return None
 
-    def check_schema(self) -> None:
-        """Raise SchemaMissing unless the database is at the newest schema revision (SchemaAhead
-        when it is at one this feedproc does not know: a newer feedproc migrated it)."""
+    def compatible_since(self) -> str | None:
+        """The oldest revision whose code runs on the database's schema, as `migrate` recorded it
+        (None: a schema older than that record, 0018)."""
+        try:
+            with self.read() as conn:
+                return conn.execute(select(schema_info.c.compatible_since)).scalar()
+        except (SchemaMissing, DatabaseRefused):
+            return None
+
+    def check_schema(self) -> str | None:
+        """Raise SchemaMissing unless the database is at the newest schema revision, or at a newer
+        one that declares this feedproc compatible (then return the line saying so, also logged);
+        SchemaAhead when it is at a newer one that does not (`upgrades.py`)."""
         from alembic.script import ScriptDirectory
 
         script = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix))
-        head = script.get_current_head()
+        known = {revision.revision for revision in script.walk_revisions()}
         current = self.schema_revision()
-        _refuse_ahead(script, current)
-        if current != head:
-            state = "has no feedproc schema" if current is None else f"is at schema {current}, not {head}"
-            raise SchemaMissing(f"the database {state}: run `feedproc migrate`")
+        since = self.compatible_since() if current is not None and current not in known else None
+        note = schema_fit(script.get_current_head(), known, current, since)
+        if note is not None:
+            log.warning(note)
+        return note
 
     # ------------------------------------------------------------ rows every concern writes
 
@@ -374,6 +429,7 @@ _REFUSES_WRITES = _READ_ONLY | _DISK_FULL
 # serialization_failure, deadlock_detected; ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 _CONFLICT = {"40001", "40P01", 1213, 1205}
 _SHUTTING_DOWN = {"57P01", "57P02", "57P03", 1053}  # admin/crash shutdown, cannot connect now; ER_SERVER_SHUTDOWN
+_LOCK_NOT_AVAILABLE = {"55P03", 1205}  # lock_not_available; ER_LOCK_WAIT_TIMEOUT (metadata locks too)
 _TOO_MANY_CONNECTIONS = {"53300", 1040, 1203}  # too_many_connections; ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS
 # A connection refused while it is made carries no SQLSTATE with psycopg: PostgreSQL's words, then.
 _SHUTTING_DOWN_SAID = (

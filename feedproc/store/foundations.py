@@ -10,7 +10,8 @@ statements stand on:
   deadlines, retry times and `not_before` are never judged on a watcher host's clock);
 * `make_engine(url)`, which normalises the URL and configures each engine for concurrent use
   (SQLite: WAL, `synchronous=NORMAL`, `busy_timeout`, `BEGIN IMMEDIATE` for writes;
-  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived; MariaDB/MySQL: PyMySQL,
+  PostgreSQL: psycopg 3, pre-ping so a restarted server is survived, no prepared statements behind
+  a transaction pooler (`pooling.py`); MariaDB/MySQL: PyMySQL,
   READ COMMITTED like PostgreSQL, UTC sessions, ANSI quoting and `||`);
 * `DriverStatement`, how the PostgreSQL hot path's statements run: on the driver's own cursor.
 """
@@ -32,6 +33,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from ..core.errors import InvalidInput
+from .pooling import split_pooler
 from .prefixes import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -249,6 +251,7 @@ def normalize_url(url: str | URL) -> URL:
         raise InvalidInput(
             f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///PATH, postgresql:// or mysql://"
         )
+    split_pooler(parsed)  # an unknown pooler, or one in front of another database: refused here
     return parsed
 
 
@@ -306,6 +309,11 @@ def make_engine(
             import psycopg  # noqa: F401 - asked here so that a missing driver says how to get it
         except ImportError:
             raise InvalidInput("PostgreSQL needs its driver: pip install 'feedproc[postgres]'") from None
+        parsed, pooler = split_pooler(parsed)
+        connect_args: dict[str, Any] = {"connect_timeout": 10, "application_name": "feedproc"}
+        if pooler == "transaction":
+            # Never prepared: the next execution may meet another server connection (`pooling.py`).
+            connect_args["prepare_threshold"] = None
         engine = create_engine(
             parsed,
             execution_options=options,
@@ -315,7 +323,7 @@ def make_engine(
             pool_size=pool_size,
             max_overflow=pool_size,
             future=True,
-            connect_args={"connect_timeout": 10, "application_name": "feedproc"},
+            connect_args=connect_args,
         )
         install(engine, table_prefix)
         return engine

@@ -5,7 +5,8 @@ in the same transaction as the change, so it is delivered exactly when the chang
 watcher's `Listener` holds one extra connection in LISTEN mode on a thread of its own and calls back
 on each notification for its queue; polling remains the fallback, and the only mechanism on SQLite
 and MariaDB/MySQL, which have no LISTEN: their dialects' `notify_*` operations send nothing, and no
-listener is started (watchers, `Feed.listen_ready` and `wait` check `store.dialect.notifies`). The
+listener is started (watchers, `Feed.listen_ready` and `wait` check `store.listen_dsn`, which is
+also None behind a transaction pooler without a direct connection: `pooling.py`). The
 notifications themselves are PostgreSQL's dialect's (`dialect/postgresql/`); the channels are here.
 
 A watcher that asks for a steal sends `NOTIFY feedproc_wanted, '<owner watcher id>'`: the owner
@@ -24,9 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine
-
-from .prefixes import prefix_of, qualify
+from .prefixes import qualify
 
 log = logging.getLogger("feedproc.store.notify")
 CHANNEL = "feedproc_ready"
@@ -34,19 +33,15 @@ WANTED_CHANNEL = "feedproc_wanted"
 FINISHED_CHANNEL = "feedproc_finished"
 
 
-def _dsn(engine: Engine) -> str:
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 class FinishedListener:
     """A LISTEN connection on `feedproc_finished` for one waiter (PostgreSQL). Listen first, then read
     the partition's status, then `wait_for(key, seconds)`: no notification can fall in between."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, dsn: str, prefix: str) -> None:
         import psycopg
 
-        self._conn = psycopg.connect(_dsn(engine), autocommit=True, connect_timeout=10)
-        self._conn.execute(f"LISTEN {qualify(FINISHED_CHANNEL, prefix_of(engine))}")
+        self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        self._conn.execute(f"LISTEN {qualify(FINISHED_CHANNEL, prefix)}")
 
     def wait_for(self, key: str, seconds: float) -> bool:
         """Block up to `seconds` for a notification about `key`; True if one came. Raises on a lost
@@ -66,16 +61,16 @@ class Listener:
 
     def __init__(
         self,
-        engine: Engine,
+        dsn: str,
+        prefix: str,
         queue: str | None,
         on_ready: Callable[[], Any],
         *,
         watcher_id: str | None = None,
         on_wanted: Callable[[], Any] | None = None,
     ) -> None:
-        self.dsn = _dsn(engine)
-        # The channels of this engine's tables (a feed under another table prefix has its own).
-        prefix = prefix_of(engine)
+        self.dsn = dsn
+        # The channels of these tables (a feed under another table prefix has its own).
         self.channel, self.wanted_channel = qualify(CHANNEL, prefix), qualify(WANTED_CHANNEL, prefix)
         self.queue = queue
         self.on_ready = on_ready

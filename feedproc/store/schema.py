@@ -229,6 +229,15 @@ rate_buckets = Table(
     Column("per_second", Float64, nullable=True),
 )
 
+# Which feedproc may run on this schema (0018): one row, the oldest revision whose code does
+# (`upgrades.py`), written by `migrate`.
+schema_info = Table(
+    "feedproc_schema",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("compatible_since", String(32), nullable=False),
+)
+
 # Adaptive concurrency (0017): per queue and gate whose handler pushed back (429, 503, a timeout),
 # the fleet's concurrency window there; it shrinks on push-back, grows as answers succeed, and the
 # row goes once it has grown past every bound.

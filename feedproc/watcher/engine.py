@@ -255,16 +255,19 @@ class Watcher:
         *,
         table_prefix: str | None = None,
         http_options: HTTPOptions | Mapping[str, Any] | None = None,
+        listen_url: str | None = None,
     ) -> Watcher:
         """A watcher of the database at `url` (the tables under `table_prefix`, else
         $FEEDPROC_TABLE_PREFIX, else `feedproc_`) on a connection pool of its own, closed by
-        `close()`: what `feedproc watch` runs. Raises SchemaMissing unless the schema is this version's."""
+        `close()`: what `feedproc watch` runs. Notifications come over `listen_url` when given (a
+        direct connection beside a pooler: `store/pooling.py`). Raises SchemaMissing unless the
+        schema is this version's."""
         # Four connections serve the poll, the group commit and the heartbeat; no ping before each
         # checkout on the hot path (a lost connection is an outage the loops retry).
         # A transactional processor holds a connection per item it runs: one more each.
         config = config or WatcherConfig()
         extra = config.concurrency if check_transactional(processor, config.batch) else 0
-        store = Store(url, pool_size=4 + extra, pre_ping=False, table_prefix=table_prefix)
+        store = Store(url, pool_size=4 + extra, pre_ping=False, table_prefix=table_prefix, listen_url=listen_url)
         try:
             store.check_schema()
         except BaseException:
@@ -298,10 +301,11 @@ class Watcher:
             cfg.lease_seconds,
         )
         listener = None
-        if self.store.dialect.notifies:
+        if self.store.listen_dsn is not None:
             loop = asyncio.get_running_loop()
             listener = Listener(
-                self.store.engine,
+                self.store.listen_dsn,
+                self.store.table_prefix,
                 cfg.queue,
                 lambda: loop.call_soon_threadsafe(self._work_arrived),
                 watcher_id=self.id,

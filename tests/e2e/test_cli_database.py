@@ -44,6 +44,7 @@ def at_a_newer_revision(db_url: str) -> tuple[str, str]:
     try:
         with store.write() as conn:
             conn.execute(text("UPDATE feedproc_version SET version_num = :newer"), {"newer": newer})
+            conn.execute(text("UPDATE feedproc_schema SET compatible_since = :newer"), {"newer": newer})
     finally:
         store.close()
     return newer, head
@@ -58,7 +59,10 @@ def at_a_newer_revision(db_url: str) -> tuple[str, str]:
 )
 def test_a_schema_newer_than_feedproc_says_to_upgrade_feedproc(db_url: str, args: list[str]) -> None:
     newer, head = at_a_newer_revision(db_url)
-    said = f"feedproc: error: the database is at schema {newer}, newer than this feedproc ({head}): upgrade feedproc"
+    said = (
+        f"feedproc: error: the database is at schema {newer}, newer than this feedproc ({head}); "
+        f"it runs feedproc from schema {newer} on: upgrade feedproc"
+    )
     assert_error(run_cli(db_url, *args, timeout=30), 1, said)
 
 

@@ -56,6 +56,7 @@ from ..faults_support import (
     workflow_checks,
 )
 from ..outages import mariadb_read_only, mariadb_user
+from ..pgbouncer_support import PgBouncer
 from ..support import HandlerService, WatcherProcesses, run_cli, spawn, wait_until
 from ..watcher.test_database_outages import waits_out_read_only
 
@@ -412,11 +413,8 @@ def forget_dead_connections() -> None:
             engine.dispose()
 
 
-@pytest.mark.postgres_only
-def test_postgres_down_mid_run_is_survived_and_logged_once_per_state_change(
-    db_url: str, feed: Feed, handler: HandlerService, fleet: Fleet
-) -> None:
-    version, name = local_pg_cluster(db_url)
+def postgres_restarted(version: str, name: str) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """An outage: the PostgreSQL cluster stopped for at least six seconds, then started again."""
 
     @contextlib.contextmanager
     def server_down() -> Iterator[None]:
@@ -429,9 +427,41 @@ def test_postgres_down_mid_run_is_survived_and_logged_once_per_state_change(
             pg_ctlcluster(version, name, "start")
             forget_dead_connections()
 
-    keys = outage_run(feed, handler, fleet, server_down)
+    return server_down
+
+
+@pytest.mark.postgres_only
+def test_postgres_down_mid_run_is_survived_and_logged_once_per_state_change(
+    db_url: str, feed: Feed, handler: HandlerService, fleet: Fleet
+) -> None:
+    keys = outage_run(feed, handler, fleet, postgres_restarted(*local_pg_cluster(db_url)))
     assert_checks(feed, keys, handler, [], fleet)  # no fault excuses a repeated delivery here
     assert_outage_logged_once_per_change(fleet, most=2)
+
+
+@pytest.mark.postgres_only
+def test_postgres_down_mid_run_behind_pgbouncer_is_survived_and_logged_once_per_state_change(
+    db_url: str, pgbouncer: PgBouncer, handler: HandlerService, tmp_path: Path
+) -> None:
+    """The same restart with the watchers and the producer behind PgBouncer in transaction mode:
+    PgBouncer stays up and answers for the server while it is down."""
+    cluster = local_pg_cluster(db_url)
+    pooled = pgbouncer.url(db_url)
+    watchers = WatcherProcesses(pooled, tmp_path)
+
+    def start(name: str, args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        log = watchers.log_dir / f"watch-{len(watchers.processes)}.log"
+        return watchers.start(*args, "--header", f"{WATCHER_HEADER}: {name}"), log
+
+    fleet = Fleet(start)
+    try:
+        with Feed(pooled) as feed:
+            keys = outage_run(feed, handler, fleet, postgres_restarted(*cluster))
+            assert_checks(feed, keys, handler, [], fleet)
+        assert_outage_logged_once_per_change(fleet, most=2)
+    finally:
+        fleet.resume_all()
+        watchers.stop_all()
 
 
 def local_mariadb(db_url: str) -> tuple[list[str], int]:

@@ -162,11 +162,13 @@ def test_feedproc_migrate_command_is_idempotent(unmigrated_url: str, tmp_path: P
 # ---------------------------------------------------------------- a schema newer than this feedproc
 
 
-def at_a_newer_revision(store: Store) -> str:
-    """The database as a newer feedproc would have migrated it: at the revision after this one's head."""
+def at_a_newer_revision(store: Store, *, compatible_since: str | None = None) -> str:
+    """The database as a newer feedproc would have migrated it: at the revision after this one's
+    head, declaring code from `compatible_since` on compatible (by default only its own)."""
     newer = f"{int(head_revision(store.url)) + 1:04d}"
     with store.write() as conn:
         conn.execute(text("UPDATE feedproc_version SET version_num = :newer"), {"newer": newer})
+        conn.execute(text("UPDATE feedproc_schema SET compatible_since = :since"), {"since": compatible_since or newer})
     return newer
 
 
@@ -174,9 +176,36 @@ def test_a_schema_newer_than_this_feedproc_is_refused_saying_to_upgrade_feedproc
     newer, head = at_a_newer_revision(store), head_revision(store.url)
     with pytest.raises(SchemaAhead) as refused:
         store.check_schema()
-    assert (
-        str(refused.value) == f"the database is at schema {newer}, newer than this feedproc ({head}): upgrade feedproc"
+    assert str(refused.value) == (
+        f"the database is at schema {newer}, newer than this feedproc ({head}); "
+        f"it runs feedproc from schema {newer} on: upgrade feedproc"
     )
+
+
+def test_a_newer_schema_that_declares_this_feedproc_compatible_is_run_on_saying_so(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    head = head_revision(store.url)
+    newer = at_a_newer_revision(store, compatible_since=head)
+    with caplog.at_level("WARNING", logger="feedproc.store"):
+        note = store.check_schema()
+    assert note == (
+        f"the database is at schema {newer}, newer than this feedproc's {head}; it declares feedproc from schema "
+        f"{head} on compatible: running (replace this process with the new release)"
+    )
+    assert note in caplog.text
+
+
+def test_migrate_records_which_feedproc_the_schema_is_compatible_with(store: Store) -> None:
+    from alembic.script import ScriptDirectory
+
+    from feedproc.store.base import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config(store.url))
+    head = script.get_current_head()
+    assert head is not None
+    store.migrate()  # idempotent: the record is written again, the same
+    assert store.compatible_since() == script.get_revision(head).module.compatible_since
 
 
 def test_migrate_refuses_a_schema_newer_than_this_feedproc_and_changes_nothing(store: Store) -> None:

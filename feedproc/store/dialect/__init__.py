@@ -79,6 +79,12 @@ class Dialect(Protocol):
         """Tell watcher `owner` that partitions of its are wanted by another (at commit), if it can."""
         ...
 
+    def limit_lock_waits(self, conn: Connection, seconds: float) -> None:
+        """Make a statement of this transaction that waits longer than `seconds` for a lock fail
+        (`migrate`: a schema change queued behind a long transaction would hold up every watcher
+        queued behind it); nothing where the database has no such setting."""
+        ...
+
     def notify_finished(self, conn: Connection, key: str) -> None:
         """Tell waiters that partition `key` reached a final state (at commit), if the database can."""
         ...

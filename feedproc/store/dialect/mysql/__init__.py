@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Insert, Row, Select, Table, Update, insert, select
+from sqlalchemy import Insert, Row, Select, Table, Update, insert, select, text
 from sqlalchemy.dialects.mysql import insert as mysql_upsert
 from sqlalchemy.engine import Connection
 
@@ -102,6 +102,11 @@ class MySQLDialect:
 
     def notify_finished(self, conn: Connection, key: str) -> None:
         SQLITE.notify_finished(conn, key)  # no LISTEN/NOTIFY, as on SQLite
+
+    def limit_lock_waits(self, conn: Connection, seconds: float) -> None:
+        # The metadata lock a schema change waits for; a session setting (MariaDB has no local
+        # one): `migrate`'s connection is closed after it, not pooled on.
+        conn.execute(text("SET SESSION lock_wait_timeout = :s"), {"s": max(1, round(seconds))})
 
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return SQLITE.lock_held_leases(conn, pids, watcher_id)  # SQLite's SELECT ... FOR UPDATE, by key

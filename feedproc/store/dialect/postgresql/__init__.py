@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Insert, Row, Select, Table, Update
+from sqlalchemy import Insert, Row, Select, Table, Update, text
 from sqlalchemy.dialects.postgresql import insert as pg_upsert
 from sqlalchemy.engine import Connection
 
@@ -87,6 +87,10 @@ class PostgreSQLDialect:
 
     def notify_finished(self, conn: Connection, key: str) -> None:
         conn.execute(NOTIFY_FINISHED, {"key": key})
+
+    def limit_lock_waits(self, conn: Connection, seconds: float) -> None:
+        # LOCAL: the setting ends with the transaction (a pooler lends the connection on after it).
+        conn.execute(text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{int(seconds * 1000)}ms"})
 
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return dict(conn.execute(PG_LOCK_HELD_LEASES, {"pids": pg_bigint_array(pids), "watcher": watcher_id}).all())

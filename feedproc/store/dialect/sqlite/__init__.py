@@ -94,6 +94,9 @@ class SQLiteDialect:
     def notify_finished(self, conn: Connection, key: str) -> None:
         pass  # waiters poll
 
+    def limit_lock_waits(self, conn: Connection, seconds: float) -> None:
+        pass  # the write transaction holds the whole database's lock from its BEGIN IMMEDIATE
+
     def lock_held_leases(self, conn: Connection, pids: list[int], watcher_id: str) -> dict[int, int]:
         return dict(conn.execute(LOCK_HELD_LEASES, {"pids": pids, "watcher": watcher_id}).all())
 
