@@ -137,8 +137,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     if live:
         typer.echo("\nwatchers:")
         _table(
-            ["id", "queue", "concurrency", "leases", "heartbeat"],
-            [[w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"]] for w in live],
+            ["id", "queue", "concurrency", "leases", "heartbeat", "schema"],
+            [
+                [w["id"], w["queue"], w["concurrency"], w["leases"], w["heartbeat_at"], w.get("revision") or "-"]
+                for w in live
+            ],
         )
 
 

@@ -442,7 +442,8 @@ class ItemView(View):
 @dataclass(frozen=True, slots=True)
 class WatcherView(View):
     """A registered watcher: where it runs, its queue and concurrency, since when, its last
-    heartbeat, whether it is `alive` and how many partitions it leases."""
+    heartbeat, whether it is `alive`, how many partitions it leases, and the newest schema revision
+    its feedproc knows (`revision`: its release; None for one older than 0019)."""
 
     id: str
     host: str | None
@@ -453,6 +454,7 @@ class WatcherView(View):
     heartbeat_at: str | None
     alive: bool
     leases: int
+    revision: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,7 @@ class StoreBase:
         self._pipelines_read: dict[str, tuple[float, Any]] = {}
         #: queue -> (when read, its accumulate declaration), for pull answers (`accumulating.py`)
         self._operations_read: dict[str, tuple[float, dict[str, str]]] = {}
+        self._code_revision: str | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -228,6 +229,16 @@ class StoreBase:
             conn.execute(delete(schema_info))
             conn.execute(insert(schema_info).values(id=1, compatible_since=since))
         return before, self.schema_revision()
+
+    def code_revision(self) -> str | None:
+        """The newest schema revision this feedproc knows (its release, as watchers record it)."""
+        if self._code_revision is None:
+            from alembic.script import ScriptDirectory
+
+            self._code_revision = ScriptDirectory.from_config(
+                alembic_config(self.url, self.table_prefix)
+            ).get_current_head()
+        return self._code_revision
 
     def schema_revision(self) -> str | None:
         """The schema revision in the database, or None when it has no feedproc schema."""

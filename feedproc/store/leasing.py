@@ -83,6 +83,7 @@ class Leasing(LostDeliveries, Queues):
                     heartbeat_at=db_now(),
                     expires_at=seconds_from_now(lease_seconds),
                     slots=slots,
+                    revision=self.code_revision(),
                 )
             )
 

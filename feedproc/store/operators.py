@@ -273,6 +273,7 @@ def _watchers(conn: Connection) -> list[dict[str, Any]]:
             W.concurrency,
             W.started_at,
             W.heartbeat_at,
+            W.revision,
             (W.expires_at > db_now()).label("alive"),
             held.label("leases"),
         )
@@ -290,6 +291,7 @@ def _watchers(conn: Connection) -> list[dict[str, Any]]:
             "heartbeat_at": iso(r.heartbeat_at),
             "alive": bool(r.alive),
             "leases": r.leases,
+            "revision": r.revision,
         }
         for r in rows
     ]

@@ -175,6 +175,8 @@ watchers = Table(
     Column("gate_slots", LongText, nullable=True),
     # The same per concurrency group and gate, when group limits apply (0017): JSON [[group, gate, weight]].
     Column("group_slots", LongText, nullable=True),
+    # The newest schema revision the watcher's feedproc knows (0019): its release, during a rolling upgrade.
+    Column("revision", String(32), nullable=True),
     Index("feedproc_watchers_queue", "queue", "expires_at"),
 )
 
