@@ -191,7 +191,8 @@ def test_configured_and_overridden_request_headers_are_merged_with_the_feedproc_
     with watching(db_url, Stamped(raw.url, request="raw", headers={"Authorization": "Bearer t"})):
         wait_status(feed, "merged", "complete")
 
-    [request] = raw.of("merged")
+    # Every delivery carries them: on a loaded machine a slow answer may have been timed out and sent again.
+    request = raw.of("merged")[-1]
     assert request.headers["x-dispatched-at"] == "12.5"
     assert request.headers["authorization"] == "Bearer t"
     assert request.headers["content-type"] == "application/json"
