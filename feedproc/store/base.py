@@ -265,9 +265,10 @@ class StoreBase:
 
         script = ScriptDirectory.from_config(alembic_config(self.url, self.table_prefix))
         known = {revision.revision for revision in script.walk_revisions()}
+        self._code_revision = script.get_current_head()  # what `code_revision` would read again
         current = self.schema_revision()
         since = self.compatible_since() if current is not None and current not in known else None
-        note = schema_fit(script.get_current_head(), known, current, since)
+        note = schema_fit(self._code_revision, known, current, since)
         if note is not None:
             log.warning(note)
         return note

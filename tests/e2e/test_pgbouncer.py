@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,77 +79,65 @@ def test_watchers_behind_a_transaction_pooler_drain_a_fan_out_and_its_fan_in(poo
     feed.close()
 
 
+@pytest.fixture
+def pooled_watchers(pooled_url: str, tmp_path: Path) -> Iterator[WatcherProcesses]:
+    """Watcher processes behind the pooler, stopped after the test."""
+    watchers = WatcherProcesses(pooled_url, tmp_path)
+    try:
+        yield watchers
+    finally:
+        watchers.stop_all()
+
+
+def start_logged(watchers: WatcherProcesses, *args: str) -> None:
+    """A watcher of `cli_processors:LoggedSlow` with `args` (its deliveries logged beside its log)."""
+    log = watchers.log_dir / "deliveries.log"
+    watchers.start("--processor", "cli_processors:LoggedSlow", *args, FEEDPROC_TEST_DELIVERY_LOG=str(log))
+
+
+def completes(feed: Feed, key: str, timeout: float) -> None:
+    wait_until(lambda: feed.status(key).status == "complete", timeout=timeout, what=f"{key} to complete")
+
+
 def test_without_a_listen_database_a_watcher_behind_the_pooler_polls(
-    db_url: str, pooled_url: str, tmp_path: Path
+    db_url: str, pooled_url: str, pooled_watchers: WatcherProcesses
 ) -> None:
     feed = Feed(pooled_url)
     feed.add_partition("before", [(0, b"{}")])
-    watchers = WatcherProcesses(pooled_url, tmp_path)
-    try:
-        watchers.start(
-            "--processor",
-            "cli_processors:LoggedSlow",
-            "--poll-interval",
-            "0.3",
-            FEEDPROC_TEST_DELIVERY_LOG=str(tmp_path / "d.log"),
-        )
-        wait_until(lambda: feed.status("before").status == "complete", timeout=60, what="the first partition")
-        assert listening_sessions(db_url) == 0  # a LISTEN through the pooler would hear nothing
-        feed.add_partition("after", [(0, b"{}")])
-        wait_until(lambda: feed.status("after").status == "complete", timeout=30, what="the partition added later")
-    finally:
-        watchers.stop_all()
-    assert "notifications" not in watchers.logs(), watchers.logs()
+    start_logged(pooled_watchers, "--poll-interval", "0.3")
+    completes(feed, "before", timeout=60)
+    assert listening_sessions(db_url) == 0  # a LISTEN through the pooler would hear nothing
+    feed.add_partition("after", [(0, b"{}")])
+    completes(feed, "after", timeout=30)
+    assert "notifications" not in pooled_watchers.logs(), pooled_watchers.logs()
     feed.close()
 
 
 def test_a_listen_database_beside_the_pooler_wakes_a_watcher_at_once(
-    db_url: str, pooled_url: str, tmp_path: Path
+    db_url: str, pooled_url: str, pooled_watchers: WatcherProcesses
 ) -> None:
     feed = Feed(pooled_url)
-    watchers = WatcherProcesses(pooled_url, tmp_path)
-    try:
-        # Polls 60 s apart: only a notification finds the partition within the test's 20 s.
-        watchers.start(
-            "--processor",
-            "cli_processors:LoggedSlow",
-            "--poll-interval",
-            "60",
-            "--listen-db",
-            db_url,
-            FEEDPROC_TEST_DELIVERY_LOG=str(tmp_path / "d.log"),
-        )
-        wait_until(
-            lambda: listening_sessions(db_url) == 1, timeout=30, what="the watcher to LISTEN on the direct connection"
-        )
-        feed.add_partition("first", [(0, b"{}")])  # found by the watcher's first poll, or a notification
-        wait_until(lambda: feed.status("first").status == "complete", timeout=30, what="the first partition")
-        added = time.monotonic()
-        feed.add_partition("woken", [(0, json.dumps({"n": 1}).encode())])
-        wait_until(lambda: feed.status("woken").status == "complete", timeout=20, what="the notified partition")
-        assert time.monotonic() - added < 20
-    finally:
-        watchers.stop_all()
+    # Polls 60 s apart: only a notification finds the partition within the test's 20 s.
+    start_logged(pooled_watchers, "--poll-interval", "60", "--listen-db", db_url)
+    wait_until(
+        lambda: listening_sessions(db_url) == 1, timeout=30, what="the watcher to LISTEN on the direct connection"
+    )
+    feed.add_partition("first", [(0, b"{}")])  # found by the watcher's first poll, or a notification
+    completes(feed, "first", timeout=30)
+    added = time.monotonic()
+    feed.add_partition("woken", [(0, json.dumps({"n": 1}).encode())])
+    completes(feed, "woken", timeout=20)
+    assert time.monotonic() - added < 20
     feed.close()
 
 
 def test_wait_through_the_pooler_returns_when_the_partition_completes(
-    db_url: str, pooled_url: str, tmp_path: Path
+    pooled_url: str, pooled_watchers: WatcherProcesses
 ) -> None:
     feed = Feed(pooled_url)
     feed.add_partition("waited", [(0, b"{}")])
-    watchers = WatcherProcesses(pooled_url, tmp_path)
-    try:
-        watchers.start(
-            "--processor",
-            "cli_processors:LoggedSlow",
-            "--poll-interval",
-            "0.3",
-            FEEDPROC_TEST_DELIVERY_LOG=str(tmp_path / "d.log"),
-        )
-        waited = run_cli(pooled_url, "wait", "waited", "--timeout", "60")
-    finally:
-        watchers.stop_all()
+    start_logged(pooled_watchers, "--poll-interval", "0.3")
+    waited = run_cli(pooled_url, "wait", "waited", "--timeout", "60")
     assert waited.returncode == 0 and "complete" in waited.stdout, waited.stderr
     feed.close()
 
