@@ -467,6 +467,7 @@ def test_serve_refuses_to_listen_beyond_loopback_without_a_token(db_url: str) ->
 
 
 @pytest.mark.slow
+@pytest.mark.every_database
 def test_serve_process_answers_the_api_with_its_token(db_url: str, tmp_path: Path) -> None:
     serve = ServeProcess(db_url, tmp_path, FEEDPROC_API_TOKEN=TOKEN)
     try:

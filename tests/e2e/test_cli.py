@@ -733,6 +733,7 @@ def test_sigterm_stops_the_watcher_which_yields_its_leases(
 
 
 @pytest.mark.slow
+@pytest.mark.every_database
 def test_kill_9_of_a_watcher_lets_another_take_over_after_the_lease_expires(
     db_url: str, feed: Feed, handler: HandlerService, watchers: WatcherProcesses
 ) -> None:
@@ -786,6 +787,7 @@ def test_a_watcher_process_keeps_its_start_up_objects_out_of_full_garbage_collec
 
 
 @pytest.mark.slow
+@pytest.mark.every_database
 def test_two_watchers_share_the_work_and_deliver_every_item_exactly_once(
     db_url: str, feed: Feed, tmp_path: Path, watchers: WatcherProcesses
 ) -> None:

@@ -22,7 +22,8 @@ from feedproc.store.schema import partitions
 from ..cli_processors import DELAY_VARIABLE, HOLD_VARIABLE, INSIDE_VARIABLE, LOG_VARIABLE
 from ..support import WatcherProcesses, ledger_rows, run_cli, wait_status, wait_until
 
-pytestmark = pytest.mark.slow
+# On MariaDB too in the full tier: exactly once through SIGKILL, on each database's transactions.
+pytestmark = [pytest.mark.slow, pytest.mark.every_database]
 
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "2", "--retry-delay", "0.1")
 PROCESSOR = ("--processor", "cli_processors:Ledger")

@@ -167,6 +167,7 @@ def reader() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.every_database
 def test_a_handler_in_another_process_reads_50000_results_by_pages_each_once(
     db_url: str, feed: Feed, serve: ServeProcess, reader: str, watchers: WatcherProcesses
 ) -> None:

@@ -21,7 +21,8 @@ from ..cli_processors import DELAY_VARIABLE, LOG_VARIABLE
 from ..hooks_support import receiving
 from ..support import WatcherProcesses, wait_status, wait_until
 
-pytestmark = pytest.mark.slow
+# On MariaDB too in the full tier: exactly once through SIGKILL, on each database's transactions.
+pytestmark = [pytest.mark.slow, pytest.mark.every_database]
 
 SECRET = "whsec-kill-test-5f1c"
 FAST = ("--poll-interval", "0.1", "--lease-seconds", "2", "--retry-delay", "0.1")

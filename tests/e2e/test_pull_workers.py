@@ -235,6 +235,7 @@ def deliveries(log: Path) -> list[list[str]]:
     return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
 
 
+@pytest.mark.every_database
 def test_work_processes_drain_a_fan_out_through_two_servers_and_survive_kill_9(db_url: str, tmp_path: Path) -> None:
     feed = Feed(db_url)
     feed.set_queue(QUEUE, mode="pull")

@@ -1,5 +1,6 @@
 """The suite's tiers (tests/conftest.py, README: Development): a bare `pytest` selects the fast tier,
-`--tier full` everything on every database, and a path given selects exactly that. Checked by
+`--tier full` CI's (the end-to-end tests on MariaDB only where marked), `--tier all` everything on
+every database, and a path given selects exactly that. Checked by
 collecting two files in a pytest of its own, as if they were the whole suite (`testpaths`)."""
 
 from __future__ import annotations
@@ -37,8 +38,15 @@ def test_a_bare_run_is_sqlite_and_the_smoke_tests_on_the_servers_without_the_end
     assert servers == {f"{name}:{db}" for name in SMOKE for db in ("postgresql", "mariadb")}
 
 
-def test_the_full_tier_and_a_path_given_run_everything_on_every_database() -> None:
+def test_the_full_tier_runs_the_end_to_end_tests_on_sqlite_and_postgresql_and_the_rest_everywhere() -> None:
     full = collected("-o", f"testpaths={' '.join(FILES)}", "--tier", "full")
     assert {path for path, _ in full} == set(FILES)
-    assert {test.rpartition(":")[2] for _, test in full} >= {"sqlite", "postgresql", "mariadb"}
-    assert collected(*FILES) == full
+    databases = {path: {test.rpartition(":")[2] for p, test in full if p == path} for path in FILES}
+    assert databases == {FILES[0]: {"sqlite", "postgresql", "mariadb"}, FILES[1]: {"sqlite", "postgresql"}}
+
+
+def test_the_all_tier_and_a_path_given_run_everything_on_every_database() -> None:
+    everything = collected("-o", f"testpaths={' '.join(FILES)}", "--tier", "all")
+    end_to_end = {test.rpartition(":")[2] for path, test in everything if path == FILES[1]}
+    assert end_to_end == {"sqlite", "postgresql", "mariadb"}
+    assert collected(*FILES) == everything
