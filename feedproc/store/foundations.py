@@ -33,7 +33,7 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from ..core.errors import InvalidInput
-from .pooling import split_pooler
+from .pooling import connection_defaults, split_pooler
 from .prefixes import DEFAULT_PREFIX, PREFIX_OPTION, install, qualify
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -310,7 +310,7 @@ def make_engine(
         except ImportError:
             raise InvalidInput("PostgreSQL needs its driver: pip install 'feedproc[postgres]'") from None
         parsed, pooler = split_pooler(parsed)
-        connect_args: dict[str, Any] = {"connect_timeout": 10, "application_name": "feedproc"}
+        connect_args: dict[str, Any] = {"application_name": "feedproc", **connection_defaults(parsed)}
         if pooler == "transaction":
             # Never prepared: the next execution may meet another server connection (`pooling.py`).
             connect_args["prepare_threshold"] = None

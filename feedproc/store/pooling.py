@@ -65,4 +65,39 @@ def listen_dsn(url: URL, pooler: str | None, listen_url: URL | None) -> str | No
 
 
 def _libpq(url: URL) -> str:
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    """`url` as a libpq connection string, a multi-host URL's hosts included
+    (`?host=a:5432&host=b:5432&target_session_attrs=read-write`, as SQLAlchemy spells them, is
+    libpq's `host=a,b port=5432,5432`), with the connection defaults feedproc's engine has."""
+    from psycopg.conninfo import make_conninfo
+
+    options: dict[str, str | int | None] = {k: str(v) for k, v in url.query.items() if k != "host"}
+    hosts = url.query.get("host")
+    if isinstance(hosts, tuple) or (isinstance(hosts, str) and url.host is None):
+        named = [hosts] if isinstance(hosts, str) else list(hosts)
+        options["host"] = ",".join(h.rpartition(":")[0] if ":" in h else h for h in named)
+        options["port"] = ",".join(h.rpartition(":")[2] if ":" in h else str(url.port or 5432) for h in named)
+    else:
+        options |= {"host": url.host or (hosts if isinstance(hosts, str) else None), "port": url.port}
+    options |= {"user": url.username, "password": url.password, "dbname": url.database}
+    given = {k: v for k, v in options.items() if v is not None}
+    return make_conninfo("", **(connection_defaults(url) | given))
+
+
+#: What every PostgreSQL connection of feedproc asks of libpq unless its URL says otherwise. TCP
+#: keepalives and a TCP user timeout: a server whose host is cut off (a failed-over leader, a network
+#: partition) answers nothing and closes nothing, and a call on such a connection would otherwise
+#: wait for the kernel's retransmissions to give up (about 15 minutes); with these it fails within
+#: 20 s and the pool connects again, to the new leader with `target_session_attrs=read-write`.
+CONNECTION_DEFAULTS: dict[str, str | int | None] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 20000,
+}
+
+
+def connection_defaults(url: URL) -> dict[str, str | int | None]:
+    """CONNECTION_DEFAULTS, less what `url`'s query sets itself."""
+    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in url.query}
