@@ -127,10 +127,11 @@ def test_a_rate_limited_gate_does_not_hold_up_another_gate(db_url: str, feed: Fe
 
 
 @pytest.mark.slow
-def test_a_shared_rate_holds_across_three_watchers_and_a_pull_worker_over_30_seconds(db_url: str, feed: Feed) -> None:
-    """20 items a second, shared by a push queue's three watchers and a pull queue's worker:
-    between 3 s and 33 s after the start (past the first burst) 600 items start, within 5%."""
-    rate, window = 20.0, 30.0
+def test_a_shared_rate_holds_across_three_watchers_and_a_pull_worker_over_15_seconds(db_url: str, feed: Feed) -> None:
+    """40 items a second, shared by a push queue's three watchers and a pull queue's worker:
+    between 3 s and 18 s after the start (past the first burst) 600 items start, within 5%. (It was
+    20 a second over 30 s: the same 600 items and tolerance, at half the full tier's 105 s.)"""
+    rate, window = 40.0, 15.0
     feed.set_rate("ocr-api", rate)
     feed.set_queue("pushed", rate="ocr-api")
     feed.set_queue("pulled", mode="pull", rate="ocr-api")
