@@ -71,13 +71,14 @@ def _libpq(url: URL) -> str:
     from psycopg.conninfo import make_conninfo
 
     options: dict[str, str | int | None] = {k: str(v) for k, v in url.query.items() if k != "host"}
-    hosts = url.query.get("host")
-    if isinstance(hosts, tuple) or (isinstance(hosts, str) and url.host is None):
-        named = [hosts] if isinstance(hosts, str) else list(hosts)
-        options["host"] = ",".join(h.rpartition(":")[0] if ":" in h else h for h in named)
-        options["port"] = ",".join(h.rpartition(":")[2] if ":" in h else str(url.port or 5432) for h in named)
+    hosts = url.query.get("host", ())
+    named = [hosts] if isinstance(hosts, str) else list(hosts)
+    if named and url.host is None:  # SQLAlchemy's multi-host spelling: each `host:port` in the query
+        pairs = [h.rpartition(":") if ":" in h else (h, "", "") for h in named]
+        options["host"] = ",".join(host for host, _, _ in pairs)
+        options["port"] = ",".join(port or str(url.port or 5432) for _, _, port in pairs)
     else:
-        options |= {"host": url.host or (hosts if isinstance(hosts, str) else None), "port": url.port}
+        options |= {"host": url.host or (named[0] if named else None), "port": url.port}
     options |= {"user": url.username, "password": url.password, "dbname": url.database}
     given = {k: v for k, v in options.items() if v is not None}
     return make_conninfo("", **(connection_defaults(url) | given))
